@@ -1,0 +1,71 @@
+"""Element types of kiln tensors and their numpy storage types (ml_dtypes for bf16 and sub-byte codes)."""
+
+from __future__ import annotations
+
+import enum
+
+import ml_dtypes
+import numpy as np
+
+
+class DType(enum.Enum):
+    """An element type; the value is its spelling in `.kir` text."""
+
+    f64 = "f64"
+    f32 = "f32"
+    f16 = "f16"
+    bf16 = "bf16"
+    i64 = "i64"
+    i32 = "i32"
+    i16 = "i16"
+    i8 = "i8"
+    u8 = "u8"
+    bool = "bool"
+    i4 = "i4"
+    u4 = "u4"
+    nf4 = "nf4"
+
+    @property
+    def is_float(self) -> bool:
+        return self in _FLOATS
+
+    @property
+    def is_int(self) -> bool:
+        return self in _INTS
+
+    @property
+    def is_packed(self) -> bool:
+        """Sub-byte storage codes of quantized weights: stored, never computed on directly."""
+        return self in _PACKED
+
+    @property
+    def bits(self) -> int:
+        return _BITS[self]
+
+    @property
+    def numpy(self) -> np.dtype:
+        """The numpy dtype holding one element (sub-byte codes unpacked, one per byte)."""
+        return _NUMPY[self]
+
+    @staticmethod
+    def from_numpy(dtype: np.dtype) -> DType:
+        try:
+            return _FROM_NUMPY[np.dtype(dtype)]
+        except KeyError:
+            raise ValueError(f"numpy dtype {np.dtype(dtype)} has no kiln DType") from None
+
+    def __repr__(self) -> str:
+        return f"DType.{self.value}"
+
+
+_FLOATS = {DType.f64, DType.f32, DType.f16, DType.bf16}
+_INTS = {DType.i64, DType.i32, DType.i16, DType.i8, DType.u8}
+_PACKED = {DType.i4, DType.u4, DType.nf4}
+_BITS = {DType.f64: 64, DType.f32: 32, DType.f16: 16, DType.bf16: 16, DType.i64: 64, DType.i32: 32,
+         DType.i16: 16, DType.i8: 8, DType.u8: 8, DType.bool: 8, DType.i4: 4, DType.u4: 4, DType.nf4: 4}
+_NUMPY = {DType.f64: np.dtype(np.float64), DType.f32: np.dtype(np.float32), DType.f16: np.dtype(np.float16),
+          DType.bf16: np.dtype(ml_dtypes.bfloat16), DType.i64: np.dtype(np.int64),
+          DType.i32: np.dtype(np.int32), DType.i16: np.dtype(np.int16), DType.i8: np.dtype(np.int8),
+          DType.u8: np.dtype(np.uint8), DType.bool: np.dtype(np.bool_), DType.i4: np.dtype(ml_dtypes.int4),
+          DType.u4: np.dtype(ml_dtypes.uint4), DType.nf4: np.dtype(ml_dtypes.uint4)}
+_FROM_NUMPY = {v: k for k, v in _NUMPY.items() if k is not DType.nf4}

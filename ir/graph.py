@@ -1,0 +1,170 @@
+"""The graph IR: SSA values and ops in functions, plus parameter, flag and derived-parameter nodes.
+
+A `Graph` is a value: passes return new graphs and never mutate the one they were given. Ops refer to
+parameters, flags and derived parameters by symbol (`SymRef`), so changing a node's state never touches
+the functions that use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .types import DType, TensorType
+
+FLAG_TYPE = TensorType((), DType.bool)
+
+
+class Value:
+    """An SSA value: a function argument or an op result."""
+
+    __slots__ = ("type", "name", "owner")
+
+    def __init__(self, type: TensorType, name: str | None = None, owner: Op | None = None):
+        self.type, self.name, self.owner = type, name, owner
+
+    def __repr__(self) -> str:
+        return f"%{self.name}: {self.type}"
+
+
+@dataclass(frozen=True, slots=True)
+class SymRef:
+    """An operand naming a parameter, flag or derived parameter of the enclosing graph."""
+
+    name: str
+    type: TensorType
+
+    def __repr__(self) -> str:
+        return f"@{self.name}: {self.type}"
+
+
+Operand = Value | SymRef
+
+
+class Op:
+    """One operation: a registered kind applied to operands with attributes, defining result values."""
+
+    __slots__ = ("kind", "operands", "attrs", "results")
+
+    def __init__(self, kind: str, operands: tuple[Operand, ...], attrs: dict[str, Any],
+                 results: tuple[Value, ...]):
+        self.kind, self.operands, self.attrs, self.results = kind, operands, attrs, results
+        for r in results:
+            r.owner = self
+
+    def __repr__(self) -> str:
+        return f"Op({self.kind}, {list(self.operands)}, {self.attrs})"
+
+
+@dataclass(frozen=True)
+class Function:
+    """A straight-line SSA function: arguments, ops in definition order, and returned operands."""
+
+    name: str
+    args: tuple[Value, ...]
+    ops: tuple[Op, ...]
+    results: tuple[Operand, ...]
+
+    @property
+    def result_types(self) -> tuple[TensorType, ...]:
+        return tuple(r.type for r in self.results)
+
+
+@dataclass(frozen=True)
+class Init:
+    """A lazy initializer: a registered kind and its arguments, evaluated only when a value is needed."""
+
+    kind: str
+    args: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.args)
+
+
+@dataclass(frozen=True)
+class ParamNode:
+    """A parameter: its path, type, Burn ParamId, lazy initializer or data, and gradient state.
+
+    `grad` is the effective require-grad state; `configured_grad` is what `train` restores.
+    """
+
+    name: str
+    type: TensorType
+    id: int
+    init: Init | None = None
+    data: np.ndarray | None = field(default=None, compare=False)
+    grad: bool = False
+    configured_grad: bool = False
+    device: str = "cpu"
+
+    def replace(self, **changes: Any) -> ParamNode:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class FlagNode:
+    """A module-owned control flag (dropout, batch-norm statistics): effective and configured value."""
+
+    name: str
+    id: int
+    value: bool
+    configured: bool
+
+    @property
+    def type(self) -> TensorType:
+        return FLAG_TYPE
+
+    def replace(self, **changes: Any) -> FlagNode:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ReparamNode:
+    """A derived parameter: a registered op kind applied to stored parameters (e.g. LoRA, dequantize)."""
+
+    name: str
+    type: TensorType
+    kind: str
+    operands: tuple[str, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+    def replace(self, **changes: Any) -> ReparamNode:
+        return dataclasses.replace(self, **changes)
+
+
+Node = ParamNode | FlagNode | ReparamNode
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One module: its parameter, flag and derived-parameter nodes (one symbol namespace) and functions."""
+
+    name: str
+    params: Mapping[str, ParamNode] = field(default_factory=dict)
+    flags: Mapping[str, FlagNode] = field(default_factory=dict)
+    reparams: Mapping[str, ReparamNode] = field(default_factory=dict)
+    functions: Mapping[str, Function] = field(default_factory=dict)
+
+    def symbol(self, name: str) -> Node | None:
+        """The node a `@name` refers to, or None."""
+        return self.params.get(name) or self.flags.get(name) or self.reparams.get(name)
+
+    def nodes(self) -> Iterator[Node]:
+        yield from self.params.values()
+        yield from self.flags.values()
+        yield from self.reparams.values()
+
+    def replace(self, **changes: Any) -> Graph:
+        return dataclasses.replace(self, **changes)
+
+    def with_function(self, fn: Function) -> Graph:
+        return self.replace(functions={**self.functions, fn.name: fn})
+
+    def __str__(self) -> str:
+        from .printer import print_graph
+        return print_graph(self)

@@ -1,0 +1,50 @@
+"""A structural hash of a graph that ignores value names: the key of the compile cache."""
+
+from __future__ import annotations
+
+import hashlib
+
+from .attrs import attrs_key
+from .graph import Function, Graph, SymRef
+
+
+def _function_items(fn: Function):
+    number: dict[int, int] = {}
+    for a in fn.args:
+        number[id(a)] = len(number)
+        yield ("arg", str(a.type))
+
+    def ref(o) -> object:
+        return ("@", o.name) if isinstance(o, SymRef) else number[id(o)]
+
+    for op in fn.ops:
+        yield (op.kind, tuple(ref(o) for o in op.operands), attrs_key(op.attrs), tuple(str(r.type) for r in op.results))
+        for r in op.results:
+            number[id(r)] = len(number)
+    yield ("return", tuple(ref(r) for r in fn.results))
+
+
+def structural_hash(graph: Graph, include_data: bool = False) -> str:
+    """Hex digest over types, ops, attributes, symbols and node state, not over SSA value names.
+
+    Parameter data enters the hash only with `include_data` (deployment builds bind weights as constants).
+    """
+    h = hashlib.blake2b(digest_size=20)
+
+    def feed(item: object) -> None:
+        h.update(repr(item).encode())
+        h.update(b"\x00")
+
+    for p in graph.params.values():
+        feed(("param", p.name, str(p.type), p.grad, p.device))
+        if include_data and p.data is not None:
+            h.update(p.data.tobytes())
+    for f in graph.flags.values():
+        feed(("flag", f.name, f.value))
+    for r in graph.reparams.values():
+        feed(("reparam", r.name, str(r.type), r.kind, r.operands, attrs_key(r.attrs)))
+    for fn in graph.functions.values():
+        feed(("func", fn.name))
+        for item in _function_items(fn):
+            feed(item)
+    return h.hexdigest()

@@ -1,0 +1,105 @@
+"""The reference interpreter: runs a function on numpy arrays with each op's registered semantics.
+
+It is the oracle every compiled backend is checked against. f16 and bf16 ops compute in f32 and round
+their results to the declared dtype, as torch does on CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import init as initializers
+from . import registry
+from .dtypes import DType
+from .errors import ShapeError
+from .graph import FlagNode, Graph, ParamNode, SymRef
+from .ops.random import run_seed
+from .types import TensorType
+
+_LOW_PRECISION = (DType.f16, DType.bf16)
+
+
+def evaluate_op(kind: str, arrays: Sequence[np.ndarray], attrs: Mapping[str, Any],
+                result_types: Sequence[TensorType]) -> tuple[np.ndarray, ...]:
+    """One op's numpy semantics, with results cast to and checked against their declared types."""
+    widened = [a.astype(np.float32) if a.dtype in (DType.f16.numpy, DType.bf16.numpy) else a for a in arrays]
+    try:
+        with np.errstate(all="ignore"):
+            outs = registry.lookup(kind).reference(widened, attrs)
+    except (IndexError, ValueError) as e:
+        raise ShapeError(f"{kind}: {e}") from None
+    results = []
+    for out, t in zip(outs, result_types):
+        out = np.asarray(out)
+        if out.dtype != t.dtype.numpy:
+            out = out.astype(t.dtype.numpy)
+        if not t.matches(out.shape):
+            raise ShapeError(f"{kind}: produced shape {list(out.shape)} but its type is {t}")
+        results.append(out)
+    return tuple(results)
+
+
+def param_value(p: ParamNode) -> np.ndarray:
+    """A parameter's data, running its lazy initializer (seeded by its ParamId) when it has none."""
+    if p.data is not None:
+        return p.data
+    if p.init is None:
+        raise ShapeError(f"param @{p.name} has neither data nor an initializer")
+    return initializers.evaluate(p.init, p.type, p.id)
+
+
+class Interpreter:
+    """Evaluates functions of one graph; symbol values are computed once per interpreter."""
+
+    def __init__(self, graph: Graph, overrides: Mapping[str, np.ndarray] | None = None):
+        self.graph = graph
+        self.symbols: dict[str, np.ndarray] = dict(overrides or {})
+
+    def symbol(self, name: str) -> np.ndarray:
+        if name not in self.symbols:
+            node = self.graph.symbol(name)
+            if isinstance(node, ParamNode):
+                self.symbols[name] = param_value(node)
+            elif isinstance(node, FlagNode):
+                self.symbols[name] = np.asarray(node.value)
+            elif node is not None:
+                operands = [self.symbol(o) for o in node.operands]
+                self.symbols[name] = evaluate_op(node.kind, operands, node.attrs, [node.type])[0]
+            else:
+                raise ShapeError(f"@{name} is not a symbol of module @{self.graph.name}")
+        return self.symbols[name]
+
+    def run(self, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0
+            ) -> tuple[np.ndarray, ...]:
+        """Run `function` on `inputs`; `seed` drives stochastic ops (dropout) reproducibly."""
+        fn = self.graph.functions.get(function)
+        if fn is None:
+            raise ShapeError(f"module @{self.graph.name} has no function @{function}")
+        if len(inputs) != len(fn.args):
+            raise ShapeError(f"@{function} takes {len(fn.args)} inputs, got {len(inputs)}")
+        env: dict[int, np.ndarray] = {}
+        for arg, x in zip(fn.args, inputs):
+            x = np.asarray(x)
+            if x.dtype != arg.type.dtype.numpy or not arg.type.matches(x.shape):
+                raise ShapeError(f"@{function} input %{arg.name} expects {arg.type}, got shape "
+                                 f"{list(x.shape)} dtype {x.dtype}")
+            env[id(arg)] = x
+
+        def value(o) -> np.ndarray:
+            return self.symbol(o.name) if isinstance(o, SymRef) else env[id(o)]
+
+        with run_seed(seed):
+            for op in fn.ops:
+                outs = evaluate_op(op.kind, [value(o) for o in op.operands], op.attrs, [r.type for r in op.results])
+                for r, out in zip(op.results, outs):
+                    env[id(r)] = out
+        return tuple(value(r) for r in fn.results)
+
+
+def interpret(graph: Graph, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0
+              ) -> tuple[np.ndarray, ...]:
+    """Run one function of `graph` on numpy inputs with the reference semantics."""
+    return Interpreter(graph).run(inputs, function, seed)

@@ -1,0 +1,102 @@
+"""Elementwise ops: unary math and activations, broadcasting binary arithmetic, comparisons, where, cast."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..attrs import DTYPE, FLOAT, Attr, one_of
+from ..dtypes import DType
+from ..types import TensorType, broadcast_shapes
+from .common import Check, any_dtype, define, floating, numeric, one, same_dtype
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _unary(name: str, fn, check: Check = floating, attrs=None, doc: str = "") -> None:
+    def infer(ts, attrs):
+        check(name, 0, ts[0])
+        return (ts[0],)
+    define(name, ("x",), infer, one(fn), attrs, doc)
+
+
+def _binary(name: str, fn, check: Check = numeric, result: DType | None = None, doc: str = "") -> None:
+    def infer(ts, attrs):
+        for i, t in enumerate(ts):
+            check(name, i, t)
+        same_dtype(name, ts)
+        shape = broadcast_shapes(ts[0].shape, ts[1].shape, what=name)
+        return (TensorType(shape, result or ts[0].dtype),)
+    define(name, ("lhs", "rhs"), infer, one(fn), doc=doc)
+
+
+def _div(a, b):
+    if a.dtype.kind in "iu":  # integer division truncates toward zero, as C and torch's "trunc" mode do
+        with np.errstate(divide="ignore"):
+            q = np.abs(a) // np.where(b == 0, 1, np.abs(b))
+        return np.where(b == 0, 0, np.where((a < 0) != (b < 0), -q, q)).astype(a.dtype)
+    return a / b
+
+
+def _gelu(x, approximate):
+    if approximate == "tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    return (0.5 * x * (1 + _erf(x.astype(np.float64) / math.sqrt(2)).astype(np.float64))).astype(x.dtype)
+
+
+def _sigmoid(x):
+    return 0.5 * (1 + np.tanh(0.5 * x))
+
+
+_unary("neg", np.negative, numeric)
+_unary("abs", np.abs, numeric)
+_unary("relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), numeric)
+_unary("exp", np.exp)
+_unary("log", np.log)
+_unary("sqrt", np.sqrt)
+_unary("rsqrt", lambda x: 1 / np.sqrt(x))
+_unary("tanh", np.tanh)
+_unary("sigmoid", _sigmoid)
+_unary("silu", lambda x: x * _sigmoid(x))
+_unary("gelu", _gelu, attrs={"approximate": Attr(one_of("none", "tanh"), "none")},
+       doc="x * Phi(x); approximate = \"tanh\" uses the tanh form")
+_unary("leaky_relu", lambda x, alpha: np.where(x >= 0, x, alpha * x).astype(x.dtype),
+       attrs={"alpha": Attr(FLOAT, 0.01)})
+
+_binary("add", np.add)
+_binary("sub", np.subtract)
+_binary("mul", np.multiply)
+_binary("div", _div, doc="true division for floats; integer division truncates toward zero (x/0 gives 0)")
+_binary("pow", np.power, floating)
+_binary("maximum", np.maximum)
+_binary("minimum", np.minimum)
+_binary("equal", np.equal, any_dtype, DType.bool)
+_binary("less", np.less, any_dtype, DType.bool)
+_binary("greater", np.greater, any_dtype, DType.bool)
+
+
+def _where_infer(ts, attrs):
+    from ..errors import ShapeError
+    if ts[0].dtype is not DType.bool:
+        raise ShapeError(f"where: operand 0 (cond) has dtype {ts[0].dtype.value}, expected bool")
+    same_dtype("where", ts[1:])
+    return (TensorType(broadcast_shapes(*(t.shape for t in ts), what="where"), ts[1].dtype),)
+
+
+define("where", ("cond", "lhs", "rhs"), _where_infer, one(np.where))
+
+
+def _cast(x, dtype: DType):
+    if dtype is DType.bool:
+        return x != 0
+    return x.astype(dtype.numpy)
+
+
+def _cast_infer(ts, attrs):
+    any_dtype("cast", 0, ts[0])
+    return (ts[0].with_dtype(attrs["dtype"]),)
+
+
+define("cast", ("x",), _cast_infer, one(_cast), {"dtype": Attr(DTYPE)},
+       doc="convert element type; floats to ints truncate toward zero, nonzero to bool is true")

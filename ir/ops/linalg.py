@@ -1,0 +1,72 @@
+"""Matrix products: batched broadcasting matmul, Burn-layout linear, and the LoRA derivation."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..attrs import FLOAT, Attr
+from ..errors import ShapeError
+from ..types import Dim, TensorType, broadcast_shapes
+from .common import define, numeric, one, same_dtype
+
+
+def _same_dim(op: str, a: Dim, b: Dim, what: str) -> Dim:
+    if a is not None and b is not None and a != b:
+        raise ShapeError(f"{op}: {what} differ ({a} vs {b})")
+    return a if a is not None else b
+
+
+def matmul_type(op: str, a: TensorType, b: TensorType) -> TensorType:
+    """numpy matmul typing: 1-D operands are promoted and the added dim dropped; batch dims broadcast."""
+    for i, t in enumerate((a, b)):
+        numeric(op, i, t)
+        if t.rank == 0:
+            raise ShapeError(f"{op}: operand {i} is a scalar; matmul needs rank >= 1")
+    same_dtype(op, (a, b))
+    sa = a.shape if a.rank > 1 else (1, *a.shape)
+    sb = b.shape if b.rank > 1 else (*b.shape, 1)
+    _same_dim(op, sa[-1], sb[-2], f"contracted dims of operand 0 {list(a.shape)} and operand 1 {list(b.shape)}")
+    batch = broadcast_shapes(sa[:-2], sb[:-2], what=f"{op} batch dims")
+    shape = (*batch, *(sa[-2:-1] if a.rank > 1 else ()), *(sb[-1:] if b.rank > 1 else ()))
+    return TensorType(shape, a.dtype)
+
+
+define("matmul", ("lhs", "rhs"), lambda ts, attrs: (matmul_type("matmul", *ts),), one(np.matmul))
+
+
+def _linear_infer(ts, attrs):
+    if ts[1].rank != 2:
+        raise ShapeError(f"linear: operand 1 (weight) must be [in, out], got {ts[1]}")
+    out = matmul_type("linear", ts[0], ts[1])
+    if len(ts) == 3:
+        same_dtype("linear", ts)
+        if ts[2].rank != 1:
+            raise ShapeError(f"linear: operand 2 (bias) must be [out], got {ts[2]}")
+        _same_dim("linear", ts[2].shape[0], ts[1].shape[1], "bias length and out features")
+    return (out,)
+
+
+def _linear(x, w, b=None):
+    y = x @ w
+    return y if b is None else y + b
+
+
+define("linear", ("x", "weight", "bias?"), _linear_infer, one(_linear),
+       doc="x @ weight + bias with weight stored [in, out], as Burn stores it")
+
+
+def _lora_infer(ts, attrs):
+    base, a, b = ts
+    same_dtype("lora", ts)
+    if base.rank != 2 or a.rank != 2 or b.rank != 2:
+        raise ShapeError(f"lora: base, a and b must be 2-D, got {base}, {a}, {b}")
+    delta = matmul_type("lora", a, b)
+    broadcast_shapes(base.shape, delta.shape, what="lora base and a @ b")
+    if delta.shape != base.shape:
+        raise ShapeError(f"lora: a @ b has shape {list(delta.shape)} but base is {list(base.shape)}")
+    return (base,)
+
+
+define("lora", ("base", "a", "b"), _lora_infer,
+       one(lambda base, a, b, scale: base + scale * (a @ b)), {"scale": Attr(FLOAT)},
+       doc="base + scale * (a @ b): the LoRA derivation of an adapted weight")

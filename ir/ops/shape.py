@@ -1,0 +1,160 @@
+"""Data movement ops: transpose, reshape, broadcast_to, concat, slice, take and gather."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..attrs import INT, INTS, Attr, optional
+from ..dtypes import DType
+from ..errors import ShapeError
+from ..types import TensorType, broadcast_shapes
+from .common import any_dtype, define, norm_axis, one, same_dtype
+
+
+def _transpose_infer(ts, attrs):
+    any_dtype("transpose", 0, ts[0])
+    perm = attrs["perm"]
+    rank = ts[0].rank
+    if perm is None:
+        perm = tuple(reversed(range(rank)))
+    if sorted(perm) != list(range(rank)):
+        raise ShapeError(f"transpose: perm {list(perm)} is not a permutation of rank {rank}")
+    return (ts[0].with_shape(ts[0].shape[p] for p in perm),)
+
+
+define("transpose", ("x",), _transpose_infer, one(lambda x, perm: np.transpose(x, perm)),
+       {"perm": Attr(optional(INTS), None, "absent reverses the dims")})
+
+
+def _reshape_infer(ts, attrs):
+    any_dtype("reshape", 0, ts[0])
+    shape = attrs["shape"]
+    if shape.count(-1) > 1 or any(d < -1 for d in shape):
+        raise ShapeError(f"reshape: shape {list(shape)} may hold one -1 and no other negative dim")
+    known = 1
+    for d in shape:
+        known *= d if d >= 0 else 1
+    if ts[0].is_static:
+        n = ts[0].numel()
+        if -1 in shape:
+            if known == 0 or n % known:
+                raise ShapeError(f"reshape: cannot reshape {ts[0]} to {list(shape)}")
+            return (ts[0].with_shape(n // known if d == -1 else d for d in shape),)
+        if n != known:
+            raise ShapeError(f"reshape: {ts[0]} has {n} elements but shape {list(shape)} has {known}")
+    return (ts[0].with_shape(None if d == -1 else d for d in shape),)
+
+
+define("reshape", ("x",), _reshape_infer, one(lambda x, shape: np.reshape(x, shape)),
+       {"shape": Attr(INTS, doc="target shape; one -1 is inferred")})
+
+
+def _broadcast_target(x: tuple, shape: tuple[int, ...]) -> tuple:
+    """-1 in the target keeps the (right-aligned) input dim, so a dynamic batch can broadcast."""
+    if len(shape) < len(x):
+        raise ShapeError(f"broadcast_to: target rank {len(shape)} is below input rank {len(x)}")
+    pad = (1,) * (len(shape) - len(x)) + tuple(x)
+    return tuple(p if d == -1 else d for d, p in zip(shape, pad))
+
+
+def _broadcast_infer(ts, attrs):
+    any_dtype("broadcast_to", 0, ts[0])
+    target = _broadcast_target(ts[0].shape, attrs["shape"])
+    if any(d is not None and d < 0 for d in target):
+        raise ShapeError(f"broadcast_to: invalid target shape {list(attrs['shape'])}")
+    got = broadcast_shapes(ts[0].shape, target, what="broadcast_to")
+    return (ts[0].with_shape(got),)
+
+
+define("broadcast_to", ("x",), _broadcast_infer,
+       one(lambda x, shape: np.broadcast_to(x, _broadcast_target(x.shape, shape)).copy()),
+       {"shape": Attr(INTS, doc="target shape; -1 keeps the input's dim")})
+
+
+def _concat_infer(ts, attrs):
+    for i, t in enumerate(ts):
+        any_dtype("concat", i, t)
+        if t.rank != ts[0].rank:
+            raise ShapeError(f"concat: operand {i} has rank {t.rank} but operand 0 has {ts[0].rank}")
+    same_dtype("concat", ts)
+    axis = norm_axis("concat", attrs["axis"], ts[0].rank)
+    shape = list(ts[0].shape)
+    for d in range(ts[0].rank):
+        dims = [t.shape[d] for t in ts]
+        if d == axis:
+            shape[d] = None if None in dims else sum(dims)
+        else:
+            known = {x for x in dims if x is not None}
+            if len(known) > 1:
+                raise ShapeError(f"concat: operands differ in dim {d}: {dims}")
+            shape[d] = known.pop() if known else None
+    return (TensorType(tuple(shape), ts[0].dtype),)
+
+
+define("concat", ("xs*",), _concat_infer, lambda xs, attrs: (np.concatenate(xs, axis=attrs["axis"]),),
+       {"axis": Attr(INT, 0)})
+
+
+def _slices(op: str, rank: int, attrs) -> dict[int, slice]:
+    starts, ends = attrs["starts"], attrs["ends"]
+    axes = attrs["axes"] if attrs["axes"] is not None else tuple(range(len(starts)))
+    steps = attrs["steps"] if attrs["steps"] is not None else (1,) * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ShapeError(f"{op}: starts, ends, axes and steps must have the same length")
+    if 0 in steps:
+        raise ShapeError(f"{op}: a step of 0 is not allowed")
+    out = {norm_axis(op, a, rank): slice(s, e, st) for a, s, e, st in zip(axes, starts, ends, steps)}
+    if len(out) != len(axes):
+        raise ShapeError(f"{op}: repeated axis in {list(axes)}")
+    return out
+
+
+def _slice_infer(ts, attrs):
+    any_dtype("slice", 0, ts[0])
+    cuts = _slices("slice", ts[0].rank, attrs)
+    shape = tuple(d if i not in cuts or d is None else len(range(*cuts[i].indices(d)))
+                  for i, d in enumerate(ts[0].shape))
+    return (ts[0].with_shape(shape),)
+
+
+def _slice(x, **attrs):
+    cuts = _slices("slice", x.ndim, attrs)
+    return x[tuple(cuts.get(i, slice(None)) for i in range(x.ndim))]
+
+
+define("slice", ("x",), _slice_infer, one(_slice),
+       {"starts": Attr(INTS), "ends": Attr(INTS), "axes": Attr(optional(INTS), None),
+        "steps": Attr(optional(INTS), None)},
+       doc="numpy basic slicing along the given axes (clamped, negative indices count from the end)")
+
+
+def _index_dtype(op: str, t: TensorType) -> None:
+    if t.dtype not in (DType.i64, DType.i32):
+        raise ShapeError(f"{op}: operand 1 (indices) has dtype {t.dtype.value}, expected i64 or i32")
+
+
+def _take_infer(ts, attrs):
+    any_dtype("take", 0, ts[0])
+    _index_dtype("take", ts[1])
+    axis = norm_axis("take", attrs["axis"], ts[0].rank)
+    shape = (*ts[0].shape[:axis], *ts[1].shape, *ts[0].shape[axis + 1:])
+    return (ts[0].with_shape(shape),)
+
+
+define("take", ("x", "indices"), _take_infer,
+       one(lambda x, i, axis: np.take(x, i, axis=axis, mode="raise")), {"axis": Attr(INT, 0)},
+       doc="select slices along axis by index, numpy.take (embedding lookup)")
+
+
+def _gather_infer(ts, attrs):
+    any_dtype("gather", 0, ts[0])
+    _index_dtype("gather", ts[1])
+    if ts[1].rank != ts[0].rank:
+        raise ShapeError(f"gather: indices rank {ts[1].rank} differs from input rank {ts[0].rank}")
+    norm_axis("gather", attrs["axis"], ts[0].rank)
+    return (ts[0].with_shape(ts[1].shape),)
+
+
+define("gather", ("x", "indices"), _gather_infer,
+       one(lambda x, i, axis: np.take_along_axis(x, i, axis=axis)), {"axis": Attr(INT, 0)},
+       doc="pick one element along axis per index position, torch.gather")

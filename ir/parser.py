@@ -1,0 +1,435 @@
+"""The `.kir` text parser. Every malformed input raises IRParseError with line:column and the token."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+from . import init as initializers
+from .builder import FunctionBuilder
+from .dtypes import DType
+from .errors import IRParseError, KilnError
+from .graph import FlagNode, Graph, Init, Node, Operand, ParamNode, ReparamNode, SymRef, Value
+from .registry import infer
+from .types import TensorType
+
+_NAME = r'(?:[A-Za-z0-9_][A-Za-z0-9_.$\-]*|"(?:[^"\\\n]|\\.)*")'
+_TOKEN = re.compile(rf"""
+    (?P<nl>\n) | (?P<ws>[ \t\r]+) | (?P<comment>//[^\n]*)
+  | (?P<type>tensor<[^<>\n]*>)
+  | (?P<sym>@{_NAME}) | (?P<val>%{_NAME})
+  | (?P<num>-?(?:inf\b|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?))
+  | (?P<str>"(?:[^"\\\n]|\\.)*")
+  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<arrow>->) | (?P<punct>[{{}}()\[\]<>,=:])
+  | (?P<error>.)""", re.VERBOSE)
+_MAX_DEPTH = 32
+
+Token = tuple[str, str, int, int]  # kind, text, line, column
+
+
+def tokenize(text: str, source: str) -> list[Token]:
+    tokens: list[Token] = []
+    line, line_start = 1, 0
+    for m in _TOKEN.finditer(text):
+        kind = m.lastgroup
+        if kind == "nl":
+            line, line_start = line + 1, m.end()
+        elif kind == "error":
+            raise IRParseError("unexpected character", line, m.start() - line_start + 1, m.group(), source)
+        elif kind not in ("ws", "comment"):
+            tokens.append((kind, m.group(), line, m.start() - line_start + 1))  # type: ignore[arg-type]
+    tokens.append(("eof", "", line, len(text) - line_start + 1))
+    return tokens
+
+
+class Parser:
+    """Recursive descent over the token list, building through FunctionBuilder so inference runs once."""
+
+    def __init__(self, text: str, source: str = "<kir>"):
+        self.source = source
+        self.tokens = tokenize(text, source)
+        self.pos = 0
+        self.symbols: dict[str, Node] = {}
+
+    # -- token helpers ------------------------------------------------------------------------------
+    def peek(self) -> Token:
+        return self.tokens[self.pos]
+
+    def next(self) -> Token:
+        tok = self.tokens[self.pos]
+        if tok[0] != "eof":
+            self.pos += 1
+        return tok
+
+    def error(self, message: str, tok: Token | None = None) -> IRParseError:
+        tok = tok or self.peek()
+        return IRParseError(message, tok[2], tok[3], tok[1] or "end of input", self.source)
+
+    def expect(self, text: str) -> Token:
+        tok = self.next()
+        if tok[1] != text or tok[0] in ("str", "sym", "val"):
+            raise self.error(f"expected {text!r}", tok)
+        return tok
+
+    def accept(self, text: str) -> bool:
+        tok = self.peek()
+        if tok[1] == text and tok[0] in ("punct", "arrow", "ident"):
+            self.pos += 1
+            return True
+        return False
+
+    def expect_kind(self, kind: str, what: str) -> Token:
+        tok = self.next()
+        if tok[0] != kind:
+            raise self.error(f"expected {what}", tok)
+        return tok
+
+    def name_of(self, tok: Token) -> str:
+        body = tok[1][1:]
+        if body.startswith('"'):
+            try:
+                return json.loads(body)
+            except ValueError:
+                raise self.error("malformed quoted name", tok) from None
+        return body
+
+    # -- grammar -------------------------------------------------------------------------------------
+    def parse_module(self) -> Graph:
+        self.expect("module")
+        name = self.name_of(self.expect_kind("sym", "a module name like @MLP"))
+        self.expect("{")
+        params: dict[str, ParamNode] = {}
+        flags: dict[str, FlagNode] = {}
+        reparams: dict[str, ReparamNode] = {}
+        functions = {}
+        while not self.accept("}"):
+            tok = self.peek()
+            if tok[1] == "param":
+                node: Node = self.parse_param()
+                params[node.name] = node
+            elif tok[1] == "flag":
+                node = self.parse_flag()
+                flags[node.name] = node
+            elif tok[1] == "reparam":
+                node = self.parse_reparam()
+                reparams[node.name] = node
+            elif tok[1] == "func":
+                fn = self.parse_function()
+                if fn.name in functions:
+                    raise self.error(f"function @{fn.name} is defined twice", tok)
+                functions[fn.name] = fn
+                continue
+            else:
+                raise self.error("expected 'param', 'flag', 'reparam', 'func' or '}'", tok)
+            if node.name in self.symbols:
+                raise self.error(f"symbol @{node.name} is declared twice", tok)
+            self.symbols[node.name] = node
+        self.expect_kind("eof", "end of input after the module")
+        return Graph(name, params, flags, reparams, functions)
+
+    def parse_type(self) -> TensorType:
+        tok = self.expect_kind("type", "a tensor type like tensor<2x3xf32>")
+        *dims, dtype = tok[1][len("tensor<"):-1].split("x")
+        if dtype not in DType.__members__:
+            raise self.error(f"unknown dtype {dtype!r}", tok)
+        shape = []
+        for d in dims:
+            if d == "?":
+                shape.append(None)
+            elif d.isdigit() and len(d) < 19:
+                shape.append(int(d))
+            else:
+                raise self.error(f"bad dimension {d!r}", tok)
+        return TensorType(tuple(shape), DType[dtype])
+
+    def parse_attr_dict(self, parse_value=None) -> dict[str, Any]:
+        attrs: dict[str, Any] = {}
+        if not self.accept("{"):
+            return attrs
+        if self.accept("}"):
+            return attrs
+        while True:
+            key_tok = self.expect_kind("ident", "an attribute name")
+            self.expect("=")
+            if key_tok[1] in attrs:
+                raise self.error(f"attribute {key_tok[1]!r} is given twice", key_tok)
+            attrs[key_tok[1]] = (parse_value or self.parse_attr_value)(key_tok[1])
+            if self.accept("}"):
+                return attrs
+            self.expect(",")
+
+    def parse_attr_value(self, key: str = "", depth: int = 0) -> Any:
+        if depth > _MAX_DEPTH:
+            raise self.error(f"attribute nested deeper than {_MAX_DEPTH} levels")
+        tok = self.next()
+        kind, text = tok[0], tok[1]
+        if kind == "num":
+            return self.number(tok)
+        if kind == "str":
+            return json.loads(text)
+        if kind == "type":
+            self.pos -= 1
+            return self.parse_type()
+        if kind == "ident":
+            if text in ("true", "false"):
+                return text == "true"
+            if text in ("inf", "nan"):
+                return float(text)
+            if text in DType.__members__:
+                return DType[text]
+            if text == "dense":
+                return self.parse_dense()
+        if text == "[" and kind == "punct":
+            items = []
+            if self.accept("]"):
+                return tuple(items)
+            while True:
+                items.append(self.parse_attr_value(key, depth + 1))
+                if self.accept("]"):
+                    return tuple(items)
+                self.expect(",")
+        raise self.error("expected an attribute value", tok)
+
+    def number(self, tok: Token) -> int | float:
+        text = tok[1]
+        if any(c in text for c in ".eEin"):
+            return float(text)
+        return int(text)
+
+    def parse_dense(self) -> np.ndarray:
+        self.expect("<")
+        type_tok = self.peek()
+        t = self.parse_type()
+        if not t.is_static or t.dtype.is_packed:
+            raise self.error("dense data needs a static, unpacked type", type_tok)
+        self.expect(",")
+        if self.accept("["):
+            values = []
+            if not self.accept("]"):
+                while True:
+                    values.append(self.parse_element())
+                    if self.accept("]"):
+                        break
+                    self.expect(",")
+            if len(values) != t.numel():
+                raise self.error(f"dense data has {len(values)} elements but {t} needs {t.numel()}", type_tok)
+            arr = np.array(values, dtype=object).astype(t.dtype.numpy) if values else np.zeros(0, t.dtype.numpy)
+            arr = arr.reshape(t.shape)
+        else:
+            arr = np.full(t.shape, self.parse_element(), dtype=t.dtype.numpy)
+        self.expect(">")
+        return arr
+
+    def parse_element(self) -> Any:
+        tok = self.next()
+        if tok[0] == "num":
+            return self.number(tok)
+        if tok[0] == "ident" and tok[1] in ("true", "false", "nan", "inf"):
+            return tok[1] == "true" if tok[1] in ("true", "false") else float(tok[1])
+        raise self.error("expected a number or boolean", tok)
+
+    def parse_param(self) -> ParamNode:
+        self.expect("param")
+        tok = self.expect_kind("sym", "a parameter name")
+        self.expect(":")
+        t = self.parse_type()
+        attrs = self.parse_attr_dict(self.parse_param_attr)
+        if "id" not in attrs:
+            raise self.error(f"param @{self.name_of(tok)} has no id", tok)
+        grad = attrs.get("grad", False)
+        known = {"id", "init", "data", "grad", "configured_grad", "device"}
+        extra = set(attrs) - known
+        if extra:
+            raise self.error(f"unknown param attribute {sorted(extra)[0]!r}", tok)
+        data = attrs.get("data")
+        if data is not None and (data.shape != t.shape or DType.from_numpy(data.dtype) is not t.dtype):
+            raise self.error(f"param data does not have type {t}", tok)
+        return ParamNode(self.name_of(tok), t, attrs["id"], attrs.get("init"), data, grad,
+                         attrs.get("configured_grad", grad), attrs.get("device", "cpu"))
+
+    def parse_param_attr(self, key: str) -> Any:
+        tok = self.peek()
+        if key == "init":
+            return self.parse_init()
+        if key == "data" and tok[1] == "elided":
+            self.next()
+            return None
+        value = self.parse_attr_value(key)
+        want = {"id": str, "grad": bool, "configured_grad": bool, "device": str, "data": np.ndarray}.get(key)
+        if want is not None and not isinstance(value, want):
+            raise self.error(f"param attribute {key!r} has the wrong kind of value", tok)
+        if key == "id":
+            return self.param_id(value, tok)
+        return value
+
+    def param_id(self, text: str, tok: Token) -> int:
+        if not re.fullmatch(r"0x[0-9a-fA-F]{1,16}", text):
+            raise self.error("a ParamId is written \"0x\" and up to 16 hex digits", tok)
+        return int(text, 16)
+
+    def parse_init(self) -> Init:
+        tok = self.expect_kind("ident", "an initializer like kaiming_uniform(a = 2.0)")
+        if tok[1] not in initializers.INITIALIZERS:
+            raise self.error(f"unknown initializer {tok[1]!r}", tok)
+        args: list[tuple[str, Any]] = []
+        if self.accept("("):
+            if not self.accept(")"):
+                while True:
+                    key = self.expect_kind("ident", "an initializer argument name")[1]
+                    self.expect("=")
+                    args.append((key, self.parse_attr_value(key)))
+                    if self.accept(")"):
+                        break
+                    self.expect(",")
+        try:
+            return initializers.check(Init(tok[1], tuple(args)))
+        except KilnError as e:
+            raise self.error(str(e), tok) from None
+
+    def parse_flag(self) -> FlagNode:
+        self.expect("flag")
+        tok = self.expect_kind("sym", "a flag name")
+        self.expect("=")
+        value = self.parse_attr_value()
+        if not isinstance(value, bool):
+            raise self.error("a flag's value is true or false", tok)
+        attrs = self.parse_attr_dict()
+        if set(attrs) - {"id", "configured"} or "id" not in attrs or not isinstance(attrs["id"], str):
+            raise self.error("a flag takes {id = \"0x...\"} and optionally configured = true|false", tok)
+        configured = attrs.get("configured", value)
+        if not isinstance(configured, bool):
+            raise self.error("configured is true or false", tok)
+        return FlagNode(self.name_of(tok), self.param_id(attrs["id"], tok), value, configured)
+
+    def parse_reparam(self) -> ReparamNode:
+        self.expect("reparam")
+        tok = self.expect_kind("sym", "a derived parameter name")
+        self.expect(":")
+        t = self.parse_type()
+        self.expect("=")
+        kind_tok = self.expect_kind("ident", "a derivation op like lora")
+        self.expect("(")
+        names: list[str] = []
+        if not self.accept(")"):
+            while True:
+                sym_tok = self.expect_kind("sym", "a parameter operand")
+                sym = self.name_of(sym_tok)
+                if sym not in self.symbols:
+                    raise self.error(f"@{sym} is not declared before this derivation", sym_tok)
+                names.append(sym)
+                if self.accept(")"):
+                    break
+                self.expect(",")
+        attrs = self.parse_attr_dict()
+        try:
+            full, (result,) = infer(kind_tok[1], [self.symbols[n].type for n in names], attrs)
+        except (KilnError, ValueError) as e:
+            raise self.error(str(e), kind_tok) from None
+        if result != t:
+            raise self.error(f"derivation gives {result} but @{self.name_of(tok)} is declared {t}", tok)
+        return ReparamNode(self.name_of(tok), t, kind_tok[1], tuple(names), full)
+
+    def parse_function(self):
+        self.expect("func")
+        fb = FunctionBuilder(self.name_of(self.expect_kind("sym", "a function name")), self.symbols.get)
+        env: dict[str, Value] = {}
+        self.expect("(")
+        if not self.accept(")"):
+            while True:
+                tok = self.expect_kind("val", "an argument like %x")
+                self.expect(":")
+                self.define(env, tok, fb.input(self.name_of(tok), self.parse_type()))
+                if self.accept(")"):
+                    break
+                self.expect(",")
+        self.expect("->")
+        declared = self.parse_type_list()
+        self.expect("{")
+        while self.peek()[1] != "return" or self.peek()[0] != "ident":
+            self.parse_op(fb, env)
+        ret_tok = self.next()
+        results = self.parse_operands(env) if self.peek()[0] in ("val", "sym") else []
+        self.expect("}")
+        got = [r.type for r in results]
+        if got != declared:
+            raise self.error(f"returns ({', '.join(map(str, got))}) but the signature says "
+                             f"({', '.join(map(str, declared))})", ret_tok)
+        return fb.finish(results)
+
+    def parse_type_list(self) -> list[TensorType]:
+        self.expect("(")
+        types: list[TensorType] = []
+        if self.accept(")"):
+            return types
+        while True:
+            types.append(self.parse_type())
+            if self.accept(")"):
+                return types
+            self.expect(",")
+
+    def define(self, env: dict[str, Value], tok: Token, value: Value) -> None:
+        if value.name in env:
+            raise self.error(f"%{value.name} is defined twice", tok)
+        env[value.name] = value
+
+    def parse_operands(self, env: dict[str, Value]) -> list[Operand]:
+        out: list[Operand] = []
+        while True:
+            tok = self.next()
+            name = self.name_of(tok) if tok[0] in ("val", "sym") else ""
+            if tok[0] == "val":
+                if name not in env:
+                    raise self.error(f"%{name} is used before it is defined", tok)
+                out.append(env[name])
+            elif tok[0] == "sym":
+                node = self.symbols.get(name)
+                if node is None:
+                    raise self.error(f"@{name} is not a declared parameter, flag or derived parameter", tok)
+                out.append(SymRef(name, node.type))
+            else:
+                raise self.error("expected an operand like %x or @param", tok)
+            if not self.accept(","):
+                return out
+
+    def parse_op(self, fb: FunctionBuilder, env: dict[str, Value]) -> None:
+        result_toks = [self.expect_kind("val", "a result like %0 or 'return'")]
+        while self.accept(","):
+            result_toks.append(self.expect_kind("val", "a result name"))
+        self.expect("=")
+        kind_tok = self.expect_kind("ident", "an op name")
+        operands = self.parse_operands(env) if self.peek()[0] in ("val", "sym") else []
+        attrs = self.parse_attr_dict()
+        self.expect(":")
+        types = [self.parse_type()]
+        while self.accept(","):
+            types.append(self.parse_type())
+        try:
+            results = fb.append(kind_tok[1], tuple(operands), attrs, [self.name_of(t) for t in result_toks])
+        except (KilnError, ValueError) as e:
+            raise self.error(str(e), kind_tok) from None
+        if len(results) != len(result_toks) or [r.type for r in results] != types:
+            raise self.error(f"{kind_tok[1]} gives ({', '.join(str(r.type) for r in results)}) but the text "
+                             f"declares ({', '.join(map(str, types))})", kind_tok)
+        for tok, r in zip(result_toks, results):
+            self.define(env, tok, r)
+
+
+def parse(text: str, source: str = "<kir>") -> Graph:
+    """Parse `.kir` text into a Graph; `source` names the file in error messages."""
+    try:
+        return Parser(text, source).parse_module()
+    except RecursionError:
+        raise IRParseError("input nested too deeply", 1, 1, "", source) from None
+
+
+def parse_file(path: str) -> Graph:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise IRParseError(f"not UTF-8 text ({e.reason})", 1, 1, "", path) from None
+    return parse(text, path)

@@ -1,0 +1,88 @@
+"""The op registry: each op kind is registered once with its schema, type inference and numpy semantics.
+
+Later layers attach more per-kind rules (gradients, Relax and ONNX lowerings) to the same `OpDef`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .attrs import Attr, validate_attrs
+from .errors import ShapeError
+from .types import TensorType
+
+InferFn = Callable[[Sequence[TensorType], Mapping[str, Any]], tuple[TensorType, ...]]
+ReferenceFn = Callable[[Sequence[np.ndarray], Mapping[str, Any]], tuple[np.ndarray, ...]]
+
+
+@dataclass
+class OpDef:
+    """Everything kiln knows about one op kind.
+
+    `operands` names each operand; a name ending in `*` takes any number (at least one) of trailing ones,
+    and a name ending in `?` is optional. `infer` raises ShapeError naming the operand at fault.
+    """
+
+    name: str
+    operands: tuple[str, ...]
+    attrs: Mapping[str, Attr]
+    infer: InferFn
+    reference: ReferenceFn
+    doc: str = ""
+    stochastic: bool = False
+    rules: dict[str, Any] = field(default_factory=dict)
+
+    def check_arity(self, n: int) -> None:
+        fixed = [o for o in self.operands if not o.endswith(("*", "?"))]
+        optional = sum(o.endswith("?") for o in self.operands)
+        variadic = any(o.endswith("*") for o in self.operands)
+        if n < len(fixed) + (1 if variadic else 0) or (not variadic and n > len(fixed) + optional):
+            want = ", ".join(self.operands)
+            raise ShapeError(f"{self.name}: takes operands ({want}) but got {n}")
+
+    def operand_name(self, i: int) -> str:
+        if i < len(self.operands):
+            return self.operands[i].rstrip("*?")
+        return self.operands[-1].rstrip("*?")
+
+
+_REGISTRY: dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    if opdef.name in _REGISTRY:
+        raise ValueError(f"op {opdef.name!r} is already registered")
+    _REGISTRY[opdef.name] = opdef
+    return opdef
+
+
+def lookup(kind: str) -> OpDef:
+    """The registered definition of `kind`; an unknown kind is a ShapeError."""
+    _load_builtin_ops()
+    try:
+        return _REGISTRY[kind]
+    except KeyError:
+        raise ShapeError(f"unknown op {kind!r}") from None
+
+
+def registered() -> dict[str, OpDef]:
+    _load_builtin_ops()
+    return dict(_REGISTRY)
+
+
+def infer(kind: str, operand_types: Sequence[TensorType], attrs: Mapping[str, Any]
+          ) -> tuple[dict[str, Any], tuple[TensorType, ...]]:
+    """Validate an op's operands and attributes; return the normalized attrs and the result types."""
+    opdef = lookup(kind)
+    opdef.check_arity(len(operand_types))
+    full = validate_attrs(kind, opdef.attrs, attrs)
+    return full, opdef.infer(operand_types, full)
+
+
+def _load_builtin_ops() -> None:
+    if not _REGISTRY:
+        from . import ops  # noqa: F401  (registers the built-in ops on import)

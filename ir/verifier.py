@@ -1,0 +1,101 @@
+"""The IR verifier: every invariant the rest of kiln relies on, each failure naming where it is."""
+
+from __future__ import annotations
+
+from . import init as initializers
+from . import registry
+from .errors import KilnError, VerifyError
+from .graph import Function, Graph, ParamNode, SymRef, Value
+
+
+def verify(graph: Graph) -> Graph:
+    """Raise VerifyError at the first broken invariant; return the graph unchanged otherwise."""
+    _verify_symbols(graph)
+    for fn in graph.functions.values():
+        verify_function(graph, fn)
+    return graph
+
+
+def _verify_symbols(graph: Graph) -> None:
+    seen: set[str] = set()
+    for node in graph.nodes():
+        if node.name in seen:
+            raise VerifyError(f"@{node.name}: symbol declared more than once")
+        seen.add(node.name)
+    for p in graph.params.values():
+        _verify_param(p)
+    for r in graph.reparams.values():
+        where = f"reparam @{r.name}"
+        for o in r.operands:
+            if o not in graph.params:
+                what = "a derived parameter (nested reparameterization)" if o in graph.reparams else "not a parameter"
+                raise VerifyError(f"{where}: operand @{o} is {what}")
+        try:
+            attrs, (result,) = registry.infer(r.kind, [graph.params[o].type for o in r.operands], r.attrs)
+        except (KilnError, ValueError) as e:
+            raise VerifyError(f"{where}: {e}") from None
+        if result != r.type:
+            raise VerifyError(f"{where}: derivation gives {result} but the node is declared {r.type}")
+
+
+def _verify_param(p: ParamNode) -> None:
+    where = f"param @{p.name}"
+    if not p.type.is_static:
+        raise VerifyError(f"{where}: parameters need a static type, got {p.type}")
+    if not 0 <= p.id < 2**64:
+        raise VerifyError(f"{where}: ParamId {p.id} is not a u64")
+    if p.init is not None:
+        try:
+            initializers.check(p.init)
+        except KilnError as e:
+            raise VerifyError(f"{where}: {e}") from None
+    if p.data is not None and (tuple(p.data.shape) != p.type.shape or p.data.dtype != p.type.dtype.numpy):
+        raise VerifyError(f"{where}: data of shape {p.data.shape} and dtype {p.data.dtype} is not a {p.type}")
+    if p.grad and not p.type.dtype.is_float:
+        raise VerifyError(f"{where}: only floating parameters can require gradients ({p.type.dtype.value})")
+
+
+def verify_function(graph: Graph, fn: Function) -> None:
+    defined: set[int] = set()
+    names: set[str] = set()
+
+    def define(v: Value, where: str) -> None:
+        if id(v) in defined:
+            raise VerifyError(f"{where}: %{v.name} is defined twice")
+        if v.name in names:
+            raise VerifyError(f"{where}: the name %{v.name} is used for two values")
+        defined.add(id(v))
+        names.add(v.name)
+
+    def check_operand(o: object, where: str) -> None:
+        if isinstance(o, SymRef):
+            node = graph.symbol(o.name)
+            if node is None:
+                raise VerifyError(f"{where}: @{o.name} does not exist")
+            if node.type != o.type:
+                raise VerifyError(f"{where}: @{o.name} is used as {o.type} but declared {node.type}")
+        elif isinstance(o, Value):
+            if id(o) not in defined:
+                raise VerifyError(f"{where}: %{o.name} is used before it is defined")
+        else:
+            raise VerifyError(f"{where}: operand {o!r} is neither a value nor a symbol")
+
+    for a in fn.args:
+        define(a, f"@{fn.name} arguments")
+    for i, op in enumerate(fn.ops):
+        where = f"@{fn.name} op #{i} ({', '.join('%' + r.name for r in op.results)} = {op.kind})"
+        for o in op.operands:
+            check_operand(o, where)
+        try:
+            attrs, types = registry.infer(op.kind, [o.type for o in op.operands], op.attrs)
+        except (KilnError, ValueError) as e:
+            raise VerifyError(f"{where}: {e}") from None
+        if tuple(r.type for r in op.results) != types:
+            raise VerifyError(f"{where}: results are typed ({', '.join(str(r.type) for r in op.results)}) "
+                              f"but the op infers ({', '.join(map(str, types))})")
+        for r in op.results:
+            if r.owner is not op:
+                raise VerifyError(f"{where}: result %{r.name} belongs to another op")
+            define(r, where)
+    for r in fn.results:
+        check_operand(r, f"@{fn.name} return")

@@ -1,0 +1,101 @@
+"""The `kiln` command line: `kiln opt` runs pass pipelines over `.kir` files, `kiln dot` draws them.
+
+Exit codes: 0 success; 1 bad input (parse, verify, shape or pass error, printed as one line with its
+location); 2 bad usage; 3 a file that cannot be read or written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+
+from kiln.ir import Graph, KilnError, parse, print_graph, to_dot
+from kiln.passes import PassManager, pass_names
+
+EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_IO = 0, 1, 2, 3
+
+
+def read_graph(path: str) -> Graph:
+    if path == "-":
+        return parse(sys.stdin.read(), "<stdin>")
+    with open(path, encoding="utf-8") as f:
+        return parse(f.read(), path)
+
+
+def write_text(path: str | None, text: str) -> None:
+    """Write to stdout, or atomically to `path` (a temporary sibling renamed into place)."""
+    if path in (None, "-"):
+        sys.stdout.write(text)
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".kiln-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def cmd_opt(args: argparse.Namespace) -> int:
+    graph = read_graph(args.input)
+    manager = PassManager.parse(
+        args.pipeline, verify_each=args.verify_each, print_before_all=args.print_ir_before_all,
+        print_after_all=args.print_ir_after_all, print_after_change=args.print_ir_after_change,
+        timing=args.timing, check_equivalence=args.check_equivalence)
+    write_text(args.output, print_graph(manager.run(graph)))
+    return EXIT_OK
+
+
+def cmd_dot(args: argparse.Namespace) -> int:
+    graph = read_graph(args.input)
+    if args.function not in graph.functions:
+        raise KilnError(f"{args.input}: module @{graph.name} has no function @{args.function}")
+    write_text(args.output, to_dot(graph, args.function))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kiln", description=__doc__.split("\n\n")[0],
+                                     epilog="exit codes: 0 ok, 1 bad input, 2 bad usage, 3 file error")
+    sub = parser.add_subparsers(dest="command", required=True)
+    opt = sub.add_parser("opt", help="run a pass pipeline over a .kir file")
+    opt.add_argument("input", help="a .kir file, or - for standard input")
+    opt.add_argument("-p", "--pipeline", default="", help=f"passes, e.g. canonicalize,cse ({', '.join(pass_names())})")
+    opt.add_argument("-o", "--output", help="where to write the result (default: standard output)")
+    opt.add_argument("--print-ir-before-all", action="store_true", help="dump the IR before each pass")
+    opt.add_argument("--print-ir-after-all", action="store_true", help="dump the IR after each pass")
+    opt.add_argument("--print-ir-after-change", action="store_true", help="dump the IR after passes that change it")
+    opt.add_argument("--verify-each", action="store_true", help="verify the IR after each pass")
+    opt.add_argument("--timing", action="store_true", help="report the time each pass takes")
+    opt.add_argument("--check-equivalence", action="store_true",
+                     help="interpret each function before and after each pass on random inputs and compare")
+    opt.set_defaults(run=cmd_opt)
+    dot = sub.add_parser("dot", help="write a function of a .kir file as Graphviz DOT")
+    dot.add_argument("input", help="a .kir file, or - for standard input")
+    dot.add_argument("-f", "--function", default="forward", help="the function to draw (default: forward)")
+    dot.add_argument("-o", "--output", help="where to write the DOT text (default: standard output)")
+    dot.set_defaults(run=cmd_dot)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except KilnError as e:
+        print(f"kiln {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    except OSError as e:
+        print(f"kiln {args.command}: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_IO
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The pass interface: a pass is a frozen dataclass with a `name`; its fields are its typed options."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, ClassVar
+
+from kiln.ir import Graph, PassError
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    """Turns a graph into a new graph, never mutating its input. Options double as command-line options."""
+
+    name: ClassVar[str]
+
+    def apply(self, graph: Graph) -> Graph:
+        raise NotImplementedError
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> Pass:
+        """Build the pass from `key=value` text options, converting each to its field's type."""
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, text in options.items():
+            field_name = key.replace("-", "_")
+            if field_name not in fields:
+                known = ", ".join(f.replace("_", "-") for f in fields) or "none"
+                raise PassError(f"pass {cls.name!r} has no option {key!r} (options: {known})")
+            kwargs[field_name] = _convert(cls.name, key, text, hints[field_name])
+        try:
+            return cls(**kwargs)
+        except TypeError as e:
+            raise PassError(f"pass {cls.name!r}: {e}") from None
+
+    def pipeline_text(self) -> str:
+        """This pass as pipeline text, options included when they differ from the defaults."""
+        opts = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.default is dataclasses.MISSING or value != f.default:
+                opts.append(f"{f.name.replace('_', '-')}={_option_text(value)}")
+        return self.name + ("{" + " ".join(opts) + "}" if opts else "")
+
+
+def _option_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _convert(pass_name: str, key: str, text: str, hint: Any) -> Any:
+    where = f"pass {pass_name!r} option {key}={text!r}"
+    if hint is bool:
+        if text not in ("true", "false"):
+            raise PassError(f"{where}: expected true or false")
+        return text == "true"
+    if hint in (int, float):
+        try:
+            return hint(text)
+        except ValueError:
+            raise PassError(f"{where}: expected {'an integer' if hint is int else 'a number'}") from None
+    if typing.get_origin(hint) is tuple:
+        return tuple(p for p in text.split(",") if p)
+    if typing.get_origin(hint) is typing.Literal:
+        if text not in typing.get_args(hint):
+            raise PassError(f"{where}: expected one of {', '.join(typing.get_args(hint))}")
+        return text
+    return text

@@ -1,0 +1,32 @@
+"""Pass registry: names map to `module:Class` and are imported only when a pipeline names them."""
+
+from __future__ import annotations
+
+import importlib
+
+from kiln.ir import PassError
+
+from .base import Pass
+
+_PASSES: dict[str, str] = {
+    "canonicalize": "kiln.passes.canonicalize:Canonicalize",
+    "cse": "kiln.passes.cse:CSE",
+    "dce": "kiln.passes.dce:DCE",
+    "fold-constants": "kiln.passes.fold_constants:FoldConstants",
+}
+
+
+def register_pass(name: str, target: str) -> None:
+    """Register a pass class by `module:Class` path without importing it."""
+    _PASSES[name] = target
+
+
+def pass_names() -> list[str]:
+    return sorted(_PASSES)
+
+
+def get_pass(name: str) -> type[Pass]:
+    if name not in _PASSES:
+        raise PassError(f"unknown pass {name!r} (known: {', '.join(pass_names())})")
+    module, cls = _PASSES[name].split(":")
+    return getattr(importlib.import_module(module), cls)
