@@ -120,12 +120,13 @@ class Builder:
 
     def param(self, name: str, shape: Sequence[int], dtype: DType | str = DType.f32, *, id: int | None = None,
               init: Init | None = None, data: np.ndarray | None = None, grad: bool = True,
-              configured_grad: bool | None = None, device: str = "cpu") -> SymRef:
+              configured_grad: bool | None = None, device: str = "cpu", autodiff: bool = False,
+              checkpointing: str | None = None) -> SymRef:
         self._declare(name)
         dtype = DType(dtype) if isinstance(dtype, str) else dtype
         init = initializers.check(init) if init is not None else None
         node = ParamNode(name, TensorType(tuple(shape), dtype), new_param_id() if id is None else id, init, data,
-                         grad, grad if configured_grad is None else configured_grad, device)
+                         grad, grad if configured_grad is None else configured_grad, device, autodiff, checkpointing)
         self.params[name] = node
         return SymRef(name, node.type)
 

@@ -30,3 +30,7 @@ class RecordError(KilnError):
 
 class PassError(KilnError):
     """A pipeline string, pass name or pass option is invalid, or a pass failed its checks."""
+
+
+class ParamGroupError(KilnError):
+    """A parameter-group pattern (regex, glob, id) is invalid."""

@@ -90,7 +90,8 @@ class Init:
 class ParamNode:
     """A parameter: its path, type, Burn ParamId, lazy initializer or data, and gradient state.
 
-    `grad` is the effective require-grad state; `configured_grad` is what `train` restores.
+    `grad` is the effective require-grad state; `configured_grad` is what `train` restores. `autodiff`
+    says whether the value lives on an autodiff device, with `checkpointing` its strategy (or None).
     """
 
     name: str
@@ -101,6 +102,8 @@ class ParamNode:
     grad: bool = False
     configured_grad: bool = False
     device: str = "cpu"
+    autodiff: bool = False
+    checkpointing: str | None = None
 
     def replace(self, **changes: Any) -> ParamNode:
         return dataclasses.replace(self, **changes)

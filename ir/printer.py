@@ -105,6 +105,10 @@ def param_text(p: ParamNode, elide_data: bool = False) -> str:
         items.append(("configured_grad", attr_text(p.configured_grad)))
     if p.device != "cpu":
         items.append(("device", json.dumps(p.device)))
+    if p.autodiff:
+        items.append(("autodiff", "true"))
+    if p.checkpointing is not None:
+        items.append(("checkpointing", json.dumps(p.checkpointing)))
     return f"param @{name_text(p.name)} : {p.type}{attr_dict_text(items)}"
 
 

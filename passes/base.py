@@ -14,6 +14,7 @@ class Pass:
     """Turns a graph into a new graph, never mutating its input. Options double as command-line options."""
 
     name: ClassVar[str]
+    preserves_semantics: ClassVar[bool] = True  # module-state passes change behaviour on purpose
 
     def apply(self, graph: Graph) -> Graph:
         raise NotImplementedError

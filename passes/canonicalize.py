@@ -13,7 +13,7 @@ from kiln.ir import Graph, Op, Operand, Rewriter, rewrite
 from .base import Pass
 from .patterns import is_splat, known_bool
 
-Match = Callable[[Rewriter, Op], Operand | None]
+Match = Callable[[Rewriter, Op], Operand | tuple[Operand, ...] | None]
 
 
 def _same_type(op: Op, o: Operand) -> Operand | None:
@@ -77,6 +77,19 @@ def _same_type_noop(rw: Rewriter, op: Op) -> Operand | None:
     return x if x.type == op.results[0].type and x.type.is_static else None
 
 
+def _eval_batch_norm(rw: Rewriter, op: Op) -> tuple[Operand, ...] | None:
+    """batch_norm with a training flag known false -> x * scale + shift from the running stats, which it returns."""
+    x, gamma, beta, mean, var, training = op.operands
+    if known_bool(rw.graph, training) is not False or x.type.shape[1] != gamma.type.shape[0]:
+        return None
+    scale = rw.emit("mul", gamma, rw.emit("rsqrt", rw.emit("add", var, op.attrs["eps"])))
+    shift = rw.emit("sub", beta, rw.emit("mul", mean, scale))
+    channels = (-1, *(1,) * (x.type.rank - 2))
+    y = rw.emit("add", rw.emit("mul", x, rw.emit("reshape", scale, shape=channels)),
+                rw.emit("reshape", shift, shape=channels))
+    return y, mean, var
+
+
 _MATCHES: dict[str, Match] = {
     "add": _identity_element({"add": 0.0}, commutative=True),
     "mul": _identity_element({"mul": 1.0}, commutative=True),
@@ -89,18 +102,19 @@ _MATCHES: dict[str, Match] = {
     "reshape": _noop_reshape,
     "cast": _same_type_noop,
     "broadcast_to": _same_type_noop,
+    "batch_norm": _eval_batch_norm,
 }
 
 
 def canonicalize_rule(rw: Rewriter, op: Op) -> Sequence[Operand] | None:
     match = _MATCHES.get(op.kind)
     result = match(rw, op) if match is not None else None
-    return None if result is None else (result,)
+    return result if result is None or isinstance(result, tuple) else (result,)
 
 
 @dataclass(frozen=True)
 class Canonicalize(Pass):
-    """Simplify by algebraic identities; drop dropout whose training flag is off."""
+    """Simplify by algebraic identities; drop dropout and fold batch_norm whose training flag is off."""
 
     name = "canonicalize"
 

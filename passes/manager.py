@@ -50,7 +50,7 @@ class PassManager:
                     verify(after)
                 except VerifyError as e:
                     raise VerifyError(f"after pass {label}: {e}") from None
-            if self.check_equivalence:
+            if self.check_equivalence and p.preserves_semantics:
                 self._check(label, graph, after)
             if self.print_after_all or (self.print_after_change and after is not graph):
                 self._dump(f"After {label}", after)

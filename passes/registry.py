@@ -13,6 +13,17 @@ _PASSES: dict[str, str] = {
     "cse": "kiln.passes.cse:CSE",
     "dce": "kiln.passes.dce:DCE",
     "fold-constants": "kiln.passes.fold_constants:FoldConstants",
+    "train": "kiln.passes.train:Train",
+    "valid": "kiln.passes.valid:Valid",
+    "set-require-grad": "kiln.passes.set_require_grad:SetRequireGrad",
+    "no-grad": "kiln.passes.no_grad:NoGrad",
+    "freeze": "kiln.passes.freeze:Freeze",
+    "unfreeze": "kiln.passes.unfreeze:Unfreeze",
+    "set-require-grad-group": "kiln.passes.set_require_grad_group:SetRequireGradGroup",
+    "freeze-group": "kiln.passes.freeze_group:FreezeGroup",
+    "unfreeze-group": "kiln.passes.unfreeze_group:UnfreezeGroup",
+    "to-device": "kiln.passes.to_device:ToDevice",
+    "fork": "kiln.passes.fork:Fork",
 }
 
 

@@ -33,16 +33,18 @@ def _binary(name: str, fn, check: Check = numeric, result: DType | None = None, 
 
 def _div(a, b):
     if a.dtype.kind in "iu":  # integer division truncates toward zero, as C and torch's "trunc" mode do
-        with np.errstate(divide="ignore"):
-            q = np.abs(a) // np.where(b == 0, 1, np.abs(b))
-        return np.where(b == 0, 0, np.where((a < 0) != (b < 0), -q, q)).astype(a.dtype)
+        # a - fmod(a, b) is an exact multiple of b, so floor division gives the truncated quotient without the
+        # abs() that overflows at the most negative value
+        safe = np.where(b == 0, 1, b).astype(b.dtype)
+        return np.where(b == 0, 0, (a - np.fmod(a, safe)) // safe).astype(a.dtype)
     return a / b
 
 
 def _gelu(x, approximate):
     if approximate == "tanh":
         return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-    return (0.5 * x * (1 + _erf(x.astype(np.float64) / math.sqrt(2)).astype(np.float64))).astype(x.dtype)
+    erf = np.asarray(_erf(x.astype(np.float64) / math.sqrt(2)), dtype=np.float64)  # a 0-d input gives a float
+    return np.asarray(0.5 * x * (1 + erf)).astype(x.dtype)
 
 
 def _sigmoid(x):

@@ -62,6 +62,11 @@ def _broadcast_infer(ts, attrs):
     target = _broadcast_target(ts[0].shape, attrs["shape"])
     if any(d is not None and d < 0 for d in target):
         raise ShapeError(f"broadcast_to: invalid target shape {list(attrs['shape'])}")
+    pad = (1,) * (len(target) - ts[0].rank) + tuple(ts[0].shape)
+    for i, (d, t) in enumerate(zip(pad, target)):
+        if d is not None and t is not None and d not in (1, t):  # a dim of n > 1 can only stay n
+            raise ShapeError(f"broadcast_to: input {ts[0]} cannot broadcast to {list(attrs['shape'])} "
+                             f"(dim {i}: {d} vs {t})")
     got = broadcast_shapes(ts[0].shape, target, what="broadcast_to")
     return (ts[0].with_shape(got),)
 
@@ -151,7 +156,10 @@ def _gather_infer(ts, attrs):
     _index_dtype("gather", ts[1])
     if ts[1].rank != ts[0].rank:
         raise ShapeError(f"gather: indices rank {ts[1].rank} differs from input rank {ts[0].rank}")
-    norm_axis("gather", attrs["axis"], ts[0].rank)
+    axis = norm_axis("gather", attrs["axis"], ts[0].rank)
+    for d, (n, m) in enumerate(zip(ts[0].shape, ts[1].shape)):
+        if d != axis and n is not None and m is not None and n != m:  # the reference does not broadcast them
+            raise ShapeError(f"gather: operand 1 (indices) has dim {d} = {m} but input has {n}")
     return (ts[0].with_shape(ts[1].shape),)
 
 

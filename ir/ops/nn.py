@@ -1,0 +1,307 @@
+"""Neural-network ops in torch's layouts (NCL / NCHW, conv weight [out, in/groups, k...]): convolution,
+pooling, layer/RMS/batch normalization, and erf for exact-gelu decompositions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..attrs import BOOL, FLOAT, INT, INTS, Attr, optional
+from ..dtypes import DType
+from ..errors import ShapeError
+from ..types import Dim, TensorType
+from .common import define, floating, norm_axes, one, same_dtype
+from .elementwise import _erf, _unary
+from .linalg import _same_dim
+
+
+class Window(NamedTuple):
+    """Sliding-window geometry, one int per spatial dim."""
+
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+
+def _per_dim(op: str, name: str, values: tuple[int, ...], nd: int, least: int) -> tuple[int, ...]:
+    """Check a window attribute holds one int >= `least` per spatial dim."""
+    if len(values) != nd or any(v < least for v in values):
+        raise ShapeError(f"{op}: {name} = {list(values)} must hold {nd} ints >= {least}")
+    return values
+
+
+def _window(op: str, attrs: Mapping[str, Any], nd: int) -> Window:
+    """The op's checked stride, padding and dilation; a pool's absent stride is its kernel, as in torch."""
+    stride = attrs["stride"] if attrs.get("stride") is not None else attrs["kernel"]
+    return Window(_per_dim(op, "stride", stride, nd, 1), _per_dim(op, "padding", attrs["padding"], nd, 0),
+                  _per_dim(op, "dilation", attrs.get("dilation", (1,) * nd), nd, 1))
+
+
+def _span(k: int, dilation: int) -> int:
+    """The input extent one dilated kernel covers."""
+    return dilation * (k - 1) + 1
+
+
+def _out_dim(op: str, axis: int, size: Dim, k: Dim, stride: int, pad: int, dilation: int) -> Dim:
+    """Output length along one spatial dim; dynamic when the input or kernel length is."""
+    if size is None or k is None:
+        return None
+    padded, span = size + 2 * pad, _span(k, dilation)
+    if padded < span:
+        raise ShapeError(f"{op}: kernel span {span} is larger than the padded input ({padded}) in spatial dim "
+                         f"{axis}")
+    return (padded - span) // stride + 1
+
+
+def _window_shape(op: str, spatial: Sequence[Dim], kernel: Sequence[Dim], win: Window) -> tuple[Dim, ...]:
+    return tuple(_out_dim(op, i, *dims) for i, dims in enumerate(zip(spatial, kernel, *win)))
+
+
+def _rank(op: str, i: int, name: str, t: TensorType, rank: int) -> None:
+    if t.rank != rank:
+        raise ShapeError(f"{op}: operand {i} ({name}) must have rank {rank}, got {t}")
+
+
+def _windows(x: np.ndarray, kernel: Sequence[int], win: Window, fill: float) -> np.ndarray:
+    """A strided view of x [N, C, *S], padded with `fill`, as windows [N, C, *out, *kernel]."""
+    nd = len(kernel)
+    padded = np.pad(x, [(0, 0), (0, 0), *((p, p) for p in win.padding)], constant_values=fill)
+    spans = [_span(k, d) for k, d in zip(kernel, win.dilation)]
+    view = sliding_window_view(padded, spans, axis=tuple(range(2, 2 + nd)))
+    steps = (*(slice(None, None, s) for s in win.stride), *(slice(None, None, d) for d in win.dilation))
+    return view[(slice(None), slice(None), *steps)]
+
+
+# --- convolution
+
+
+def _conv_infer(op: str, nd: int):
+    def infer(ts, attrs):
+        for i, t in enumerate(ts):
+            floating(op, i, t)
+        same_dtype(op, ts)
+        x, w = ts[0], ts[1]
+        _rank(op, 0, "x", x, nd + 2)
+        _rank(op, 1, "weight", w, nd + 2)
+        _check_groups(op, attrs["groups"], x.shape[1], w.shape[0])
+        if w.shape[1] is not None:
+            _same_dim(op, x.shape[1], w.shape[1] * attrs["groups"],
+                      "operand 0 (x) channels and operand 1 (weight) in-channels per group * groups")
+        if len(ts) == 3:
+            _rank(op, 2, "bias", ts[2], 1)
+            _same_dim(op, ts[2].shape[0], w.shape[0], "operand 2 (bias) length and operand 1 (weight) out-channels")
+        spatial = _window_shape(op, x.shape[2:], w.shape[2:], _window(op, attrs, nd))
+        return (x.with_shape((x.shape[0], w.shape[0], *spatial)),)
+    return infer
+
+
+def _check_groups(op: str, groups: int, in_channels: Dim, out_channels: Dim) -> None:
+    if groups < 1:
+        raise ShapeError(f"{op}: groups = {groups} must be positive")
+    for i, what, n in ((0, "x channels", in_channels), (1, "weight out-channels", out_channels)):
+        if n is not None and n % groups:
+            raise ShapeError(f"{op}: groups = {groups} does not divide operand {i} ({what}) = {n}")
+
+
+def _conv(x, weight, bias=None, *, stride, padding, dilation, groups):
+    """im2col over a strided window view, then one batched matmul per group."""
+    nd, (n, c), (o, _, *kernel) = weight.ndim - 2, x.shape[:2], weight.shape
+    windows = _windows(x, kernel, Window(stride, padding, dilation), 0)
+    out = windows.shape[2:2 + nd]
+    patch = c // groups * math.prod(kernel)
+    cols = np.moveaxis(windows, 1, 1 + nd).reshape(n, math.prod(out), groups, patch).transpose(0, 2, 1, 3)
+    w = weight.reshape(groups, o // groups, patch).transpose(0, 2, 1)
+    y = (cols @ w).transpose(0, 1, 3, 2).reshape(n, o, *out)
+    return y if bias is None else y + bias.reshape(-1, *(1,) * nd)
+
+
+def _conv_attrs(nd: int) -> dict[str, Attr]:
+    return {"stride": Attr(INTS, (1,) * nd), "padding": Attr(INTS, (0,) * nd, "zeros on both sides"),
+            "dilation": Attr(INTS, (1,) * nd), "groups": Attr(INT, 1)}
+
+
+for _nd in (1, 2):
+    define(f"conv{_nd}d", ("x", "weight", "bias?"), _conv_infer(f"conv{_nd}d", _nd), one(_conv), _conv_attrs(_nd),
+           doc="cross-correlation as torch computes it; x [N, C, *S], weight [O, C/groups, *K], bias [O]")
+
+
+# --- pooling
+
+
+def _pool_infer(op: str):
+    def infer(ts, attrs):
+        x = ts[0]
+        floating(op, 0, x)
+        _rank(op, 0, "x", x, 4)
+        kernel = _per_dim(op, "kernel", attrs["kernel"], 2, 1)
+        win = _window(op, attrs, 2)
+        if any(2 * p > _span(k, d) for k, p, d in zip(kernel, win.padding, win.dilation)):
+            raise ShapeError(f"{op}: padding {list(win.padding)} is more than half the kernel span")
+        return (x.with_shape((*x.shape[:2], *_window_shape(op, x.shape[2:], kernel, win))),)
+    return infer
+
+
+def _max_pool(x: np.ndarray, kernel: tuple[int, ...], win: Window, attrs: Mapping[str, Any]) -> np.ndarray:
+    return _windows(x, kernel, win, -np.inf).max(axis=(-2, -1))
+
+
+def _avg_pool(x: np.ndarray, kernel: tuple[int, ...], win: Window, attrs: Mapping[str, Any]) -> np.ndarray:
+    total = _windows(x, kernel, win, 0).sum(axis=(-2, -1))
+    if attrs["count_include_pad"]:
+        return total / math.prod(kernel)
+    inside = _windows(np.ones((1, 1, *x.shape[2:]), x.dtype), kernel, win, 0).sum(axis=(-2, -1))
+    return total / inside
+
+
+def _pool(op: str, fn, attrs: dict[str, Attr], doc: str) -> None:
+    """Register a 2-D pool computing `fn(x, kernel, window, attrs)` over NCHW input."""
+    def reference(xs, attrs):
+        return (fn(xs[0], attrs["kernel"], _window(op, attrs, 2), attrs),)
+    define(op, ("x",), _pool_infer(op), reference, attrs, doc)
+
+
+_POOL_ATTRS = {"kernel": Attr(INTS), "stride": Attr(optional(INTS), None, "absent means the kernel"),
+               "padding": Attr(INTS, (0, 0))}
+
+_pool("max_pool2d", _max_pool, {**_POOL_ATTRS, "dilation": Attr(INTS, (1, 1))},
+      doc="window maximum; padding counts as -inf")
+_pool("avg_pool2d", _avg_pool,
+      {**_POOL_ATTRS, "count_include_pad": Attr(BOOL, True, "divide by the whole kernel, padding included")},
+      doc="window mean")
+
+
+def _adaptive_infer(ts, attrs):
+    x = ts[0]
+    floating("adaptive_avg_pool2d", 0, x)
+    _rank("adaptive_avg_pool2d", 0, "x", x, 4)
+    size = _per_dim("adaptive_avg_pool2d", "output_size", attrs["output_size"], 2, 1)
+    if 0 in x.shape[2:]:
+        raise ShapeError(f"adaptive_avg_pool2d: operand 0 (x) has an empty spatial dim: {x}")
+    return (x.with_shape((*x.shape[:2], *size)),)
+
+
+def _bins(n_in: int, n_out: int, dtype: np.dtype) -> np.ndarray:
+    """[n_out, n_in] averaging matrix over torch's bins [floor(i*n_in/n_out), ceil((i+1)*n_in/n_out))."""
+    i = np.arange(n_out)[:, None]
+    start, end = i * n_in // n_out, -(-(i + 1) * n_in // n_out)
+    inside = (np.arange(n_in) >= start) & (np.arange(n_in) < end)
+    return (inside / (end - start)).astype(dtype)
+
+
+def _adaptive_avg_pool(x, *, output_size):
+    rows, cols = (_bins(n, m, x.dtype) for n, m in zip(x.shape[2:], output_size))
+    return rows @ x @ cols.T
+
+
+define("adaptive_avg_pool2d", ("x",), _adaptive_infer, one(_adaptive_avg_pool), {"output_size": Attr(INTS)},
+       doc="mean over torch's adaptive bins, giving a fixed [out_h, out_w] whatever the input size")
+
+
+# --- normalization
+
+
+def _norm_infer(op: str, operands: tuple[str, ...]):
+    """x keeps its type; each affine operand must span x's dims at the normalized axes."""
+    def infer(ts, attrs):
+        for i, t in enumerate(ts):
+            floating(op, i, t)
+        same_dtype(op, ts)
+        axes = norm_axes(op, attrs["axes"], ts[0].rank)
+        if not axes:
+            raise ShapeError(f"{op}: axes must name at least one axis")
+        want = [ts[0].shape[a] for a in axes]
+        for i, t in enumerate(ts[1:], 1):
+            if t.rank != len(want) or any(a is not None and b is not None and a != b for a, b in zip(t.shape, want)):
+                raise ShapeError(f"{op}: operand {i} ({operands[i].rstrip('?')}) has shape {list(t.shape)} but x's "
+                                 f"dims at axes {list(axes)} are {want}")
+        return (ts[0],)
+    return infer
+
+
+def _affine(y: np.ndarray, axes: tuple[int, ...], gamma: np.ndarray | None, beta: np.ndarray | None) -> np.ndarray:
+    """y * gamma + beta with the parameters laid along the normalized axes."""
+    shape = [d if i in axes else 1 for i, d in enumerate(y.shape)]
+    if gamma is not None:
+        y = y * gamma.reshape(shape)
+    return y if beta is None else y + beta.reshape(shape)
+
+
+def _layer_norm(x, gamma=None, beta=None, *, axes, eps):
+    axes = norm_axes("layer_norm", axes, x.ndim)
+    centered = x - x.mean(axis=axes, keepdims=True)
+    y = centered / np.sqrt(np.mean(centered * centered, axis=axes, keepdims=True) + eps)
+    return _affine(y, axes, gamma, beta)
+
+
+def _rms_norm(x, gamma=None, *, axes, eps):
+    axes = norm_axes("rms_norm", axes, x.ndim)
+    return _affine(x / np.sqrt(np.mean(x * x, axis=axes, keepdims=True) + eps), axes, gamma, None)
+
+
+_NORM_ATTRS = {"axes": Attr(INTS, (-1,), "normalized axes; gamma and beta span x's dims there"),
+               "eps": Attr(FLOAT, 1e-5)}
+_LAYER_NORM, _RMS_NORM = ("x", "gamma?", "beta?"), ("x", "gamma?")
+
+define("layer_norm", _LAYER_NORM, _norm_infer("layer_norm", _LAYER_NORM), one(_layer_norm), _NORM_ATTRS,
+       doc="(x - mean) / sqrt(var + eps) * gamma + beta over axes (biased variance)")
+define("rms_norm", _RMS_NORM, _norm_infer("rms_norm", _RMS_NORM), one(_rms_norm), _NORM_ATTRS,
+       doc="x / sqrt(mean(x^2) + eps) * gamma over axes")
+
+
+_BATCH_NORM = ("x", "gamma", "beta", "running_mean", "running_var", "training")
+
+
+def _batch_norm_infer(ts, attrs):
+    x = ts[0]
+    for i, t in enumerate(ts[:5]):
+        floating("batch_norm", i, t)
+    same_dtype("batch_norm", ts[:5])
+    if x.rank < 2:
+        raise ShapeError(f"batch_norm: operand 0 (x) must be [N, C, ...], got {x}")
+    for i, t in enumerate(ts[1:5], 1):
+        _rank("batch_norm", i, _BATCH_NORM[i], t, 1)
+        _same_dim("batch_norm", x.shape[1], t.shape[0], f"operand 0 (x) channels and operand {i} ({_BATCH_NORM[i]}) "
+                  "length")
+    if ts[5].dtype is not DType.bool or ts[5].rank != 0:
+        raise ShapeError(f"batch_norm: operand 5 (training flag) must be a bool scalar, got {ts[5]}")
+    if not 0.0 <= attrs["momentum"] <= 1.0:
+        raise ShapeError(f"batch_norm: momentum = {attrs['momentum']} is outside [0, 1]")
+    return (x, ts[3], ts[4])
+
+
+def _batch_statistics(x: np.ndarray, running_mean: np.ndarray, running_var: np.ndarray, momentum: float
+                      ) -> tuple[np.ndarray, ...]:
+    """Batch mean and biased variance over all axes but 1, and the running stats updated with the unbiased
+    variance, as torch does."""
+    axes = (0, *range(2, x.ndim))
+    n = math.prod(x.shape[a] for a in axes)
+    if n < 2:
+        raise ValueError(f"training needs more than one value per channel, got {n}")
+    mean, var = x.mean(axis=axes), x.var(axis=axes)
+    new_mean = (1 - momentum) * running_mean + momentum * mean
+    new_var = (1 - momentum) * running_var + momentum * var * (n / (n - 1))
+    return mean, var, new_mean, new_var
+
+
+def _batch_norm(xs, attrs):
+    x, gamma, beta, running_mean, running_var, training = xs
+    if bool(training):
+        mean, var, running_mean, running_var = _batch_statistics(x, running_mean, running_var, attrs["momentum"])
+    else:
+        mean, var = running_mean, running_var
+    shape = (-1, *(1,) * (x.ndim - 2))
+    scale = gamma / np.sqrt(var + attrs["eps"])
+    return (x - mean.reshape(shape)) * scale.reshape(shape) + beta.reshape(shape), running_mean, running_var
+
+
+define("batch_norm", _BATCH_NORM, _batch_norm_infer, _batch_norm,
+       {"eps": Attr(FLOAT, 1e-5), "momentum": Attr(FLOAT, 0.1, "weight of the batch statistics in the update")},
+       doc="normalize over all axes but 1: batch statistics while training (results 2 and 3 are the updated "
+           "running mean and variance), the running ones otherwise (returned unchanged)")
+
+
+_unary("erf", lambda x: np.asarray(_erf(x), dtype=x.dtype), doc="the Gauss error function")
