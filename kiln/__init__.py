@@ -1,9 +1,23 @@
 """kiln: a deep-learning framework built as a compiler.
 
 Modules trace into a graph IR (`kiln.ir`), passes transform it (`kiln.passes`), and `kiln.runtime` lowers it
-through TVM and stores records; `kiln.frontend` is what users write.
+through TVM and stores records; `kiln.frontend` is what users write, re-exported here.
 """
 
 from kiln import ir, passes
+from kiln.frontend import (
+           Device,
+           Flag,
+           Module,
+           ModuleMapper,
+           ModuleVisitor,
+           Param,
+           ParamGroup,
+           Tensor,
+           nn,
+           tensor,
+           trace,
+)
 
-__all__ = ["ir", "passes"]
+__all__ = ["Device", "Flag", "Module", "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "Tensor", "ir", "nn",
+           "passes", "tensor", "trace"]

@@ -78,9 +78,12 @@ def _same_type_noop(rw: Rewriter, op: Op) -> Operand | None:
 
 
 def _eval_batch_norm(rw: Rewriter, op: Op) -> tuple[Operand, ...] | None:
-    """batch_norm with a training flag known false -> x * scale + shift from the running stats, which it returns."""
+    """batch_norm with a training flag known false -> x * scale + shift from the running stats, which it returns.
+
+    x's channel dim must be static, so that broadcasting the [C, 1, ...] scale and shift keeps x's type.
+    """
     x, gamma, beta, mean, var, training = op.operands
-    if known_bool(rw.graph, training) is not False or x.type.shape[1] != gamma.type.shape[0]:
+    if known_bool(rw.graph, training) is not False or x.type.shape[1] is None:
         return None
     scale = rw.emit("mul", gamma, rw.emit("rsqrt", rw.emit("add", var, op.attrs["eps"])))
     shift = rw.emit("sub", beta, rw.emit("mul", mean, scale))

@@ -137,6 +137,20 @@ class ParamGroup:
         return ParamGroup(_Matcher("globs", tuple(glob_regex(g) for g in globs), any=True))
 
     @staticmethod
+    def ids_from_module(module: Any) -> ParamGroup:
+        """The ids of every parameter and flag of `module` (anything with Burn's `visit`), as an explicit set."""
+        ids: list[int] = []
+
+        class _Collect:
+            def __getattr__(self, name: str) -> Callable[..., None]:
+                if name in ("visit_param", "visit_flag"):
+                    return lambda path, value: ids.append(value.id)
+                return lambda *args: None
+
+        module.visit(_Collect())
+        return ParamGroup.from_ids(ids)
+
+    @staticmethod
     def from_fn(predicate: Predicate) -> ParamGroup:
         """Values for which `predicate(id, path)` is true."""
         return ParamGroup(_Matcher("fn", (predicate,)))

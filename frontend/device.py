@@ -1,0 +1,46 @@
+"""Devices: where values live, optionally with autodiff and a checkpointing strategy attached."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+CHECKPOINTING = ("none", "balanced", "all")
+
+
+@dataclass(frozen=True)
+class Device:
+    """`Device("cpu")`, `Device("cuda:0")`. Equality and hashing ignore autodiff and checkpointing."""
+
+    name: str = "cpu"
+    autodiff_enabled: bool = False
+    checkpointing: str | None = None
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"cpu|cuda:\d+", self.name):
+            raise ValueError(f"unknown device {self.name!r}: expected 'cpu' or 'cuda:N'")
+        if self.checkpointing is not None and self.checkpointing not in CHECKPOINTING:
+            raise ValueError(f"checkpointing {self.checkpointing!r} is not one of {', '.join(CHECKPOINTING)}")
+
+    def autodiff(self, checkpointing: str | None = None) -> Device:
+        """The same device with autodiff, and optionally a gradient-checkpointing strategy."""
+        return replace(self, autodiff_enabled=True, checkpointing=checkpointing)
+
+    def inner(self) -> Device:
+        """The same device without autodiff (and so without checkpointing)."""
+        return Device(self.name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Device) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def as_device(device: Device | str | None) -> Device:
+    if device is None:
+        return Device("cpu")
+    return device if isinstance(device, Device) else Device(device)

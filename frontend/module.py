@@ -1,0 +1,232 @@
+"""kiln.Module: Burn's `Module` trait. Fields are found by assignment order; every state method runs the
+module-state pass of the same name over the module's parameter and flag nodes and returns a new module,
+leaving the receiver unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kiln.ir import FlagNode, Graph, ParamNode
+from kiln.passes import Pass, get_pass
+from kiln.passes.group import ParamGroup
+
+from .device import Device, as_device
+from .param import Flag, Param
+
+Leaf = Param | Flag
+
+
+class ModuleVisitor:
+    """Sees every parameter and flag with its path; override what you need."""
+
+    def enter_module(self, name: str, container: str) -> None: ...
+    def exit_module(self, name: str, container: str) -> None: ...
+    def visit_param(self, path: str, param: Param) -> None: ...
+    def visit_flag(self, path: str, flag: Flag) -> None: ...
+
+
+class ModuleMapper:
+    """Maps every parameter and flag with its path; the defaults keep them."""
+
+    def enter_module(self, name: str, container: str) -> None: ...
+    def exit_module(self, name: str, container: str) -> None: ...
+    def map_param(self, path: str, param: Param) -> Param:
+        return param
+
+    def map_flag(self, path: str, flag: Flag) -> Flag:
+        return flag
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _is_state(value: Any) -> bool:
+    if isinstance(value, Module | Param | Flag):
+        return True
+    if isinstance(value, list | tuple):
+        return any(_is_state(v) for v in value)
+    if isinstance(value, dict):
+        return any(_is_state(v) for v in value.values())
+    return False
+
+
+def _rebuild(value: Any, prefix: str, name: str, fn: Callable[[str, Leaf], Leaf], hooks: Any) -> Any:
+    """`value` with each Param/Flag below it replaced by fn(path, leaf); unchanged subtrees are reused."""
+    path = _join(prefix, name)
+    if isinstance(value, Param | Flag):
+        return fn(path, value)
+    if isinstance(value, Module):
+        return value._map_leaves(fn, hooks, path, name)
+    if isinstance(value, list | tuple) and _is_state(value):
+        kind = "Vec" if isinstance(value, list) else "Tuple"
+        hooks.enter_module(name, kind)
+        items = [_rebuild(v, path, str(i), fn, hooks) for i, v in enumerate(value)]
+        hooks.exit_module(name, kind)
+        same = all(a is b for a, b in zip(items, value))
+        return value if same else type(value)(items)
+    if isinstance(value, dict) and _is_state(value):
+        hooks.enter_module(name, "Map")
+        items = {k: _rebuild(v, path, str(k), fn, hooks) for k, v in value.items()}
+        hooks.exit_module(name, "Map")
+        return value if all(items[k] is value[k] for k in value) else items
+    return value
+
+
+class Module:
+    """Base class of every model. Subclasses assign layers, Params, Flags (and containers of them) in
+    `__init__` and write `forward`; no registration is needed."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not define forward")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    # traversal ------------------------------------------------------------------------------------
+    def _map_leaves(self, fn: Callable[[str, Leaf], Leaf], hooks: Any = None, prefix: str = "",
+                    name: str = "") -> Module:
+        hooks = hooks or ModuleVisitor()
+        container = f"Struct:{type(self).__name__}"
+        hooks.enter_module(name, container)
+        changes = {}
+        for field, value in vars(self).items():
+            new = _rebuild(value, prefix, field, fn, hooks)
+            if new is not value:
+                changes[field] = new
+        hooks.exit_module(name, container)
+        if not changes:
+            return self
+        clone = copy.copy(self)
+        clone.__dict__.update(changes)
+        return clone
+
+    def leaves(self) -> Iterator[tuple[str, Leaf]]:
+        """(path, Param or Flag) in visit order."""
+        found: list[tuple[str, Leaf]] = []
+        self._map_leaves(lambda path, leaf: found.append((path, leaf)) or leaf)
+        return iter(found)
+
+    def visit(self, visitor: ModuleVisitor) -> None:
+        """Visit each parameter and module-owned control value with its path."""
+        def see(path: str, leaf: Leaf) -> Leaf:
+            if isinstance(leaf, Param):
+                visitor.visit_param(path, leaf)
+            else:
+                visitor.visit_flag(path, leaf)
+            return leaf
+        self._map_leaves(see, visitor)
+
+    def map(self, mapper: ModuleMapper) -> Module:
+        """Map each parameter and module-owned control value; returns the new module."""
+        return self._map_leaves(
+            lambda path, leaf: mapper.map_param(path, leaf) if isinstance(leaf, Param) else mapper.map_flag(path, leaf),
+            mapper)
+
+    def clone(self) -> Module:
+        """A copy that shares every parameter: a shared lazy parameter initializes once, for both."""
+        for _, leaf in self.leaves():
+            if isinstance(leaf, Param) and not leaf.is_initialized():
+                leaf.state.shared = True
+        return copy.copy(self)
+
+    # analyses -------------------------------------------------------------------------------------
+    def num_params(self) -> int:
+        """Elements of every floating parameter, reparameterization factors included; initializes nothing."""
+        return sum(p.numel() for _, p in self.leaves() if isinstance(p, Param) and p.type.dtype.is_float)
+
+    def collect_devices(self, devices: list[Device]) -> list[Device]:
+        """`devices` plus every parameter's (lazy) device not already in it; initializes nothing."""
+        out = list(devices)
+        for _, p in self.leaves():
+            if isinstance(p, Param) and p.lazy_device() not in out:
+                out.append(p.lazy_device())
+        return out
+
+    def devices(self) -> list[Device]:
+        return self.collect_devices([])
+
+    # state as IR ------------------------------------------------------------------------------------
+    def state_graph(self) -> Graph:
+        """The module's parameter and flag nodes (no functions): what module-state passes transform."""
+        params, flags = {}, {}
+        for path, leaf in self.leaves():
+            if isinstance(leaf, Param):
+                params[path] = ParamNode(path, leaf.type, leaf.id, leaf.state.init, leaf.state.value, leaf.grad,
+                                         leaf.configured_grad, leaf.device.name, leaf.device.autodiff_enabled,
+                                         leaf.device.checkpointing)
+            else:
+                flags[path] = FlagNode(path, leaf.id, leaf.value, leaf.configured)
+        return Graph(type(self).__name__, params, flags)
+
+    def load_graph(self, graph: Graph, fork: bool = True) -> Module:
+        """A module whose parameters and flags take the state of the same-path nodes of `graph`."""
+        def rebind(path: str, leaf: Leaf) -> Leaf:
+            if isinstance(leaf, Flag):
+                node = graph.flags.get(path)
+                if node is None or (node.value, node.configured) == (leaf.value, leaf.configured):
+                    return leaf
+                return leaf.replace(value=node.value, configured=node.configured)
+            p = graph.params.get(path)
+            if p is None:
+                return leaf
+            device = Device(p.device, p.autodiff, p.checkpointing)
+            state = leaf.state
+            if p.device != leaf.device.name:
+                if state.shared and state.value is None:
+                    state.get()  # a lazy value a clone shares initializes where it is, then moves
+                state = state.moved(device)
+            moved_tracked = p.device != leaf.device.name and leaf.is_initialized() and leaf.grad and not fork
+            new = leaf.replace(state=state, device=device, grad=p.grad, configured_grad=p.configured_grad,
+                               leaf=leaf.leaf and not moved_tracked)
+            same = (new.device.name, new.device.autodiff_enabled, new.device.checkpointing, new.grad,
+                    new.configured_grad, new.leaf) == (leaf.device.name, leaf.device.autodiff_enabled,
+                                                       leaf.device.checkpointing, leaf.grad, leaf.configured_grad,
+                                                       leaf.leaf)
+            return leaf if same and state is leaf.state else new
+        return self._map_leaves(rebind)
+
+    def run_pass(self, p: Pass | str) -> Module:
+        """Run a module-state pass (an instance or pipeline name) over this module's state."""
+        p = get_pass(p)() if isinstance(p, str) else p
+        return self.load_graph(p.apply(self.state_graph()))
+
+    # the Module trait's state methods ---------------------------------------------------------------
+    def train(self) -> Module:
+        return self.run_pass("train")
+
+    def valid(self) -> Module:
+        return self.run_pass("valid")
+
+    def set_require_grad(self, require_grad: bool) -> Module:
+        return self.run_pass(get_pass("set-require-grad")(value=require_grad))
+
+    def set_require_grad_group(self, group: ParamGroup, require_grad: bool) -> Module:
+        return self.run_pass(get_pass("set-require-grad-group")(group=group, value=require_grad))
+
+    def no_grad(self) -> Module:
+        return self.run_pass("no-grad")
+
+    def freeze(self) -> Module:
+        return self.run_pass("freeze")
+
+    def unfreeze(self) -> Module:
+        return self.run_pass("unfreeze")
+
+    def freeze_group(self, group: ParamGroup) -> Module:
+        return self.run_pass(get_pass("freeze-group")(group=group))
+
+    def unfreeze_group(self, group: ParamGroup) -> Module:
+        return self.run_pass(get_pass("unfreeze-group")(group=group))
+
+    def to_device(self, device: Device | str) -> Module:
+        """Move every parameter; moved tracked values are intermediaries (use fork to keep training)."""
+        graph = get_pass("to-device")(device=as_device(device).name).apply(self.state_graph())
+        return self.load_graph(graph, fork=False)
+
+    def fork(self, device: Device | str) -> Module:
+        """Move every parameter so the result owns its own autodiff graph (trainable leaves)."""
+        return self.run_pass(get_pass("fork")(device=as_device(device).name))

@@ -1,0 +1,124 @@
+"""Param and Flag: the module-owned values, with Burn's lazy-initialization and gradient semantics.
+
+A Param's value lives in a `LazyState` that clones share, so a shared lazy parameter initializes once and
+every clone sees the same value. Params are immutable: state changes make new Params.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+from kiln.ir import DType, Init, TensorType, new_param_id
+from kiln.ir import init as initializers
+
+from .device import Device, as_device
+from .tensor import Tensor, leaf, symbol
+from .tracing import current_trace
+
+
+class LazyState:
+    """A parameter's value or the recipe for it; initializes at most once, on `device`."""
+
+    def __init__(self, type: TensorType, init: Init | None, device: Device, seed: int,
+                 value: np.ndarray | None = None):
+        self.type, self.init, self.device, self.seed, self.value = type, init, device, seed, value
+        self.shared = False  # set when a clone of the owning module shares this state
+        self._lock = threading.Lock()
+
+    def get(self) -> np.ndarray:
+        with self._lock:
+            if self.value is None:
+                if self.init is None:
+                    raise ValueError("parameter has neither a value nor an initializer")
+                self.value = initializers.evaluate(self.init, self.type, self.seed)
+            return self.value
+
+    def moved(self, device: Device) -> LazyState:
+        """An independent state on `device`: lazy stays lazy, a value is copied."""
+        return LazyState(self.type, self.init, device, self.seed, None if self.value is None else self.value.copy())
+
+
+@dataclass(frozen=True, eq=False)
+class Param:
+    """A tensor parameter: ParamId, shared lazy state, device and gradient state (effective and configured)."""
+
+    id: int
+    state: LazyState
+    device: Device
+    grad: bool = False
+    configured_grad: bool = False
+    leaf: bool = True  # False after to_device moved a tracked value: an intermediary the optimizer can't train
+
+    @staticmethod
+    def lazy(shape: tuple[int, ...], init: Init, dtype: DType | str = DType.f32, device: Device | str | None = None,
+             require_grad: bool = True, id: int | None = None) -> Param:
+        """An uninitialized parameter: nothing is allocated until its value is needed."""
+        device = as_device(device)
+        dtype = DType(dtype) if isinstance(dtype, str) else dtype
+        pid = new_param_id() if id is None else id
+        state = LazyState(TensorType(tuple(shape), dtype), initializers.check(init), device, pid)
+        return Param(pid, state, device, require_grad and device.autodiff_enabled and dtype.is_float,
+                     require_grad and dtype.is_float)
+
+    @staticmethod
+    def from_data(data: np.ndarray, device: Device | str | None = None, require_grad: bool = True,
+                  id: int | None = None) -> Param:
+        device = as_device(device)
+        arr = np.asarray(data)
+        dtype = DType.from_numpy(arr.dtype)
+        pid = new_param_id() if id is None else id
+        state = LazyState(TensorType(tuple(arr.shape), dtype), None, device, pid, arr)
+        return Param(pid, state, device, require_grad and device.autodiff_enabled and dtype.is_float,
+                     require_grad and dtype.is_float)
+
+    @property
+    def type(self) -> TensorType:
+        return self.state.type
+
+    def lazy_shape(self) -> tuple[int, ...]:
+        return self.state.type.shape  # type: ignore[return-value]
+
+    def lazy_device(self) -> Device:
+        """The device the value lives or will initialize on, without initializing it."""
+        return self.device
+
+    def is_initialized(self) -> bool:
+        return self.state.value is not None
+
+    def numel(self) -> int:
+        return self.state.type.numel()
+
+    def val(self) -> Tensor:
+        """The value as a tensor (initializing it if needed); a symbol of the graph while tracing."""
+        trace = current_trace()
+        if trace is not None and id(self) in trace.paths:
+            return symbol(trace.paths[id(self)], self.type, self.device, self.device.autodiff_enabled, self.grad)
+        return leaf(self.state.get(), self.device, self.device.autodiff_enabled, self.grad)
+
+    def replace(self, **changes) -> Param:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, eq=False)
+class Flag:
+    """A module-owned control value (dropout, batch-norm statistics): effective and configured state."""
+
+    value: bool = True
+    configured: bool = True
+    id: int = field(default_factory=new_param_id)
+
+    def is_enabled(self) -> bool:
+        return self.value
+
+    def tensor(self) -> Tensor:
+        """The flag as a bool scalar tensor; a symbol of the graph while tracing."""
+        trace = current_trace()
+        if trace is not None and id(self) in trace.paths:
+            return symbol(trace.paths[id(self)], TensorType((), DType.bool), Device("cpu"))
+        return leaf(np.asarray(self.value), Device("cpu"))
+
+    def replace(self, **changes) -> Flag:
+        return dataclasses.replace(self, **changes)

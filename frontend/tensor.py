@@ -1,0 +1,189 @@
+"""kiln.Tensor: a lazy value. Operations record a DAG; `numpy()` lowers it to an IR function and runs it.
+
+The same DAG serves tracing: under `trace`, parameters and flags are symbol leaves and inputs are
+function arguments, so a module's `forward` written once both runs eagerly and traces into IR.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from kiln.ir import DType, FunctionBuilder, Graph, TensorType, registry
+from kiln.runtime.backend import default_backend
+
+from .device import Device, as_device
+
+_seeds = itertools.count(1)
+
+
+class Node:
+    """One DAG node: a leaf ("data", "input", "symbol") or an op over input nodes."""
+
+    __slots__ = ("kind", "inputs", "attrs", "types", "data", "name", "autodiff", "require_grad")
+
+    def __init__(self, kind: str, inputs: tuple[tuple[Node, int], ...], attrs: dict[str, Any],
+                 types: tuple[TensorType, ...], data: np.ndarray | None = None, name: str | None = None,
+                 autodiff: bool = False, require_grad: bool = False):
+        self.kind, self.inputs, self.attrs, self.types = kind, inputs, attrs, types
+        self.data, self.name, self.autodiff, self.require_grad = data, name, autodiff, require_grad
+
+
+class Tensor:
+    """A lazy tensor on a device; every registered op is available as a method (`x.relu()`, `x.sum(axes=[1])`)."""
+
+    __slots__ = ("node", "index", "device")
+
+    def __init__(self, node: Node, index: int = 0, device: Device | None = None):
+        self.node, self.index, self.device = node, index, device or Device("cpu")
+
+    @property
+    def type(self) -> TensorType:
+        return self.node.types[self.index]
+
+    @property
+    def shape(self) -> tuple[int | None, ...]:
+        return self.type.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.type.dtype
+
+    def is_autodiff(self) -> bool:
+        return self.node.autodiff
+
+    def is_require_grad(self) -> bool:
+        return self.node.require_grad
+
+    def numpy(self) -> np.ndarray:
+        """Realize the value (compiling the pending DAG through the default backend) and return it."""
+        if self.node.kind != "data":
+            _realize(self.node)
+        data = self.node.data
+        assert data is not None
+        return data[self.index] if isinstance(data, tuple) else data
+
+    def item(self) -> Any:
+        return self.numpy().item()
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.type}, device={self.device})"
+
+    # operators ------------------------------------------------------------------------------------
+    def __add__(self, o: Any) -> Tensor: return apply("add", self, o)
+    def __radd__(self, o: Any) -> Tensor: return apply("add", o, self)
+    def __sub__(self, o: Any) -> Tensor: return apply("sub", self, o)
+    def __rsub__(self, o: Any) -> Tensor: return apply("sub", o, self)
+    def __mul__(self, o: Any) -> Tensor: return apply("mul", self, o)
+    def __rmul__(self, o: Any) -> Tensor: return apply("mul", o, self)
+    def __truediv__(self, o: Any) -> Tensor: return apply("div", self, o)
+    def __rtruediv__(self, o: Any) -> Tensor: return apply("div", o, self)
+    def __pow__(self, o: Any) -> Tensor: return apply("pow", self, o)
+    def __matmul__(self, o: Any) -> Tensor: return apply("matmul", self, o)
+    def __neg__(self) -> Tensor: return apply("neg", self)
+
+    def __getattr__(self, kind: str):
+        if kind.startswith("_") or kind not in registry.registered():
+            raise AttributeError(kind)
+        return lambda *operands, **attrs: apply(kind, self, *operands, **attrs)
+
+
+def tensor(data: Any, dtype: DType | str | None = None, device: Device | str | None = None) -> Tensor:
+    """A realized tensor holding a copy of `data`."""
+    arr = np.array(data, dtype=(DType(dtype) if isinstance(dtype, str) else dtype).numpy if dtype else None)
+    if arr.dtype == np.float64 and dtype is None and not isinstance(data, np.ndarray):
+        arr = arr.astype(np.float32)  # Python floats default to f32, as in every DL framework
+    return leaf(arr, as_device(device))
+
+
+def leaf(arr: np.ndarray, device: Device, autodiff: bool = False, require_grad: bool = False) -> Tensor:
+    t = TensorType(tuple(arr.shape), DType.from_numpy(arr.dtype))
+    return Tensor(Node("data", (), {}, (t,), arr, autodiff=autodiff, require_grad=require_grad), 0, device)
+
+
+def symbol(name: str, type: TensorType, device: Device, autodiff: bool = False, require_grad: bool = False
+           ) -> Tensor:
+    """A leaf standing for a parameter or flag of the module being traced."""
+    return Tensor(Node("symbol", (), {}, (type,), name=name, autodiff=autodiff, require_grad=require_grad), 0,
+                  device)
+
+
+def placeholder(name: str, type: TensorType, device: Device) -> Tensor:
+    return Tensor(Node("input", (), {}, (type,), name=name), 0, device)
+
+
+def apply(kind: str, *operands: Any, **attrs: Any) -> Tensor | tuple[Tensor, ...]:
+    """Record one op; type inference runs now so shape errors point at the user's line."""
+    first = next(o for o in operands if isinstance(o, Tensor))
+    inputs = []
+    for o in operands:
+        if not isinstance(o, Tensor):
+            arr = np.asarray(o, dtype=first.dtype.numpy if not isinstance(o, np.ndarray) else None)
+            o = leaf(arr, first.device)
+        inputs.append(o)
+    if registry.lookup(kind).stochastic and "seed" not in attrs:
+        attrs["seed"] = next(_seeds)
+    full, types = registry.infer(kind, [t.type for t in inputs], attrs)
+    node = Node(kind, tuple((t.node, t.index) for t in inputs), full, types,
+                autodiff=any(t.node.autodiff for t in inputs), require_grad=any(t.node.require_grad for t in inputs))
+    outs = tuple(Tensor(node, i, first.device) for i in range(len(types)))
+    return outs[0] if len(outs) == 1 else outs
+
+
+def topological(roots: Sequence[Node]) -> list[Node]:
+    """Nodes reachable from `roots`, inputs before users (iterative, so deep chains don't recurse)."""
+    order: list[Node] = []
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(r, False) for r in reversed(roots)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        stack.extend((i, False) for i, _ in reversed(node.inputs) if id(i) not in seen)
+    return order
+
+
+def lower(fb: FunctionBuilder, outputs: Sequence[Tensor], data_as_inputs: bool,
+          bound: dict[int, tuple] | None = None) -> list:
+    """Emit the DAG behind `outputs` into `fb`; data leaves become arguments or constants.
+
+    `bound` maps id(node) to values already declared (a trace's arguments). Returns [results, feeds].
+    """
+    values: dict[int, tuple] = dict(bound or {})
+    feeds: list[np.ndarray] = []
+    for node in topological([t.node for t in outputs]):
+        if id(node) in values:
+            continue
+        if node.kind == "data":
+            arrays = node.data if isinstance(node.data, tuple) else (node.data,)
+            if data_as_inputs:
+                values[id(node)] = tuple(fb.input(f"in{len(feeds) + k}", t) for k, t in enumerate(node.types))
+                feeds.extend(arrays)
+            else:
+                values[id(node)] = tuple(fb.constant(a) for a in arrays)
+        elif node.kind == "input":
+            values[id(node)] = (fb.input(node.name, node.types[0]),)  # type: ignore[arg-type]
+        elif node.kind == "symbol":
+            values[id(node)] = (fb.sym(node.name),)  # type: ignore[arg-type]
+        else:
+            operands = tuple(values[id(i)][k] for i, k in node.inputs)
+            values[id(node)] = fb.append(node.kind, operands, node.attrs)
+    results = [values[id(t.node)][t.index] for t in outputs]
+    return [results, feeds]
+
+
+def _realize(node: Node) -> None:
+    fb = FunctionBuilder("forward", lambda name: None)
+    outputs = [Tensor(node, i) for i in range(len(node.types))]
+    results, feeds = lower(fb, outputs, data_as_inputs=True)
+    graph = Graph("eager", functions={"forward": fb.finish(results)})
+    outs = default_backend().run(graph, feeds, seed=next(_seeds))
+    node.kind, node.inputs, node.attrs = "data", (), {}
+    node.data = outs[0] if len(outs) == 1 else tuple(outs)

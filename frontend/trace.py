@@ -1,0 +1,43 @@
+"""trace: run a module's forward on placeholders and return its `ir.Graph` (state nodes plus `forward`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kiln.ir import DType, FunctionBuilder, TensorType, verify
+from kiln.ir import Graph as IRGraph
+
+from .device import Device
+from .module import Module
+from .tensor import Tensor, lower, placeholder
+from .tracing import tracing
+
+InputSpec = TensorType | tuple[Sequence[int | None], DType | str]
+
+
+def as_type(spec: InputSpec) -> TensorType:
+    if isinstance(spec, TensorType):
+        return spec
+    shape, dtype = spec
+    return TensorType(tuple(shape), DType(dtype) if isinstance(dtype, str) else dtype)
+
+
+def trace(module: Module, *input_specs: InputSpec, names: Sequence[str] = ()) -> IRGraph:
+    """The module's graph: its parameter and flag nodes and a `forward` function over inputs of these types.
+
+    `None` dims in the specs stay dynamic (`?`), so one traced graph serves any batch size.
+    """
+    state = module.state_graph()
+    paths = {id(leaf): path for path, leaf in module.leaves()}
+    device = next(iter(module.devices()), Device("cpu"))
+    arg_names = list(names) + [f"x{i}" if i else "x" for i in range(len(names), len(input_specs))]
+    inputs = [placeholder(n, as_type(s), device) for n, s in zip(arg_names, input_specs)]
+    with tracing(paths):
+        out = module.forward(*inputs)
+    outputs = list(out) if isinstance(out, tuple | list) else [out]
+    if not all(isinstance(o, Tensor) for o in outputs):
+        raise TypeError(f"{type(module).__name__}.forward must return tensors, got {type(out).__name__}")
+    fb = FunctionBuilder("forward", state.symbol)
+    bound = {id(t.node): (fb.input(name, t.type),) for name, t in zip(arg_names, inputs)}
+    results, _ = lower(fb, outputs, data_as_inputs=False, bound=bound)
+    return verify(state.with_function(fb.finish(results)))

@@ -1,0 +1,42 @@
+"""The backend interface every execution path goes through; the interpreter is the reference backend."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+from kiln.ir import Graph, Interpreter
+
+
+class Backend(Protocol):
+    """Runs one function of a graph on numpy inputs."""
+
+    name: str
+
+    def run(self, graph: Graph, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0
+            ) -> tuple[np.ndarray, ...]: ...
+
+
+class InterpreterBackend:
+    """The numpy reference interpreter: slow, exact, the oracle for every other backend."""
+
+    name = "interpreter"
+
+    def run(self, graph: Graph, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0
+            ) -> tuple[np.ndarray, ...]:
+        return Interpreter(graph).run(inputs, function, seed)
+
+
+_default: Backend = InterpreterBackend()
+
+
+def default_backend() -> Backend:
+    return _default
+
+
+def set_default_backend(backend: Backend) -> Backend:
+    """Install `backend` for realizing tensors; returns the previous one."""
+    global _default
+    previous, _default = _default, backend
+    return previous
