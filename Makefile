@@ -14,6 +14,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
+	$(PY) examples/transformer_demo.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
