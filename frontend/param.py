@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from kiln.ir import DType, Init, TensorType, new_param_id
 from kiln.ir import init as initializers
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
 from kiln.ir import DType, FunctionBuilder, Graph, TensorType, registry
 from kiln.runtime.backend import default_backend
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from kiln.ir import DType, Function, Graph, Interpreter, KilnError, TensorType
 
 DYNAMIC_DIM = 3  # the size random inputs give each `?` dim

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from kiln.ir import FlagNode, Graph, Operand, SymRef, Value
 
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
+
 from kiln.ir import Graph, Interpreter
 
 

@@ -23,6 +23,7 @@ from typing import BinaryIO, NamedTuple, NoReturn, TypeAlias
 
 import ml_dtypes
 import numpy as np
+
 from kiln.ir.errors import RecordError
 
 __all__ = [

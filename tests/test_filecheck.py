@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kiln.ir import parse_file
 from kiln.passes import PassManager
 

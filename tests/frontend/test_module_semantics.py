@@ -7,10 +7,10 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from kiln.ir import Init, interpret
 
 import kiln
 from kiln import Device, Flag, Module, Param, ParamGroup, nn
+from kiln.ir import Init, interpret
 
 AD = Device("cpu").autodiff()
 
