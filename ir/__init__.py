@@ -19,7 +19,8 @@ from .verifier import verify
 
 __all__ = [
     "Builder", "DType", "FlagNode", "Function", "FunctionBuilder", "Graph", "IRParseError", "Init",
-    "Interpreter", "KilnError", "Op", "OpDef", "Operand", "ParamGroupError", "ParamNode", "PassError", "RecordError", "ReparamNode",
+    "Interpreter", "KilnError", "Op", "OpDef", "Operand", "ParamGroupError", "ParamNode", "PassError",
+    "RecordError", "ReparamNode",
     "Rewriter", "ShapeError", "SymRef", "TensorType", "Value", "VerifyError", "evaluate_op", "interpret",
     "lookup", "new_param_id", "parse", "parse_file", "print_graph", "prune", "registered", "rewrite",
     "structural_hash", "to_dot", "to_networkx", "verify",
