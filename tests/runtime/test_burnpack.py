@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kiln.ir.errors import RecordError
 from kiln.runtime.burnpack import (
     BurnDType,
