@@ -3,8 +3,10 @@
 from . import functional
 from .attention import MultiHeadAttention, TransformerEncoderLayer
 from .basic import GELU, Dropout, ReLU, Sequential, SiLU
+from .conv import AdaptiveAvgPool2d, AvgPool2d, Conv1d, Conv2d, MaxPool2d
 from .linear import Embedding, Linear
 from .norm import LayerNorm, RMSNorm
 
-__all__ = ["GELU", "Dropout", "Embedding", "LayerNorm", "Linear", "MultiHeadAttention", "RMSNorm", "ReLU",
-           "Sequential", "SiLU", "TransformerEncoderLayer", "functional"]
+__all__ = ["GELU", "AdaptiveAvgPool2d", "AvgPool2d", "Conv1d", "Conv2d", "Dropout", "Embedding", "LayerNorm",
+           "Linear", "MaxPool2d", "MultiHeadAttention", "RMSNorm", "ReLU", "Sequential", "SiLU",
+           "TransformerEncoderLayer", "functional"]
