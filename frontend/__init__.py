@@ -4,10 +4,10 @@ from kiln.passes.group import ParamGroup
 
 from . import nn
 from .device import Device
-from .module import Module, ModuleMapper, ModuleVisitor
-from .param import Flag, Param
+from .module import Lora, Module, ModuleMapper, ModuleVisitor, Reparameterizer
+from .param import Flag, Param, Reparam
 from .tensor import Tensor, tensor
 from .trace import trace
 
-__all__ = ["Device", "Flag", "Module", "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "Tensor", "nn",
+__all__ = ["Device", "Flag", "Lora", "Module", "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "Reparam", "Reparameterizer", "Tensor", "nn",
            "tensor", "trace"]

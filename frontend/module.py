@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
-from kiln.ir import FlagNode, Graph, ParamNode
+from kiln.ir import FlagNode, Graph, ParamNode, ReparamNode, registry
 from kiln.passes import Pass, get_pass
 from kiln.passes.group import ParamGroup
 
 from .device import Device, as_device
-from .param import Flag, Param
+from .param import Flag, Param, Reparam
 
 Leaf = Param | Flag
 
@@ -57,6 +58,8 @@ def _is_state(value: Any) -> bool:
 def _rebuild(value: Any, prefix: str, name: str, fn: Callable[[str, Leaf], Leaf], hooks: Any) -> Any:
     """`value` with each Param/Flag below it replaced by fn(path, leaf); unchanged subtrees are reused."""
     path = _join(prefix, name)
+    if isinstance(value, Param) and value.reparam is not None:
+        return _rebuild_reparam(value, path, fn, hooks)
     if isinstance(value, Param | Flag):
         return fn(path, value)
     if isinstance(value, Module):
@@ -74,6 +77,25 @@ def _rebuild(value: Any, prefix: str, name: str, fn: Callable[[str, Leaf], Leaf]
         hooks.exit_module(name, "Map")
         return value if all(items[k] is value[k] for k in value) else items
     return value
+
+
+def _node(name: str, p: Param) -> ParamNode:
+    """A parameter's state as a graph node (its data if initialized, else its initializer)."""
+    return ParamNode(name, p.type, p.id, p.state.init, p.state.value, p.grad, p.configured_grad, p.device.name,
+                     p.device.autodiff_enabled, p.device.checkpointing)
+
+
+def _rebuild_reparam(param: Param, path: str, fn: Callable[[str, Leaf], Leaf], hooks: Any) -> Param:
+    """The base at `path`, then each factor at `path.<suffix>` inside a "Reparameterization" container."""
+    new = fn(path, param)
+    if not isinstance(new, Param) or new.reparam is None:
+        return new  # the mapper folded or dropped the reparameterization
+    hooks.enter_module(new.reparam.kind, "Reparameterization")
+    factors = tuple((s, fn(f"{path}.{s}", f)) for s, f in new.reparam.factors)
+    hooks.exit_module(new.reparam.kind, "Reparameterization")
+    if all(a is b for (_, a), (_, b) in zip(factors, new.reparam.factors)):
+        return new
+    return new.replace(reparam=new.reparam.with_factors(factors))
 
 
 class Module:
@@ -152,27 +174,52 @@ class Module:
     # state as IR ------------------------------------------------------------------------------------
     def state_graph(self) -> Graph:
         """The module's parameter and flag nodes (no functions): what module-state passes transform."""
-        params, flags = {}, {}
+        params, flags, reparams = {}, {}, {}
+        derived = {}
         for path, leaf in self.leaves():
-            if isinstance(leaf, Param):
-                params[path] = ParamNode(path, leaf.type, leaf.id, leaf.state.init, leaf.state.value, leaf.grad,
-                                         leaf.configured_grad, leaf.device.name, leaf.device.autodiff_enabled,
-                                         leaf.device.checkpointing)
-            else:
+            if isinstance(leaf, Flag):
                 flags[path] = FlagNode(path, leaf.id, leaf.value, leaf.configured)
-        return Graph(type(self).__name__, params, flags)
+                continue
+            name = path
+            if leaf.reparam is not None:
+                name = f"{path}.base"
+                derived[path] = leaf
+            params[name] = _node(name, leaf)
+        for path, leaf in derived.items():
+            r = leaf.reparam
+            operands = (f"{path}.base", *(f"{path}.{s}" for s, _ in r.factors))
+            attrs, (type_,) = registry.infer(r.kind, [params[o].type for o in operands], r.attrs)
+            reparams[path] = ReparamNode(path, type_, r.kind, operands, attrs)
+        return Graph(type(self).__name__, params, flags, reparams)
 
     def load_graph(self, graph: Graph, fork: bool = True) -> Module:
-        """A module whose parameters and flags take the state of the same-path nodes of `graph`."""
+        """A module whose parameters and flags take the state of the same-path nodes of `graph`.
+
+        A derived node at a parameter's path gives it that reparameterization (factors made from their nodes
+        where the parameter had none); a plain node where it had one means it was materialized.
+        """
         def rebind(path: str, leaf: Leaf) -> Leaf:
             if isinstance(leaf, Flag):
                 node = graph.flags.get(path)
                 if node is None or (node.value, node.configured) == (leaf.value, leaf.configured):
                     return leaf
                 return leaf.replace(value=node.value, configured=node.configured)
+            derived = graph.reparams.get(path)
+            if derived is not None:
+                stripped = leaf.replace(reparam=None)
+                base = rebind_param(graph.params[derived.operands[0]], stripped)
+                if leaf.reparam is not None:
+                    return leaf if base is stripped else base.replace(reparam=leaf.reparam)
+                factors = tuple((o[len(path) + 1:], Param.from_node(graph.params[o])) for o in derived.operands[1:])
+                return base.replace(reparam=Reparam(derived.kind, factors, dict(derived.attrs)))
             p = graph.params.get(path)
             if p is None:
                 return leaf
+            if leaf.reparam is not None:
+                return Param.from_node(p)  # materialized: a plain parameter with the computed value
+            return rebind_param(p, leaf)
+
+        def rebind_param(p: ParamNode, leaf: Param) -> Param:
             device = Device(p.device, p.autodiff, p.checkpointing)
             state = leaf.state
             if p.device != leaf.device.name:
@@ -230,3 +277,43 @@ class Module:
     def fork(self, device: Device | str) -> Module:
         """Move every parameter so the result owns its own autodiff graph (trainable leaves)."""
         return self.run_pass(get_pass("fork")(device=as_device(device).name))
+
+    # reparameterization ---------------------------------------------------------------------------------
+    def apply_lora(self, lora: Lora) -> Module:
+        """Attach LoRA adapters to matched 2-D weights and freeze every base parameter; flags are kept."""
+        return self.run_pass(get_pass("reparameterize")(kind="lora", rank=lora.rank, alpha=lora.alpha,
+                                                         init_std=lora.init_std, group=lora.param_group))
+
+    def apply_reparameterization(self, reparameterizer: Reparameterizer) -> Module:
+        """Pass every floating parameter with its path to `reparameterizer`; nested ones are not supported."""
+        def attach(path: str, leaf: Leaf) -> Leaf:
+            if not isinstance(leaf, Param) or not leaf.type.dtype.is_float:
+                return leaf
+            if leaf.reparam is not None:
+                raise ValueError(f"{path} is already reparameterized; nested reparameterizations are not supported")
+            base, reparam = reparameterizer.reparameterize(path, leaf)
+            return base if reparam is None else base.replace(reparam=reparam)
+        return self._map_leaves(attach)
+
+    def materialize(self) -> Module:
+        """Fold reparameterizations into plain parameters (base ids and trainability kept)."""
+        return self.run_pass("materialize")
+
+
+@dataclass(frozen=True)
+class Lora:
+    """LoRA settings: rank, alpha (scale = alpha / rank), factor init std (default 1/rank), which params."""
+
+    rank: int
+    alpha: float
+    init_std: float | None = None
+    param_group: ParamGroup = field(default_factory=ParamGroup.all)
+
+    def set_param_group(self, group: ParamGroup) -> Lora:
+        return replace(self, param_group=group)
+
+
+class Reparameterizer(Protocol):
+    """Custom reparameterizations: return the structural base and an optional Reparam for `Param.val`."""
+
+    def reparameterize(self, path: str, param: Param) -> tuple[Param, Reparam | None]: ...

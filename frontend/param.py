@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kiln.ir import DType, Init, TensorType, new_param_id
+from kiln.ir import DType, Init, ParamNode, TensorType, new_param_id
 from kiln.ir import init as initializers
 
 from .device import Device, as_device
-from .tensor import Tensor, leaf, symbol
+from .tensor import Tensor, apply, leaf, symbol
 from .tracing import current_trace
 
 
@@ -43,6 +43,18 @@ class LazyState:
 
 
 @dataclass(frozen=True, eq=False)
+class Reparam:
+    """A derivation of a parameter's effective value from its base: an op kind, factor Params, attributes."""
+
+    kind: str
+    factors: tuple[tuple[str, Param], ...]  # (path suffix like "lora.a", factor)
+    attrs: dict = field(default_factory=dict)
+
+    def with_factors(self, factors: tuple[tuple[str, Param], ...]) -> Reparam:
+        return dataclasses.replace(self, factors=factors)
+
+
+@dataclass(frozen=True, eq=False)
 class Param:
     """A tensor parameter: ParamId, shared lazy state, device and gradient state (effective and configured)."""
 
@@ -52,6 +64,7 @@ class Param:
     grad: bool = False
     configured_grad: bool = False
     leaf: bool = True  # False after to_device moved a tracked value: an intermediary the optimizer can't train
+    reparam: Reparam | None = None
 
     @staticmethod
     def lazy(shape: tuple[int, ...], init: Init, dtype: DType | str = DType.f32, device: Device | str | None = None,
@@ -75,6 +88,13 @@ class Param:
         return Param(pid, state, device, require_grad and device.autodiff_enabled and dtype.is_float,
                      require_grad and dtype.is_float)
 
+    @staticmethod
+    def from_node(node: ParamNode) -> Param:
+        """A Param holding a graph node's state (its data, or its initializer, stays lazy)."""
+        device = Device(node.device, node.autodiff, node.checkpointing)
+        return Param(node.id, LazyState(node.type, node.init, device, node.id, node.data), device, node.grad,
+                     node.configured_grad)
+
     @property
     def type(self) -> TensorType:
         return self.state.type
@@ -92,12 +112,20 @@ class Param:
     def numel(self) -> int:
         return self.state.type.numel()
 
+    def base(self) -> Tensor:
+        """The stored value, without any reparameterization."""
+        return leaf(self.state.get(), self.device, self.device.autodiff_enabled, self.grad)
+
     def val(self) -> Tensor:
-        """The value as a tensor (initializing it if needed); a symbol of the graph while tracing."""
+        """The effective value (base through its reparameterization); a graph symbol while tracing."""
         trace = current_trace()
         if trace is not None and id(self) in trace.paths:
-            return symbol(trace.paths[id(self)], self.type, self.device, self.device.autodiff_enabled, self.grad)
-        return leaf(self.state.get(), self.device, self.device.autodiff_enabled, self.grad)
+            return symbol(trace.paths[id(self)], self.type, self.device, self.device.autodiff_enabled,
+                          self.grad or (self.reparam is not None and any(f.grad for _, f in self.reparam.factors)))
+        if self.reparam is None:
+            return self.base()
+        factors = [f.val() for _, f in self.reparam.factors]
+        return apply(self.reparam.kind, self.base(), *factors, **self.reparam.attrs)
 
     def replace(self, **changes) -> Param:
         return dataclasses.replace(self, **changes)

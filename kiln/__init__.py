@@ -6,18 +6,21 @@ through TVM and stores records; `kiln.frontend` is what users write, re-exported
 
 from kiln import ir, passes
 from kiln.frontend import (
-           Device,
-           Flag,
-           Module,
-           ModuleMapper,
-           ModuleVisitor,
-           Param,
-           ParamGroup,
-           Tensor,
-           nn,
-           tensor,
-           trace,
+    Device,
+    Flag,
+    Lora,
+    Module,
+    ModuleMapper,
+    ModuleVisitor,
+    Param,
+    ParamGroup,
+    Reparam,
+    Reparameterizer,
+    Tensor,
+    nn,
+    tensor,
+    trace,
 )
 
-__all__ = ["Device", "Flag", "Module", "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "Tensor", "ir", "nn",
-           "passes", "tensor", "trace"]
+__all__ = ["Device", "Flag", "Lora", "Module", "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "Reparam",
+           "Reparameterizer", "Tensor", "ir", "nn", "passes", "tensor", "trace"]

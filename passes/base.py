@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from typing import Any, ClassVar
 
@@ -22,19 +23,21 @@ class Pass:
     @classmethod
     def from_options(cls, options: dict[str, str]) -> Pass:
         """Build the pass from `key=value` text options, converting each to its field's type."""
-        hints = typing.get_type_hints(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = {}
-        for key, text in options.items():
-            field_name = key.replace("-", "_")
-            if field_name not in fields:
-                known = ", ".join(f.replace("_", "-") for f in fields) or "none"
-                raise PassError(f"pass {cls.name!r} has no option {key!r} (options: {known})")
-            kwargs[field_name] = _convert(cls.name, key, text, hints[field_name])
+        kwargs = dict(cls.option(key, text) for key, text in options.items())
         try:
             return cls(**kwargs)
         except TypeError as e:
             raise PassError(f"pass {cls.name!r}: {e}") from None
+
+    @classmethod
+    def option(cls, key: str, text: str) -> tuple[str, Any]:
+        """The field a `key=value` text option sets, and its value converted to the field's type."""
+        fields = [f.name for f in dataclasses.fields(cls)]
+        field_name = key.replace("-", "_")
+        if field_name not in fields:
+            known = ", ".join(f.replace("_", "-") for f in fields) or "none"
+            raise PassError(f"pass {cls.name!r} has no option {key!r} (options: {known})")
+        return field_name, _convert(cls.name, key, text, typing.get_type_hints(cls)[field_name])
 
     def pipeline_text(self) -> str:
         """This pass as pipeline text, options included when they differ from the defaults."""
@@ -49,13 +52,17 @@ class Pass:
 def _option_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, tuple):
-        return ",".join(map(str, value))
-    return str(value)
+    text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+    if re.search(r'[\s{}"]', text):  # quoted, as the pipeline parser reads it back
+        return '"' + text.replace('"', '\\"') + '"'
+    return text
 
 
 def _convert(pass_name: str, key: str, text: str, hint: Any) -> Any:
     where = f"pass {pass_name!r} option {key}={text!r}"
+    args = typing.get_args(hint)
+    if type(None) in args and len(args) == 2:  # an optional option: convert to the type it holds
+        hint = next(a for a in args if a is not type(None))
     if hint is bool:
         if text not in ("true", "false"):
             raise PassError(f"{where}: expected true or false")

@@ -24,6 +24,8 @@ _PASSES: dict[str, str] = {
     "unfreeze-group": "kiln.passes.unfreeze_group:UnfreezeGroup",
     "to-device": "kiln.passes.to_device:ToDevice",
     "fork": "kiln.passes.fork:Fork",
+    "reparameterize": "kiln.passes.reparameterize:Reparameterize",
+    "materialize": "kiln.passes.materialize:Materialize",
 }
 
 

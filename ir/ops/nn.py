@@ -4,7 +4,7 @@ pooling, layer/RMS/batch normalization, and erf for exact-gelu decompositions.""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -13,6 +13,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..attrs import BOOL, FLOAT, INT, INTS, Attr, optional
 from ..dtypes import DType
 from ..errors import ShapeError
+from ..registry import InferFn
 from ..types import Dim, TensorType
 from .common import define, floating, norm_axes, one, same_dtype
 from .elementwise import _erf, _unary
@@ -58,10 +59,12 @@ def _out_dim(op: str, axis: int, size: Dim, k: Dim, stride: int, pad: int, dilat
 
 
 def _window_shape(op: str, spatial: Sequence[Dim], kernel: Sequence[Dim], win: Window) -> tuple[Dim, ...]:
+    """The output's spatial dims."""
     return tuple(_out_dim(op, i, *dims) for i, dims in enumerate(zip(spatial, kernel, *win)))
 
 
 def _rank(op: str, i: int, name: str, t: TensorType, rank: int) -> None:
+    """Check operand i has exactly `rank` dims."""
     if t.rank != rank:
         raise ShapeError(f"{op}: operand {i} ({name}) must have rank {rank}, got {t}")
 
@@ -79,7 +82,8 @@ def _windows(x: np.ndarray, kernel: Sequence[int], win: Window, fill: float) -> 
 # --- convolution
 
 
-def _conv_infer(op: str, nd: int):
+def _conv_infer(op: str, nd: int) -> InferFn:
+    """Typing of an nd-dimensional convolution: x [N, C, *S], weight [O, C/groups, *K], bias [O]."""
     def infer(ts, attrs):
         for i, t in enumerate(ts):
             floating(op, i, t)
@@ -100,6 +104,7 @@ def _conv_infer(op: str, nd: int):
 
 
 def _check_groups(op: str, groups: int, in_channels: Dim, out_channels: Dim) -> None:
+    """groups must be positive and divide both the input and the output channels."""
     if groups < 1:
         raise ShapeError(f"{op}: groups = {groups} must be positive")
     for i, what, n in ((0, "x channels", in_channels), (1, "weight out-channels", out_channels)):
@@ -120,6 +125,7 @@ def _conv(x, weight, bias=None, *, stride, padding, dilation, groups):
 
 
 def _conv_attrs(nd: int) -> dict[str, Attr]:
+    """torch's conv defaults: stride 1, no padding, no dilation, one group."""
     return {"stride": Attr(INTS, (1,) * nd), "padding": Attr(INTS, (0,) * nd, "zeros on both sides"),
             "dilation": Attr(INTS, (1,) * nd), "groups": Attr(INT, 1)}
 
@@ -132,7 +138,8 @@ for _nd in (1, 2):
 # --- pooling
 
 
-def _pool_infer(op: str):
+def _pool_infer(op: str) -> InferFn:
+    """Typing of a 2-D pool; like torch, padding may be at most half the kernel span."""
     def infer(ts, attrs):
         x = ts[0]
         floating(op, 0, x)
@@ -146,10 +153,12 @@ def _pool_infer(op: str):
 
 
 def _max_pool(x: np.ndarray, kernel: tuple[int, ...], win: Window, attrs: Mapping[str, Any]) -> np.ndarray:
+    """Window maxima, padding with -inf so it never wins."""
     return _windows(x, kernel, win, -np.inf).max(axis=(-2, -1))
 
 
 def _avg_pool(x: np.ndarray, kernel: tuple[int, ...], win: Window, attrs: Mapping[str, Any]) -> np.ndarray:
+    """Window sums over the kernel size, or over the count of real (unpadded) elements."""
     total = _windows(x, kernel, win, 0).sum(axis=(-2, -1))
     if attrs["count_include_pad"]:
         return total / math.prod(kernel)
@@ -157,7 +166,7 @@ def _avg_pool(x: np.ndarray, kernel: tuple[int, ...], win: Window, attrs: Mappin
     return total / inside
 
 
-def _pool(op: str, fn, attrs: dict[str, Attr], doc: str) -> None:
+def _pool(op: str, fn: Callable[..., np.ndarray], attrs: dict[str, Attr], doc: str) -> None:
     """Register a 2-D pool computing `fn(x, kernel, window, attrs)` over NCHW input."""
     def reference(xs, attrs):
         return (fn(xs[0], attrs["kernel"], _window(op, attrs, 2), attrs),)
@@ -175,6 +184,7 @@ _pool("avg_pool2d", _avg_pool,
 
 
 def _adaptive_infer(ts, attrs):
+    """x [N, C, H, W] -> [N, C, *output_size]; a dynamic H or W still gives a static output."""
     x = ts[0]
     floating("adaptive_avg_pool2d", 0, x)
     _rank("adaptive_avg_pool2d", 0, "x", x, 4)
@@ -184,17 +194,16 @@ def _adaptive_infer(ts, attrs):
     return (x.with_shape((*x.shape[:2], *size)),)
 
 
-def _bins(n_in: int, n_out: int, dtype: np.dtype) -> np.ndarray:
-    """[n_out, n_in] averaging matrix over torch's bins [floor(i*n_in/n_out), ceil((i+1)*n_in/n_out))."""
-    i = np.arange(n_out)[:, None]
-    start, end = i * n_in // n_out, -(-(i + 1) * n_in // n_out)
-    inside = (np.arange(n_in) >= start) & (np.arange(n_in) < end)
-    return (inside / (end - start)).astype(dtype)
+def _bin_means(x: np.ndarray, axis: int, n_out: int) -> np.ndarray:
+    """Means along `axis` over torch's adaptive bins [floor(i*n/n_out), ceil((i+1)*n/n_out)), one per output."""
+    n = x.shape[axis]
+    bins = [(i * n // n_out, -(-(i + 1) * n // n_out)) for i in range(n_out)]
+    return np.stack([np.take(x, range(s, e), axis=axis).mean(axis=axis) for s, e in bins], axis=axis)
 
 
 def _adaptive_avg_pool(x, *, output_size):
-    rows, cols = (_bins(n, m, x.dtype) for n, m in zip(x.shape[2:], output_size))
-    return rows @ x @ cols.T
+    """Separable bin means (H then W); unlike an averaging matmul it keeps an inf or nan inside its own bins."""
+    return _bin_means(_bin_means(x, 2, output_size[0]), 3, output_size[1])
 
 
 define("adaptive_avg_pool2d", ("x",), _adaptive_infer, one(_adaptive_avg_pool), {"output_size": Attr(INTS)},
@@ -204,7 +213,7 @@ define("adaptive_avg_pool2d", ("x",), _adaptive_infer, one(_adaptive_avg_pool), 
 # --- normalization
 
 
-def _norm_infer(op: str, operands: tuple[str, ...]):
+def _norm_infer(op: str, operands: tuple[str, ...]) -> InferFn:
     """x keeps its type; each affine operand must span x's dims at the normalized axes."""
     def infer(ts, attrs):
         for i, t in enumerate(ts):
@@ -230,16 +239,25 @@ def _affine(y: np.ndarray, axes: tuple[int, ...], gamma: np.ndarray | None, beta
     return y if beta is None else y + beta.reshape(shape)
 
 
+def _moments(x: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and biased variance over axes (kept), in f64 so inputs with a large common offset keep precision."""
+    wide = x.astype(np.float64)
+    mean = wide.mean(axis=axes, keepdims=True)
+    return mean, np.mean(np.square(wide - mean), axis=axes, keepdims=True)
+
+
 def _layer_norm(x, gamma=None, beta=None, *, axes, eps):
+    """(x - mean) / sqrt(biased var + eps) over axes, then the affine."""
     axes = norm_axes("layer_norm", axes, x.ndim)
-    centered = x - x.mean(axis=axes, keepdims=True)
-    y = centered / np.sqrt(np.mean(centered * centered, axis=axes, keepdims=True) + eps)
-    return _affine(y, axes, gamma, beta)
+    mean, var = _moments(x, axes)
+    return _affine((x - mean) / np.sqrt(var + eps), axes, gamma, beta)
 
 
 def _rms_norm(x, gamma=None, *, axes, eps):
+    """x / sqrt(mean(x^2) + eps) over axes, then gamma."""
     axes = norm_axes("rms_norm", axes, x.ndim)
-    return _affine(x / np.sqrt(np.mean(x * x, axis=axes, keepdims=True) + eps), axes, gamma, None)
+    mean_square = np.mean(np.square(x.astype(np.float64)), axis=axes, keepdims=True)
+    return _affine(x / np.sqrt(mean_square + eps), axes, gamma, None)
 
 
 _NORM_ATTRS = {"axes": Attr(INTS, (-1,), "normalized axes; gamma and beta span x's dims there"),
@@ -256,6 +274,7 @@ _BATCH_NORM = ("x", "gamma", "beta", "running_mean", "running_var", "training")
 
 
 def _batch_norm_infer(ts, attrs):
+    """y takes x's type (batch may be dynamic); the new running stats take the running stats' types."""
     x = ts[0]
     for i, t in enumerate(ts[:5]):
         floating("batch_norm", i, t)
@@ -275,19 +294,19 @@ def _batch_norm_infer(ts, attrs):
 
 def _batch_statistics(x: np.ndarray, running_mean: np.ndarray, running_var: np.ndarray, momentum: float
                       ) -> tuple[np.ndarray, ...]:
-    """Batch mean and biased variance over all axes but 1, and the running stats updated with the unbiased
-    variance, as torch does."""
+    """Batch mean and biased variance over all axes but 1; running stats updated with the unbiased one, as torch."""
     axes = (0, *range(2, x.ndim))
     n = math.prod(x.shape[a] for a in axes)
     if n < 2:
         raise ValueError(f"training needs more than one value per channel, got {n}")
-    mean, var = x.mean(axis=axes), x.var(axis=axes)
+    mean, var = (m.reshape(-1) for m in _moments(x, axes))
     new_mean = (1 - momentum) * running_mean + momentum * mean
     new_var = (1 - momentum) * running_var + momentum * var * (n / (n - 1))
     return mean, var, new_mean, new_var
 
 
 def _batch_norm(xs, attrs):
+    """Three results: y, and the running mean and variance (updated while training, else as given)."""
     x, gamma, beta, running_mean, running_var, training = xs
     if bool(training):
         mean, var, running_mean, running_var = _batch_statistics(x, running_mean, running_var, attrs["momentum"])
