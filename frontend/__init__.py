@@ -9,5 +9,5 @@ from .param import Flag, Param, Reparam
 from .tensor import Tensor, tensor
 from .trace import trace
 
-__all__ = ["Device", "Flag", "Lora", "Module", "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "Reparam", "Reparameterizer", "Tensor", "nn",
-           "tensor", "trace"]
+__all__ = ["Device", "Flag", "Lora", "Module", "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "Reparam",
+           "Reparameterizer", "Tensor", "nn", "tensor", "trace"]

@@ -115,10 +115,10 @@ class Module:
         container = f"Struct:{type(self).__name__}"
         hooks.enter_module(name, container)
         changes = {}
-        for field, value in vars(self).items():
-            new = _rebuild(value, prefix, field, fn, hooks)
+        for attr, value in vars(self).items():
+            new = _rebuild(value, prefix, attr, fn, hooks)
             if new is not value:
-                changes[field] = new
+                changes[attr] = new
         hooks.exit_module(name, container)
         if not changes:
             return self

@@ -140,7 +140,7 @@ class Parser:
         for d in dims:
             if d == "?":
                 shape.append(None)
-            elif d.isdigit() and len(d) < 19:
+            elif d.isascii() and d.isdigit() and len(d) < 19:
                 shape.append(int(d))
             else:
                 raise self.error(f"bad dimension {d!r}", tok)
@@ -170,7 +170,10 @@ class Parser:
         if kind == "num":
             return self.number(tok)
         if kind == "str":
-            return json.loads(text)
+            try:
+                return json.loads(text)
+            except ValueError:
+                raise self.error("malformed string", tok) from None
         if kind == "type":
             self.pos -= 1
             return self.parse_type()
@@ -196,9 +199,10 @@ class Parser:
 
     def number(self, tok: Token) -> int | float:
         text = tok[1]
-        if any(c in text for c in ".eEin"):
-            return float(text)
-        return int(text)
+        try:
+            return float(text) if any(c in text for c in ".eEin") else int(text)
+        except ValueError:  # an integer longer than Python converts
+            raise self.error("number too long", tok) from None
 
     def parse_dense(self) -> np.ndarray:
         self.expect("<")
@@ -211,26 +215,49 @@ class Parser:
             values = []
             if not self.accept("]"):
                 while True:
-                    values.append(self.parse_element())
+                    values.append(self.parse_element(t.dtype))
                     if self.accept("]"):
                         break
                     self.expect(",")
             if len(values) != t.numel():
                 raise self.error(f"dense data has {len(values)} elements but {t} needs {t.numel()}", type_tok)
-            arr = np.array(values, dtype=object).astype(t.dtype.numpy) if values else np.zeros(0, t.dtype.numpy)
+            with np.errstate(over="ignore"):  # a float beyond f16/bf16/f32 range rounds to inf
+                arr = np.array(values, dtype=object).astype(t.dtype.numpy) if values else np.zeros(0, t.dtype.numpy)
             arr = arr.reshape(t.shape)
         else:
-            arr = np.full(t.shape, self.parse_element(), dtype=t.dtype.numpy)
+            value = self.parse_element(t.dtype)
+            try:
+                with np.errstate(over="ignore"):
+                    arr = np.full(t.shape, value, dtype=t.dtype.numpy)
+            except (MemoryError, ValueError):
+                raise self.error(f"dense data of type {t} is too large", type_tok) from None
         self.expect(">")
         return arr
 
-    def parse_element(self) -> Any:
+    def parse_element(self, dtype: DType) -> Any:
+        """One dense element, checked against the element type so that no value is silently changed."""
         tok = self.next()
         if tok[0] == "num":
-            return self.number(tok)
-        if tok[0] == "ident" and tok[1] in ("true", "false", "nan", "inf"):
-            return tok[1] == "true" if tok[1] in ("true", "false") else float(tok[1])
-        raise self.error("expected a number or boolean", tok)
+            value = self.number(tok)
+        elif tok[0] == "ident" and tok[1] in ("true", "false", "nan", "inf"):
+            value = tok[1] == "true" if tok[1] in ("true", "false") else float(tok[1])
+        else:
+            raise self.error("expected a number or boolean", tok)
+        if (dtype is DType.bool) != isinstance(value, bool):
+            raise self.error(f"expected {'true or false' if dtype is DType.bool else 'a number'} for {dtype.value}",
+                             tok)
+        if dtype.is_int:
+            info = np.iinfo(dtype.numpy)
+            if not isinstance(value, int):
+                raise self.error(f"{dtype.value} element is not an integer", tok)
+            if not info.min <= value <= info.max:
+                raise self.error(f"{value} is out of range for {dtype.value}", tok)
+        elif dtype.is_float:
+            try:
+                value = float(value)
+            except OverflowError:
+                raise self.error(f"{dtype.value} element is out of range", tok) from None
+        return value
 
     def parse_param(self) -> ParamNode:
         self.expect("param")
@@ -432,6 +459,20 @@ def parse_file(path: str) -> Graph:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-    except UnicodeDecodeError as e:
-        raise IRParseError(f"not UTF-8 text ({e.reason})", 1, 1, "", path) from None
+    except UnicodeDecodeError:
+        raise _utf8_error(path) from None
     return parse(text, path)
+
+
+def _utf8_error(path: str) -> IRParseError:
+    """The line and column (in characters, as text mode counts lines) of a file's first byte that is not UTF-8."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = data[:e.start].decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+        column = len(before) - before.rfind("\n")
+        return IRParseError(f"not UTF-8 text ({e.reason})", before.count("\n") + 1, column,
+                            f"\\x{data[e.start]:02x}", path)
+    return IRParseError("not UTF-8 text", 1, 1, "", path)

@@ -45,7 +45,8 @@ def dense_text(value: np.ndarray) -> str:
     dtype = DType.from_numpy(value.dtype)
     t = TensorType(tuple(value.shape), dtype)
     flat = value.reshape(-1)
-    if flat.size and (flat == flat[0]).all() and not (dtype.is_float and np.isnan(flat[0])):
+    # a splat must be bitwise equal: 0.0 == -0.0, but printing [0.0, -0.0] as `0.0` would lose the sign
+    if flat.size and flat.tobytes() == flat[:1].tobytes() * flat.size and not (dtype.is_float and np.isnan(flat[0])):
         return f"dense<{t}, {_element_text(flat[0], dtype)}>"
     return f"dense<{t}, [{', '.join(_element_text(x, dtype) for x in flat)}]>"
 
