@@ -82,7 +82,7 @@ def _rebuild(value: Any, prefix: str, name: str, fn: Callable[[str, Leaf], Leaf]
 def _node(name: str, p: Param) -> ParamNode:
     """A parameter's state as a graph node (its data if initialized, else its initializer)."""
     return ParamNode(name, p.type, p.id, p.state.init, p.state.value, p.grad, p.configured_grad, p.device.name,
-                     p.device.autodiff_enabled, p.device.checkpointing)
+                     p.device.autodiff_enabled, p.device.checkpointing, p.buffer)
 
 
 def _rebuild_reparam(param: Param, path: str, fn: Callable[[str, Leaf], Leaf], hooks: Any) -> Param:

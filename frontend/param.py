@@ -65,6 +65,7 @@ class Param:
     configured_grad: bool = False
     leaf: bool = True  # False after to_device moved a tracked value: an intermediary the optimizer can't train
     reparam: Reparam | None = None
+    buffer: bool = False  # running state: recorded and moved like a parameter, never trained
 
     @staticmethod
     def lazy(shape: tuple[int, ...], init: Init, dtype: DType | str = DType.f32, device: Device | str | None = None,
@@ -89,11 +90,22 @@ class Param:
                      require_grad and dtype.is_float)
 
     @staticmethod
+    def running(shape: tuple[int, ...], init: Init, device: Device | str | None = None) -> Param:
+        """A running-state buffer (e.g. batch-norm statistics): lazy, never requires gradients."""
+        return Param.lazy(shape, init, device=device, require_grad=False).replace(buffer=True)
+
+    def update(self, value: np.ndarray) -> None:
+        """Overwrite a buffer's value in place, as Burn's RunningState does; clones sharing it see the update."""
+        if not self.buffer:
+            raise ValueError("only running-state buffers are updated in place; parameters are values")
+        self.state.value = np.asarray(value, self.type.dtype.numpy)
+
+    @staticmethod
     def from_node(node: ParamNode) -> Param:
         """A Param holding a graph node's state (its data, or its initializer, stays lazy)."""
         device = Device(node.device, node.autodiff, node.checkpointing)
         return Param(node.id, LazyState(node.type, node.init, device, node.id, node.data), device, node.grad,
-                     node.configured_grad)
+                     node.configured_grad, buffer=node.buffer)
 
     @property
     def type(self) -> TensorType:

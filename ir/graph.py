@@ -104,6 +104,7 @@ class ParamNode:
     device: str = "cpu"
     autodiff: bool = False
     checkpointing: str | None = None
+    buffer: bool = False  # running state (batch-norm statistics): recorded, never requires gradients
 
     def replace(self, **changes: Any) -> ParamNode:
         return dataclasses.replace(self, **changes)

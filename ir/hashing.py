@@ -36,7 +36,7 @@ def structural_hash(graph: Graph, include_data: bool = False) -> str:
         h.update(b"\x00")
 
     for p in graph.params.values():
-        feed(("param", p.name, str(p.type), p.grad, p.device, p.autodiff, p.checkpointing))
+        feed(("param", p.name, str(p.type), p.grad, p.device, p.autodiff, p.checkpointing, p.buffer))
         if include_data and p.data is not None:
             h.update(p.data.tobytes())
     for f in graph.flags.values():

@@ -53,6 +53,8 @@ def _verify_param(p: ParamNode) -> None:
         raise VerifyError(f"{where}: data of shape {p.data.shape} and dtype {p.data.dtype} is not a {p.type}")
     if p.grad and not p.type.dtype.is_float:
         raise VerifyError(f"{where}: only floating parameters can require gradients ({p.type.dtype.value})")
+    if p.grad and p.buffer:
+        raise VerifyError(f"{where}: a buffer (running state) never requires gradients")
 
 
 def verify_function(graph: Graph, fn: Function) -> None:

@@ -1,6 +1,6 @@
 """The state transitions of parameters and flags, one function per rule, shared by the module-state passes.
 
-Only floating parameters carry gradient state. `grad` is the effective state, `configured_grad` what
+Only floating parameters that are not buffers (running statistics) carry gradient state. `grad` is the effective state, `configured_grad` what
 `train` applies; a parameter off an autodiff device stores a request and keeps `grad` false.
 """
 
@@ -20,7 +20,7 @@ FlagFn = Callable[[FlagNode], FlagNode]
 
 def request_grad(p: ParamNode, value: bool) -> ParamNode:
     """Configure require-grad; it takes effect now on an autodiff device, else at `train`."""
-    if not p.type.dtype.is_float:
+    if not p.type.dtype.is_float or p.buffer:
         return p
     return p.replace(configured_grad=value, grad=value and p.autodiff)
 
@@ -37,7 +37,7 @@ def valid_param(p: ParamNode) -> ParamNode:
 
 def train_param(p: ParamNode) -> ParamNode:
     """Back on autodiff, applying the configured require-grad (a dropped checkpointing stays dropped)."""
-    return p.replace(autodiff=True, grad=p.configured_grad and p.type.dtype.is_float)
+    return p.replace(autodiff=True, grad=p.configured_grad and p.type.dtype.is_float and not p.buffer)
 
 
 def valid_flag(f: FlagNode) -> FlagNode:

@@ -131,3 +131,43 @@ def test_sequential_paths_and_forward():
     l0, l2 = model.layers[0], model.layers[2]
     expected = np.maximum(x @ w(l0.weight) + w(l0.bias), 0) @ w(l2.weight) + w(l2.bias)
     check(model, x, expected)
+
+
+def test_batch_norm_training_updates_running_stats_like_torch_and_valid_uses_them():
+    ours = nn.BatchNorm2d(3)
+    theirs = torch.nn.BatchNorm2d(3)
+    x = (RNG.standard_normal((4, 3, 5, 5)) * 2 + 1).astype(np.float32)
+    np.testing.assert_allclose(ours(kiln.tensor(x)).numpy(), theirs(t(x)).detach().numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(w(ours.running_mean), theirs.running_mean.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(w(ours.running_var), theirs.running_var.numpy(), rtol=1e-5)
+    x2 = RNG.standard_normal((2, 3, 5, 5)).astype(np.float32)
+    check(ours.valid(), x2, theirs.eval()(t(x2)).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_batch_norm_stats_are_buffers_that_never_require_grad():
+    bn = nn.BatchNorm1d(4, device=kiln.Device("cpu").autodiff()).unfreeze().set_require_grad(True)
+    assert bn.gamma.grad and not bn.running_mean.grad and not bn.running_var.grad
+    assert bn.num_params() == 16
+    with pytest.raises(kiln.ir.ShapeError, match="rank-3"):
+        bn(kiln.tensor(np.zeros((2, 4), np.float32)))
+
+
+def test_no_grad_keeps_batch_norm_updating_and_freeze_stops_it():
+    """no_grad: "batch-normalization running statistics retain their current behavior"; freeze stops them."""
+    x = RNG.standard_normal((4, 2, 3)).astype(np.float32) + 5
+    kept = nn.BatchNorm1d(2).no_grad()
+    kept(kiln.tensor(x))
+    assert np.all(w(kept.running_mean) > 0.1)
+    frozen = nn.BatchNorm1d(2).freeze()
+    frozen(kiln.tensor(x))
+    np.testing.assert_array_equal(w(frozen.running_mean), np.zeros(2, np.float32))
+
+
+def test_valid_turns_batch_norm_into_an_affine_op_after_canonicalize():
+    from kiln.passes import PassManager
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+    graph = PassManager.parse("canonicalize,dce").run(kiln.trace(model.valid(), ((None, 3, 8, 8), "f32")))
+    kinds = [op.kind for op in graph.functions["forward"].ops]
+    assert "batch_norm" not in kinds and "mul" in kinds and "conv2d" in kinds
+    x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(interpret(graph, [x])[0], model.valid()(kiln.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
