@@ -268,7 +268,7 @@ class Parser:
         if "id" not in attrs:
             raise self.error(f"param @{self.name_of(tok)} has no id", tok)
         grad = attrs.get("grad", False)
-        known = {"id", "init", "data", "grad", "configured_grad", "device", "autodiff", "checkpointing"}
+        known = {"id", "init", "data", "grad", "configured_grad", "device", "autodiff", "checkpointing", "buffer"}
         extra = set(attrs) - known
         if extra:
             raise self.error(f"unknown param attribute {sorted(extra)[0]!r}", tok)
@@ -277,7 +277,7 @@ class Parser:
             raise self.error(f"param data does not have type {t}", tok)
         return ParamNode(self.name_of(tok), t, attrs["id"], attrs.get("init"), data, grad,
                          attrs.get("configured_grad", grad), attrs.get("device", "cpu"), attrs.get("autodiff", False),
-                         attrs.get("checkpointing"))
+                         attrs.get("checkpointing"), attrs.get("buffer", False))
 
     def parse_param_attr(self, key: str) -> Any:
         tok = self.peek()
@@ -288,7 +288,7 @@ class Parser:
             return None
         value = self.parse_attr_value(key)
         want = {"id": str, "grad": bool, "configured_grad": bool, "device": str, "data": np.ndarray,
-                "autodiff": bool, "checkpointing": str}.get(key)
+                "autodiff": bool, "checkpointing": str, "buffer": bool}.get(key)
         if want is not None and not isinstance(value, want):
             raise self.error(f"param attribute {key!r} has the wrong kind of value", tok)
         if key == "id":

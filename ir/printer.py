@@ -110,6 +110,8 @@ def param_text(p: ParamNode, elide_data: bool = False) -> str:
         items.append(("autodiff", "true"))
     if p.checkpointing is not None:
         items.append(("checkpointing", json.dumps(p.checkpointing)))
+    if p.buffer:
+        items.append(("buffer", "true"))
     return f"param @{name_text(p.name)} : {p.type}{attr_dict_text(items)}"
 
 

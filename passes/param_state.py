@@ -1,7 +1,8 @@
 """The state transitions of parameters and flags, one function per rule, shared by the module-state passes.
 
-Only floating parameters that are not buffers (running statistics) carry gradient state. `grad` is the effective state, `configured_grad` what
-`train` applies; a parameter off an autodiff device stores a request and keeps `grad` false.
+Only floating parameters that are not buffers (running statistics) carry gradient state. `grad` is the
+effective state, `configured_grad` what `train` applies; a parameter off an autodiff device stores a request
+and keeps `grad` false.
 """
 
 from __future__ import annotations

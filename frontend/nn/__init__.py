@@ -7,6 +7,6 @@ from .conv import AdaptiveAvgPool2d, AvgPool2d, Conv1d, Conv2d, MaxPool2d
 from .linear import Embedding, Linear
 from .norm import BatchNorm, BatchNorm1d, BatchNorm2d, LayerNorm, RMSNorm
 
-__all__ = ["GELU", "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d", "Dropout", "Embedding", "LayerNorm",
-           "Linear", "MaxPool2d", "MultiHeadAttention", "RMSNorm", "ReLU", "Sequential", "SiLU",
-           "TransformerEncoderLayer", "functional"]
+__all__ = ["GELU", "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
+           "Dropout", "Embedding", "LayerNorm", "Linear", "MaxPool2d", "MultiHeadAttention", "RMSNorm", "ReLU",
+           "Sequential", "SiLU", "TransformerEncoderLayer", "functional"]

@@ -48,7 +48,7 @@ def _gelu(x, approximate):
 
 
 def _sigmoid(x):
-    return 0.5 * (1 + np.tanh(0.5 * x))
+    return 1 / (1 + np.exp(-x))  # as torch computes it; 0.5 * (1 + tanh(x / 2)) cancels to 0 for x << 0
 
 
 _unary("neg", np.negative, numeric)

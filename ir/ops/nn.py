@@ -219,6 +219,8 @@ def _norm_infer(op: str, operands: tuple[str, ...]) -> InferFn:
         for i, t in enumerate(ts):
             floating(op, i, t)
         same_dtype(op, ts)
+        if ts[0].rank == 0:
+            raise ShapeError(f"{op}: operand 0 (x) is a scalar; there is no axis to normalize")
         axes = norm_axes(op, attrs["axes"], ts[0].rank)
         if not axes:
             raise ShapeError(f"{op}: axes must name at least one axis")
