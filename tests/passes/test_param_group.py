@@ -1,0 +1,68 @@
+"""ParamGroup's matching rules (burn-notes §2.7): constructors, path-less values, exclude and fuse."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.ir import ParamGroupError
+from kiln.passes.group import ParamGroup
+
+
+@pytest.mark.parametrize(("group", "path", "hit"), [
+    (ParamGroup.all(), "a.b", True),
+    (ParamGroup.from_path("enc.w"), "enc.w", True),
+    (ParamGroup.from_path("enc.w"), "enc.w2", False),
+    (ParamGroup.from_paths(["x", "enc.w"]), "enc.w", True),
+    (ParamGroup.from_predicate("enc"), "layers.enc.w", True),
+    (ParamGroup.from_predicates(["enc", "bias"]), "enc.weight", False),
+    (ParamGroup.from_predicates(["enc", "bias"]), "enc.bias", True),
+    (ParamGroup.from_any_predicates(["dec", "bias"]), "enc.bias", True),
+    (ParamGroup.from_regex(r"\.\d+\."), "layers.3.weight", True),
+    (ParamGroup.from_regexes([r"^layers", r"bias$"]), "layers.0.weight", False),
+    (ParamGroup.from_any_regexes([r"^dec", r"bias$"]), "layers.0.bias", True),
+    (ParamGroup.from_glob("encoder.*.weight"), "encoder.0.weight", True),
+    (ParamGroup.from_glob("encoder.*.weight"), "encoder.0.attn.weight", False),
+    (ParamGroup.from_glob("encoder.**.weight"), "encoder.0.attn.weight", True),
+    (ParamGroup.from_glob("fc?.bias"), "fc1.bias", True),
+])
+def test_path_matchers(group, path, hit):
+    assert group.matches(7, path) is hit
+
+
+def test_path_matchers_never_match_without_a_path_but_all_and_ids_do():
+    assert ParamGroup.all().matches(1, None)
+    assert ParamGroup.from_ids([1]).matches(1, None) and not ParamGroup.from_ids([1]).matches(2, None)
+    for g in (ParamGroup.from_path("a"), ParamGroup.from_predicate("a"), ParamGroup.from_regex("a"),
+              ParamGroup.from_glob("a")):
+        assert not g.matches(1, None)
+
+
+def test_exclude_adds_the_matcher_and_ignores_its_excludes():
+    inner = ParamGroup.from_predicate("enc").exclude(ParamGroup.from_predicate("bias"))
+    g = ParamGroup.all().exclude(inner)
+    assert not g.matches(1, "enc.bias")  # inner's own exclude of "bias" is ignored
+    assert g.matches(1, "dec.bias")
+
+
+def test_fuse_is_or_and_drops_excludes():
+    a = ParamGroup.from_predicate("enc").exclude(ParamGroup.from_predicate("bias"))
+    fused = a.fuse(ParamGroup.from_predicate("dec"))
+    assert fused.matches(1, "enc.bias") and fused.matches(1, "dec.w") and not fused.matches(1, "head.w")
+
+
+def test_python_predicates_see_id_and_path():
+    g = ParamGroup.from_fn(lambda id, path: id % 2 == 0 and path is not None and path.endswith("weight"))
+    assert g.matches(2, "fc.weight") and not g.matches(3, "fc.weight") and not g.matches(2, "fc.bias")
+
+
+@pytest.mark.parametrize("bad", [lambda: ParamGroup.from_regex("("), lambda: ParamGroup.from_glob(""),
+                                 lambda: ParamGroup.from_option_text(["id:zz"])])
+def test_invalid_patterns_raise_a_clear_error(bad):
+    with pytest.raises(ParamGroupError):
+        bad()
+
+
+def test_option_text_terms():
+    g = ParamGroup.from_option_text(["enc.*", "re:^dec", "id:0x1f"], exclude=["*.bias"])
+    assert g.matches(0, "enc.w") and g.matches(0, "dec.x.y") and g.matches(31, "anything")
+    assert not g.matches(0, "enc.bias") and not g.matches(0, "head.w")
