@@ -1,0 +1,54 @@
+"""Fast-math Relax passes: gelu via a polynomial erf, softmax/exp/erf/tanh via TVM's fast variants.
+
+Exact `erf` and `exp` lower to scalar libm calls inside vectorized loops, which made a gelu epilogue cost
+more than the matmul it follows; these passes run before legalization and replace them with polynomial
+approximations that vectorize.
+
+Measured error of the float32 kernels against exact float64 math (`bench/tvm_rules.py --accuracy`,
+TVM 0.27, x86-64 AVX-512):
+* gelu over 2M points in [-20, 20]: max abs error 1.5e-6; max rel error 4.5e-4 where |gelu(x)| >= 1e-3
+  (x >= -3.4); further left gelu itself is below 1e-3 and only the abs bound is meaningful.
+* softmax over 512 rows of 1000 logits ~ N(0, s^2), s in {1, 10, 30}: max abs error 1.1e-6; max rel
+  error 1.8e-6 on probabilities >= 1e-6.
+Both are inside the 3e-3 relative tolerance kiln's tests allow for fast-math kernels.
+"""
+
+import math
+
+import tvm
+from tvm import relax, topi
+
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+
+
+def _fast_gelu(x: tvm.te.Tensor) -> tvm.te.Tensor:
+    """gelu(x) = x * (1 + erf(x / sqrt 2)) / 2 with TVM's rational-polynomial erf."""
+    return x * (0.5 + 0.5 * topi.fast_erf(x * _INV_SQRT2))
+
+
+@relax.expr_functor.mutator
+class _GeluRewriter(relax.PyExprMutator):
+    """Replace each `relax.nn.gelu` call by a TE kernel using `topi.fast_erf`."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.gelu":
+            return self.builder_.call_te(_fast_gelu, call.args[0], primfunc_name_hint="fast_gelu")
+        return call
+
+
+@tvm.transform.module_pass(opt_level=0, name="GeluToFastErf")
+class GeluToFastErf:
+    """Rewrite gelu with fast_erf: FastMathTransform misses gelu, which legalizes straight to T.erf."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        rewriter = _GeluRewriter(mod)
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+        return rewriter.builder_.get()
+
+
+def fast_math_passes() -> list[tvm.transform.Pass]:
+    """The fast-math pre-legalization passes, in order."""
+    return [GeluToFastErf(), relax.transform.FastMathTransform()]

@@ -1,0 +1,121 @@
+"""CPU schedule rule for injective PrimFuncs (elementwise, broadcast, reshape, transpose)."""
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.target import Target
+
+VECTOR_LANES = 16  # one AVX-512 register of float32
+TILE = 16  # side of the square tile used for transposes
+_MIN_PARALLEL_ELEMS = 4096  # below this, waking the thread pool costs more than it saves
+
+
+def static_extent(extent: tirx.Expr) -> int | None:
+    """The extent as a Python int, or None when it is symbolic."""
+    return int(extent.value) if isinstance(extent, tirx.IntImm) else None
+
+
+def split_factor(extent: tirx.Expr, preferred: int, minimum: int = 1) -> int:
+    """Tile size for a loop: the whole loop if short, else the best divisor in [minimum, preferred].
+
+    Divisors that are multiples of 8 (whole AVX registers) win over larger ones. Without a divisor in
+    range (or for a symbolic extent) `preferred` is returned and the split leaves a predicated tail,
+    which is correct but slower.
+    """
+    n = static_extent(extent)
+    if n is None:
+        return preferred
+    if n <= preferred:
+        return n
+    divisors = [d for d in range(minimum, preferred + 1) if n % d == 0]
+    return max(divisors, key=lambda d: (d % 8 == 0, d)) if divisors else preferred
+
+
+def loop_extent(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> tirx.Expr:
+    """The extent of a loop of the schedule."""
+    return sch.get(loop).extent
+
+
+def uses_var(expr: tirx.Expr, var: tirx.Var) -> bool:
+    """Whether `var` occurs in `expr`."""
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
+
+
+def _worth_parallel(sch: s_tir.Schedule, loops: list[s_tir.schedule.LoopRV]) -> bool:
+    """Whether the loop nest does enough work for the thread pool (symbolic extents count as big)."""
+    total = 1
+    for loop in loops:
+        n = static_extent(loop_extent(sch, loop))
+        if n is None:
+            return True
+        total *= n
+    return total >= _MIN_PARALLEL_ELEMS
+
+
+def schedule_elementwise(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int = VECTOR_LANES
+) -> None:
+    """Parallelize the outer loops of a spatial block and vectorize its innermost loop."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    parallel = _worth_parallel(sch, loops)
+    *outer, inner = loops
+    factor = split_factor(loop_extent(sch, inner), lanes, minimum=4)
+    if static_extent(loop_extent(sch, inner)) != factor:
+        inner_o, inner = sch.split(inner, [None, factor])
+        outer.append(inner_o)
+    if outer and parallel:
+        sch.parallel(sch.fuse(*outer))
+    sch.vectorize(inner)
+
+
+def _transposed_axis(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
+    """Position of the loop that indexes the last dimension of a transposed read, if any.
+
+    A read is transposed when its last index walks an outer loop while the innermost loop indexes one
+    of its other dimensions: vectorizing the innermost loop alone would then stride through memory.
+    """
+    stmt = sch.get(block)
+    iter_vars = [iv.var for iv in stmt.iter_vars]
+    if len(iter_vars) < 2:
+        return None
+    innermost = iter_vars[-1]
+    for read in stmt.reads:
+        *lead, last = (r.min for r in read.region)
+        outer = [i for i, v in enumerate(iter_vars[:-1]) if v.same_as(last)]
+        if outer and any(uses_var(e, innermost) for e in lead):
+            return outer[0]
+    return None
+
+
+def schedule_transpose(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, axis: int) -> None:
+    """Tile the transposed loop pair 16x16 so both the read and the write stay cache-resident."""
+    loops = sch.get_loops(block)
+    parallel = _worth_parallel(sch, loops)
+    row, col = loops[axis], loops[-1]
+    others = [lp for i, lp in enumerate(loops[:-1]) if i != axis]
+    row_o, row_i = sch.split(row, [None, split_factor(loop_extent(sch, row), TILE, minimum=4)])
+    col_o, col_i = sch.split(col, [None, split_factor(loop_extent(sch, col), TILE, minimum=4)])
+    sch.reorder(*others, row_o, col_o, row_i, col_i)
+    if parallel:
+        sch.parallel(sch.fuse(*others, row_o, col_o))
+    sch.vectorize(col_i)
+
+
+class CPUInjective(dl.ScheduleRule):
+    """Inline chains of spatial blocks, then parallelize and vectorize (or 16x16-tile) what remains."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        infos = dl.normalize_prim_func(sch)
+        if infos is None or not all(info.is_injective() for info in infos):
+            return None
+        for info in dl.try_inline(sch, infos):
+            axis = _transposed_axis(sch, info.block_rv)
+            if axis is None:
+                schedule_elementwise(sch, info.block_rv)
+            else:
+                schedule_transpose(sch, info.block_rv, axis)
+        return sch

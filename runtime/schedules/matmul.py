@@ -1,0 +1,204 @@
+"""Register-blocked CPU schedule for matmul, batch matmul and NCHW conv2d, with fused epilogues."""
+
+from dataclasses import dataclass
+
+from tvm import ir, s_tir, sym, tirx
+from tvm.s_tir import dlight as dl
+from tvm.target import Target
+
+from .injective import loop_extent, schedule_elementwise, split_factor, uses_var
+
+
+@dataclass(frozen=True)
+class _Contraction:
+    """Roles of the loops of a `C[..] += A[..] * B[..]` block."""
+
+    vector: s_tir.schedule.LoopRV  # indexes C's last dimension and, with stride 1, the vector operand
+    row: s_tir.schedule.LoopRV | None  # innermost other C index the vector operand ignores
+    spatial: list[s_tir.schedule.LoopRV]  # remaining spatial loops, outermost first
+    reduction: list[s_tir.schedule.LoopRV]
+
+
+def _load(expr: tirx.Expr) -> ir.TensorLoad | None:
+    """The buffer load under an optional cast."""
+    if isinstance(expr, tirx.Cast):
+        expr = expr.value
+    return expr if isinstance(expr, ir.TensorLoad) else None
+
+
+def _unit_stride(expr: tirx.Expr, var: tirx.Var) -> bool:
+    """Whether `expr` is `var + c` with c independent of `var`."""
+    coeffs = sym.detect_linear_equation(expr, [var])
+    return len(coeffs) == 2 and isinstance(coeffs[0], tirx.IntImm) and int(coeffs[0].value) == 1
+
+
+def _operands(stmt: s_tir.SBlock) -> tuple[tirx.BufferStore, ir.TensorLoad, ir.TensorLoad] | None:
+    """The store and both factors when the block body is `C[idx] = C[idx] + A[..] * B[..]`."""
+    store = stmt.body
+    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
+        return None
+    acc, prod = store.value.a, store.value.b
+    if isinstance(acc, tirx.Mul):
+        acc, prod = prod, acc
+    if not isinstance(acc, ir.TensorLoad) or not acc.source.same_as(store.buffer):
+        return None
+    if not isinstance(prod, tirx.Mul):
+        return None
+    lhs, rhs = _load(prod.a), _load(prod.b)
+    if lhs is None or rhs is None:
+        return None
+    return store, lhs, rhs
+
+
+def _fuse_into_store(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, result: tirx.Buffer) -> bool:
+    """Reverse-inline an epilogue block into the block storing `result`; False if it cannot be.
+
+    Only blocks that iterate exactly over `result` and read it at their own iteration point qualify:
+    on a broadcasting epilogue reverse_compute_inline can fail with an internal error rather than a
+    ScheduleError.
+    """
+    stmt = sch.get(block)
+    iter_vars = [iv.var for iv in stmt.iter_vars]
+    regions = [r.region for r in stmt.reads if r.source.same_as(result)]
+    pointwise = all(
+        len(region) == len(iter_vars) and all(r.min.same_as(v) for r, v in zip(region, iter_vars))
+        for region in regions
+    )
+    if not regions or not pointwise:
+        return False
+    try:
+        sch.reverse_compute_inline(block)
+    except s_tir.ScheduleError:
+        return False
+    return True
+
+
+def _match(sch: s_tir.Schedule, info: dl.SBlockInfo) -> _Contraction | None:
+    """Assign loop roles for a multiply-accumulate block, or None when it is not one we can block."""
+    if any(kind not in "SR" for kind in info.dom_kind()):
+        return None
+    found = _operands(sch.get(info.block_rv))
+    if found is None:
+        return None
+    store, lhs, rhs = found
+    spatial = [it for it in info.iters if it.kind == "S"]
+    vec = next((it for it in spatial if it.var.same_as(store.indices[-1])), None)
+    if vec is None:
+        return None
+    for vec_op, other in ((lhs, rhs), (rhs, lhs)):
+        if _unit_stride(vec_op.indices[-1], vec.var) and not any(uses_var(e, vec.var) for e in other.indices):
+            break
+    else:
+        return None
+    row = next(
+        (
+            it
+            for idx in reversed(list(store.indices[:-1]))
+            for it in spatial
+            if it.var.same_as(idx)
+            and not any(uses_var(e, it.var) for e in vec_op.indices)
+            and any(uses_var(e, it.var) for e in other.indices)
+        ),
+        None,
+    )
+    return _Contraction(
+        vector=vec.loop_rv,
+        row=None if row is None else row.loop_rv,
+        spatial=[it.loop_rv for it in spatial if it is not vec and it is not row],
+        reduction=[it.loop_rv for it in info.iters if it.kind == "R"],
+    )
+
+
+class CPUMatmul(dl.ScheduleRule):
+    """Block an `mr x nr` tile of C in registers, unroll K by `k_unroll`, fuse epilogues into the store.
+
+    Applies to PrimFuncs with exactly one reduction block of the form `C[..] += A[..] * B[..]` whose
+    last output index walks one factor with stride 1 (the "vector" operand): matmul, batch matmul with
+    broadcasting, matmuls reading A transposed (as in backward passes) and stride-1 NCHW conv2d. Tile
+    sizes fall back to divisors or whole extents for odd shapes and to predicated tails for symbolic
+    ones. Inputs computed in the same kernel (conv padding) are materialized and scheduled separately.
+    """
+
+    def __init__(self, mr: int = 8, nr: int = 32, k_unroll: int = 4) -> None:
+        self.mr, self.nr, self.k_unroll = mr, nr, k_unroll
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        infos = dl.normalize_prim_func(sch)
+        if infos is None:
+            return None
+        reductions = [info for info in infos if info.is_reduction()]
+        if len(reductions) != 1:
+            return None
+        roles = _match(sch, reductions[0])
+        if roles is None:
+            return None
+        main = reductions[0].block_rv
+        producers = sch.get_producers(main)
+        epilogue = self._inline_side_blocks(sch, infos, main, producers)
+        self._block_contraction(sch, main, roles, epilogue)
+        for block in producers:
+            schedule_elementwise(sch, block)
+        return sch
+
+    @staticmethod
+    def _inline_side_blocks(
+        sch: s_tir.Schedule,
+        infos: list[dl.SBlockInfo],
+        main: s_tir.schedule.SBlockRV,
+        producers: list[s_tir.schedule.SBlockRV],
+    ) -> list[s_tir.schedule.SBlockRV]:
+        """Inline every block that is neither the contraction nor one of its inputs; return the rest.
+
+        Inputs stay materialized (inlining padding or a transpose into the inner loop would put
+        branches or strided loads there). Intermediate epilogue blocks must be inlined into their
+        consumers before the last one is reverse-inlined, or a value read twice (gelu) loses its
+        definition.
+        """
+        kept = {sch.get(b).name_hint for b in [main, *producers]}
+        rest = []
+        for info in infos:
+            if sch.get(info.block_rv).name_hint in kept:
+                continue
+            try:
+                sch.compute_inline(info.block_rv)
+            except s_tir.ScheduleError:
+                rest.append(info.block_rv)
+        return rest
+
+    def _block_contraction(
+        self,
+        sch: s_tir.Schedule,
+        main: s_tir.schedule.SBlockRV,
+        roles: _Contraction,
+        epilogue: list[s_tir.schedule.SBlockRV],
+    ) -> None:
+        """Tile, reorder, cache the accumulator in registers, fuse the epilogue and annotate loops."""
+        vec_o, vec_i = sch.split(
+            roles.vector, [None, split_factor(loop_extent(sch, roles.vector), self.nr, 8)]
+        )
+        row_tile: list[s_tir.schedule.LoopRV] = []
+        row_inner: list[s_tir.schedule.LoopRV] = []
+        if roles.row is not None:
+            row_o, row_i = sch.split(roles.row, [None, split_factor(loop_extent(sch, roles.row), self.mr, 4)])
+            row_tile, row_inner = [row_o], [row_i]
+        *red_outer, red_last = roles.reduction
+        k_o, k_i = sch.split(red_last, [None, split_factor(loop_extent(sch, red_last), self.k_unroll)])
+        sch.reorder(*roles.spatial, *row_tile, vec_o, *red_outer, k_o, k_i, *row_inner, vec_i)
+
+        store = sch.cache_write(main, 0, "local")
+        sch.reverse_compute_at(store, vec_o, preserve_unit_loops=True)
+        result = sch.get(store).writes[0].source
+        for block in epilogue:
+            if not _fuse_into_store(sch, block, result):
+                schedule_elementwise(sch, block)
+
+        sch.parallel(sch.fuse(*roles.spatial, *row_tile, vec_o))
+        for loop in [k_i, *row_inner]:
+            sch.unroll(loop)
+        sch.vectorize(vec_i)
+        sch.vectorize(sch.get_loops(store)[-1])
+        init = sch.decompose_reduction(main, red_outer[0] if red_outer else k_o)
+        sch.vectorize(sch.get_loops(init)[-1])

@@ -1,0 +1,26 @@
+"""Last-resort CPU schedule for reductions no other rule matched: parallelize leading spatial loops."""
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.target import Target
+
+
+class CPUReductionFallback(dl.ScheduleRule):
+    """Inline what can be inlined, then run each remaining block's leading spatial loops in parallel."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        infos = dl.normalize_prim_func(sch)
+        if infos is None or all(info.is_injective() for info in infos):
+            return None
+        applied = False
+        for info in dl.try_inline(sch, infos):
+            kinds = info.dom_kind()
+            leading = len(kinds) - len(kinds.lstrip("S"))
+            if leading:
+                loops = sch.get_loops(info.block_rv)[:leading]
+                sch.parallel(sch.fuse(*loops) if leading > 1 else loops[0])
+                applied = True
+        return sch if applied else None

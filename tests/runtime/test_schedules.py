@@ -1,0 +1,332 @@
+"""kiln's CPU schedule rules and pipeline, on Relax functions built directly (no kiln IR involved)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, s_tir, te, tirx
+from tvm.s_tir import dlight as dl
+
+from kiln.runtime.schedules import (
+    CPUInjective,
+    CPUMatmul,
+    CPUReductionFallback,
+    Safe,
+    default_cpu_rules,
+)
+from kiln.runtime.schedules.safe import DEBUG_ENV
+from kiln.runtime.tvm_pipeline import cpu_pipeline, cuda_pipeline
+from kiln.runtime.tvm_target import configure_threads, cpu_count, cpu_target, cuda_target
+
+TARGET = cpu_target()
+EXACT, FAST = 1e-4, 3e-3  # relative tolerances: exact math, fast-math kernels
+Body = Callable[..., relax.Expr]
+
+
+@pytest.fixture(autouse=True)
+def _rules_must_not_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule that raises would be skipped silently in production; here it fails the test."""
+    monkeypatch.setenv(DEBUG_ENV, "1")
+
+
+def relax_module(shapes: list[tuple], body: Body) -> tvm.IRModule:
+    """`main(p0, p1, ...) = body(p0, p1, ...)` over float32 tensors of the given shapes."""
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"p{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(body(*params))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def fused_prim_funcs(mod: tvm.IRModule, fast_math: bool = False) -> list[tirx.PrimFunc]:
+    """The PrimFuncs the CPU pipeline hands to the schedule rules (captured just before them)."""
+    seen: list[tirx.PrimFunc] = []
+
+    @tvm.transform.module_pass(opt_level=0, name="Capture")
+    def capture(m: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        seen.extend(f for _, f in m.functions_items() if isinstance(f, tirx.PrimFunc))
+        return m
+
+    tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math, [capture]))
+    return seen
+
+
+def run(mod: tvm.IRModule, *arrays: np.ndarray, fast_math: bool = False) -> np.ndarray:
+    """Compile with kiln's CPU pipeline and run `main` on the arrays."""
+    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math))
+    vm = relax.VirtualMachine(exe, tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+
+
+def check(got: np.ndarray, want: np.ndarray, rtol: float) -> None:
+    """Elementwise rtol, with an absolute floor of rtol * max|want| for entries near zero."""
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * max(float(np.abs(want).max()), 1e-30))
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed + sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+def f64(*arrays: np.ndarray) -> list[np.ndarray]:
+    return [a.astype(np.float64) for a in arrays]
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+def assert_matmul_rule_applies(mod: tvm.IRModule, fast_math: bool = False, extra_blocks: int = 0) -> None:
+    """The contraction is blocked by CPUMatmul itself (not left naive or caught by a fallback rule), and
+    its epilogue is fused into the register-tile store: the kernel keeps only init, update and store
+    blocks plus `extra_blocks` others (conv padding, an unfusable epilogue)."""
+    (func,) = [f for f in fused_prim_funcs(mod, fast_math) if _has_reduction(f)]
+    sch = CPUMatmul().apply(func, TARGET, False)
+    assert sch is not None
+    text = sch.mod["main"].script()
+    assert "T.parallel" in text and "T.vectorized" in text and 'scope="local"' in text
+    assert text.count("with T.sblock(") - text.count('# with T.sblock("root")') == 3 + extra_blocks
+
+
+def _has_reduction(func: tirx.PrimFunc) -> bool:
+    sch = s_tir.Schedule(func)
+    return any(info.is_reduction() for info in dl.normalize_prim_func(sch))
+
+
+# --- matmul and friends -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n"),
+    [(64, 784, 512), (7, 13, 29), (1, 5, 3), (1, 784, 512), (37, 40, 100)],
+    ids=["64x784x512", "odd-7x13x29", "tiny-1x5x3", "batch1", "ragged-tiles"],
+)
+def test_matmul(m: int, k: int, n: int) -> None:
+    mod = relax_module([(m, k), (k, n)], relax.op.matmul)
+    a, b = rand(m, k), rand(k, n, seed=1)
+    check(run(mod, a, b), np.matmul(*f64(a, b)), EXACT)
+    assert_matmul_rule_applies(mod)
+
+
+def test_batched_matmul_broadcasts_batch_dims() -> None:
+    mod = relax_module([(2, 1, 5, 7), (3, 7, 9)], relax.op.matmul)
+    a, b = rand(2, 1, 5, 7), rand(3, 7, 9, seed=1)
+    check(run(mod, a, b), np.matmul(*f64(a, b)), EXACT)
+    assert_matmul_rule_applies(mod)
+
+
+def test_dynamic_batch_one_compile_many_sizes() -> None:
+    n = tirx.Var("n", "int64")
+    mod = relax_module(
+        [(n, 33), (33, 40), (40,)], lambda x, w, b: relax.op.nn.relu(relax.op.matmul(x, w) + b)
+    )
+    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET))
+    vm = relax.VirtualMachine(exe, tvm.cpu())
+    w, b = rand(33, 40, seed=1), rand(40, seed=2)
+    for batch in (1, 3, 64):
+        x = rand(batch, 33, seed=batch)
+        got = vm["main"](*[tvm.runtime.tensor(a) for a in (x, w, b)]).numpy()
+        xd, wd, bd = f64(x, w, b)
+        check(got, np.maximum(xd @ wd + bd, 0), EXACT)
+    assert_matmul_rule_applies(mod)
+
+
+def test_dense_bias_relu() -> None:
+    mod = relax_module(
+        [(16, 48), (24, 48), (24,)], lambda x, w, b: relax.op.nn.relu(relax.op.linear(x, w, b))
+    )
+    x, w, b = rand(16, 48), rand(24, 48, seed=1), rand(24, seed=2)
+    xd, wd, bd = f64(x, w, b)
+    check(run(mod, x, w, b), np.maximum(xd @ wd.T + bd, 0), EXACT)
+    assert_matmul_rule_applies(mod)  # FuseOps leaves the weight transpose as its own kernel
+
+
+@pytest.mark.parametrize(("fast_math", "rtol"), [(False, EXACT), (True, FAST)], ids=["exact", "fast-math"])
+def test_dense_bias_gelu(fast_math: bool, rtol: float) -> None:
+    mod = relax_module(
+        [(16, 64), (64, 96), (96,)], lambda x, w, b: relax.op.nn.gelu(relax.op.matmul(x, w) + b)
+    )
+    x, w, b = rand(16, 64), rand(64, 96, seed=1) * 0.2, rand(96, seed=2)
+    xd, wd, bd = f64(x, w, b)
+    check(run(mod, x, w, b, fast_math=fast_math), gelu(xd @ wd + bd), rtol)
+    assert_matmul_rule_applies(mod, fast_math)
+
+
+def test_matmul_feeding_residual_add() -> None:
+    mod = relax_module([(8, 32), (32, 32), (8, 32)], lambda x, w, r: relax.op.matmul(x, w) + r)
+    x, w, r = rand(8, 32), rand(32, 32, seed=1), rand(8, 32, seed=2)
+    xd, wd, rd = f64(x, w, r)
+    check(run(mod, x, w, r), xd @ wd + rd, EXACT)
+    assert_matmul_rule_applies(mod)
+
+
+def test_matmul_where_epilogue() -> None:
+    zero = relax.const(0.0, "float32")
+    mod = relax_module(
+        [(8, 16), (16, 24), (8, 24)],
+        lambda x, w, m: relax.op.where(relax.op.greater(m, zero), relax.op.matmul(x, w), zero),
+    )
+    x, w, m = rand(8, 16), rand(16, 24, seed=1), rand(8, 24, seed=2)
+    xd, wd = f64(x, w)
+    check(run(mod, x, w, m), np.where(m > 0, xd @ wd, 0.0), EXACT)
+    assert_matmul_rule_applies(mod)
+
+
+def test_broadcasting_epilogue_stays_a_separate_loop() -> None:
+    """An epilogue with more elements than the matmul result cannot be fused into its store."""
+    mod = relax_module([(4, 8), (8, 16), (3, 4, 16)], lambda x, w, r: relax.op.matmul(x, w) + r)
+    x, w, r = rand(4, 8), rand(8, 16, seed=1), rand(3, 4, 16, seed=2)
+    xd, wd, rd = f64(x, w, r)
+    check(run(mod, x, w, r), xd @ wd + rd, EXACT)
+    assert_matmul_rule_applies(mod, extra_blocks=1)
+
+
+# --- conv2d -------------------------------------------------------------------------------------
+
+
+def conv2d_nchw(x: np.ndarray, w: np.ndarray, pad: int) -> np.ndarray:
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[2:], axis=(2, 3))
+    return np.einsum("nchwij,ocij->nohw", win, w)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "cout"), [((2, 16, 12, 12), 8), ((1, 3, 9, 7), 5)], ids=["2x16x12x12->8", "odd-1x3x9x7->5"]
+)
+def test_conv2d_3x3_padded(x_shape: tuple[int, ...], cout: int) -> None:
+    w_shape = (cout, x_shape[1], 3, 3)
+    mod = relax_module([x_shape, w_shape], lambda x, w: relax.op.nn.conv2d(x, w, padding=1))
+    x, w = rand(*x_shape), rand(*w_shape, seed=1)
+    check(run(mod, x, w), conv2d_nchw(*f64(x, w), pad=1), EXACT)
+    assert_matmul_rule_applies(mod, extra_blocks=1)
+
+
+# --- injective and reductions -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(512, 512), (17, 33)], ids=["512x512", "odd-17x33"])
+def test_transpose(shape: tuple[int, int]) -> None:
+    mod = relax_module([shape], relax.op.permute_dims)
+    x = rand(*shape)
+    np.testing.assert_array_equal(run(mod, x), x.T)
+    (func,) = fused_prim_funcs(mod)
+    sch = CPUInjective().apply(func, TARGET, False)
+    assert sch is not None and "T.vectorized" in sch.mod["main"].script()
+
+
+@pytest.mark.parametrize(("fast_math", "rtol"), [(False, EXACT), (True, FAST)], ids=["exact", "fast-math"])
+def test_softmax(fast_math: bool, rtol: float) -> None:
+    mod = relax_module([(6, 100)], lambda x: relax.op.nn.softmax(x, axis=-1))
+    x = rand(6, 100) * 4
+    (xd,) = f64(x)
+    e = np.exp(xd - xd.max(-1, keepdims=True))
+    check(run(mod, x, fast_math=fast_math), e / e.sum(-1, keepdims=True), rtol)
+    assert all(dl.cpu.Reduction().apply(f, TARGET, False) for f in fused_prim_funcs(mod, fast_math))
+
+
+def test_layer_norm() -> None:
+    mod = relax_module(
+        [(5, 7, 48), (48,), (48,)], lambda x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1], epsilon=1e-5)
+    )
+    x, g, b = rand(5, 7, 48) * 3 + 1, rand(48, seed=1), rand(48, seed=2)
+    xd, gd, bd = f64(x, g, b)
+    mean, var = xd.mean(-1, keepdims=True), xd.var(-1, keepdims=True)
+    check(run(mod, x, g, b), (xd - mean) / np.sqrt(var + 1e-5) * gd + bd, EXACT)
+    assert all(dl.cpu.Reduction().apply(f, TARGET, False) for f in fused_prim_funcs(mod))
+
+
+def test_column_sum_takes_the_reduction_fallback() -> None:
+    mod = relax_module([(40, 24)], lambda x: relax.op.sum(x, axis=[0]))
+    (func,) = fused_prim_funcs(mod)
+    assert dl.cpu.Reduction().apply(func, TARGET, False) is None
+    assert CPUReductionFallback().apply(func, TARGET, False) is not None
+    x = rand(40, 24)
+    check(run(mod, x), x.astype(np.float64).sum(0), EXACT)
+
+
+# --- rule applicability and the Safe wrapper ----------------------------------------------------
+
+
+def _only_func(shapes: list[tuple], body: Body) -> tirx.PrimFunc:
+    (func,) = fused_prim_funcs(relax_module(shapes, body))
+    return func
+
+
+def _nt_matmul(m: int, n: int, k: int) -> tirx.PrimFunc:
+    """C[i, j] = sum_k A[i, k] * B[j, k]: no operand is contiguous along C's last axis."""
+    a, b = te.placeholder((m, k), name="A"), te.placeholder((n, k), name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[j, r], axis=r), name="C")
+    return te.create_prim_func([a, b, c])
+
+
+def test_each_rule_declines_what_it_does_not_handle() -> None:
+    elementwise = _only_func([(8, 16)], lambda x: relax.op.exp(x) + x)
+    matmul = _only_func([(8, 16), (16, 4)], relax.op.matmul)
+    row_sum = _only_func([(8, 16)], lambda x: relax.op.sum(x, axis=[1]))
+    softmax = _only_func([(8, 16)], relax.op.nn.softmax)
+    nt_matmul = _nt_matmul(8, 4, 16)
+
+    assert all(
+        CPUMatmul().apply(f, TARGET, False) is None for f in (elementwise, row_sum, softmax, nt_matmul)
+    )
+    assert all(CPUInjective().apply(f, TARGET, False) is None for f in (matmul, row_sum, softmax))
+    assert CPUReductionFallback().apply(elementwise, TARGET, False) is None
+    gpu = cuda_target("sm_80")
+    for rule in (CPUMatmul(), CPUInjective(), CPUReductionFallback()):
+        assert rule.apply(matmul if isinstance(rule, CPUMatmul) else elementwise, gpu, False) is None
+    assert CPUReductionFallback().apply(row_sum, TARGET, False) is not None
+
+
+class _Broken(dl.ScheduleRule):
+    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, tunable: bool) -> s_tir.Schedule:
+        raise RuntimeError("rule bug")
+
+
+def test_safe_turns_a_failure_into_not_applicable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DEBUG_ENV)
+    func = _only_func([(8, 16)], lambda x: relax.op.exp(x) + x)
+    assert Safe(_Broken()).apply(func, TARGET, False) is None
+    mod = tvm.IRModule({"f": func})
+    with TARGET:
+        scheduled = dl.ApplyDefaultSchedule(Safe(_Broken()), Safe(CPUInjective()))(mod)
+    assert scheduled["f"].attrs["tirx.is_scheduled"] and "T.vectorized" in scheduled["f"].script()
+
+
+def test_safe_reraises_in_debug_mode() -> None:
+    func = _only_func([(8, 16)], lambda x: relax.op.exp(x) + x)
+    with pytest.raises(RuntimeError, match="rule bug"):
+        Safe(_Broken()).apply(func, TARGET, False)
+
+
+def test_default_rules_order() -> None:
+    kinds = [type(rule.rule) for rule in default_cpu_rules()]
+    assert kinds == [CPUMatmul, dl.cpu.Reduction, CPUInjective, CPUReductionFallback]
+
+
+# --- targets, threads and the CUDA pipeline -----------------------------------------------------
+
+
+def test_targets_are_dict_form_and_threads_use_every_core() -> None:
+    assert TARGET.kind.name == "llvm" and int(TARGET.attrs["num-cores"]) == cpu_count()
+    assert cuda_target("sm_90").attrs["arch"] == "sm_90" and cuda_target().host.kind.name == "llvm"
+    assert configure_threads() == configure_threads() == tvm.runtime.num_threads()
+
+
+@pytest.mark.skipif(tvm.cuda(0).exist, reason="covers hosts without a GPU, where no device binary is built")
+def test_cuda_pipeline_generates_cuda_source_without_a_gpu() -> None:
+    n = tirx.Var("n", "int64")
+    mod = relax_module(
+        [(n, 32), (32, 64)], lambda x, w: relax.op.nn.softmax(relax.op.nn.relu(relax.op.matmul(x, w)))
+    )
+    target = cuda_target("sm_90")
+    exe = tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(target))
+    (host,) = exe.mod.imports
+    (device,) = host.imports
+    assert device.kind == "cuda" and "__global__" in device.inspect_source()
