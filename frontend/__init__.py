@@ -1,6 +1,7 @@
 """kiln.frontend: what users write — modules, parameters, flags, devices, tensors, layers, trace."""
 
 from kiln.passes.group import ParamGroup
+from kiln.runtime.record import DTypePolicy, ModuleRecord
 
 from . import nn
 from .device import Device
@@ -9,5 +10,5 @@ from .param import Flag, Param, Reparam
 from .tensor import Tensor, tensor
 from .trace import trace
 
-__all__ = ["Device", "Flag", "Lora", "Module", "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "Reparam",
-           "Reparameterizer", "Tensor", "nn", "tensor", "trace"]
+__all__ = ["DTypePolicy", "Device", "Flag", "Lora", "Module", "ModuleMapper", "ModuleRecord", "ModuleVisitor", "Param",
+           "ParamGroup", "Reparam", "Reparameterizer", "Tensor", "nn", "tensor", "trace"]

@@ -16,6 +16,7 @@ from kiln.passes.group import ParamGroup
 
 from .device import Device, as_device
 from .param import Flag, Param, Reparam
+from .records import RecordMethods
 
 Leaf = Param | Flag
 
@@ -98,7 +99,7 @@ def _rebuild_reparam(param: Param, path: str, fn: Callable[[str, Leaf], Leaf], h
     return new.replace(reparam=new.reparam.with_factors(factors))
 
 
-class Module:
+class Module(RecordMethods):
     """Base class of every model. Subclasses assign layers, Params, Flags (and containers of them) in
     `__init__` and write `forward`; no registration is needed."""
 

@@ -7,10 +7,12 @@ through TVM and stores records; `kiln.frontend` is what users write, re-exported
 from kiln import ir, passes
 from kiln.frontend import (
     Device,
+    DTypePolicy,
     Flag,
     Lora,
     Module,
     ModuleMapper,
+    ModuleRecord,
     ModuleVisitor,
     Param,
     ParamGroup,
@@ -22,5 +24,5 @@ from kiln.frontend import (
     trace,
 )
 
-__all__ = ["Device", "Flag", "Lora", "Module", "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "Reparam",
-           "Reparameterizer", "Tensor", "ir", "nn", "passes", "tensor", "trace"]
+__all__ = ["DTypePolicy", "Device", "Flag", "Lora", "Module", "ModuleMapper", "ModuleRecord", "ModuleVisitor", "Param",
+           "ParamGroup", "Reparam", "Reparameterizer", "Tensor", "ir", "nn", "passes", "tensor", "trace"]

@@ -1,4 +1,5 @@
-"""The `kiln` command line: `kiln opt` runs pass pipelines over `.kir` files, `kiln dot` draws them.
+"""The `kiln` command line: `kiln opt` runs pass pipelines over `.kir` files, `kiln dot` draws them, `kiln inspect`
+lists the tensors of a burnpack (`.bpk`) record.
 
 Exit codes: 0 success; 1 bad input (parse, verify, shape or pass error, printed as one line with its
 location); 2 bad usage; 3 a file that cannot be read or written.
@@ -7,13 +8,15 @@ location); 2 bad usage; 3 a file that cannot be read or written.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
 from collections.abc import Sequence
 
-from kiln.ir import Graph, KilnError, parse, print_graph, to_dot
+from kiln.ir import Graph, KilnError, RecordError, parse, print_graph, to_dot
 from kiln.passes import PassManager, pass_names
+from kiln.runtime.burnpack import BurnpackFile
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_IO = 0, 1, 2, 3
 
@@ -61,6 +64,41 @@ def cmd_dot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Names, dtypes, shapes, ParamIds and sizes of a burnpack's tensors in file order, with totals."""
+    try:
+        pack = BurnpackFile.open(args.input)
+    except RecordError as e:
+        if isinstance(e.__cause__, OSError):
+            raise e.__cause__ from None  # a file that cannot be read exits 3, not 1
+        raise
+    with pack:
+        entries = sorted(pack.entries.values(), key=lambda e: e.data_offsets)
+        tensors = [{"name": e.name, "dtype": str(e.dtype), "shape": list(e.shape), "param_id": e.param_id,
+                    "bytes": e.data_offsets[1] - e.data_offsets[0]} for e in entries]
+        totals = {"tensors": len(entries), "elements": sum(e.numel for e in entries),
+                  "bytes": sum(t["bytes"] for t in tensors), "file_bytes": os.path.getsize(args.input)}
+        report = {"file": args.input, "version": pack.version, "tensors": tensors, "totals": totals,
+                  "metadata": pack.metadata, "scalars": pack.scalars}
+    write_text(None, json.dumps(report, indent=2) + "\n" if args.json else _inspect_text(report))
+    return EXIT_OK
+
+
+def _inspect_text(report: dict) -> str:
+    """The inspect report as an aligned table (ids in hex, as `id:0x...` group terms take them)."""
+    rows = [("NAME", "DTYPE", "SHAPE", "PARAM_ID", "BYTES")]
+    rows += [(t["name"], t["dtype"], str(t["shape"]), "-" if t["param_id"] is None else f"0x{t['param_id']:016x}",
+              f"{t['bytes']:,}") for t in report["tensors"]]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths)), row[4].rjust(12)]) for row in rows]
+    lines += [f"metadata {key} = {value}" for key, value in report["metadata"].items()]
+    lines += [f"scalar {key} = {value}" for key, value in report["scalars"].items()]
+    totals = report["totals"]
+    lines.append(f"{totals['tensors']:,} tensors, {totals['elements']:,} elements, {totals['bytes']:,} bytes of "
+                 f"tensor data, {totals['file_bytes']:,} bytes on disk")
+    return "\n".join(lines) + "\n"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kiln", description=__doc__.split("\n\n")[0],
                                      epilog="exit codes: 0 ok, 1 bad input, 2 bad usage, 3 file error")
@@ -82,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     dot.add_argument("-f", "--function", default="forward", help="the function to draw (default: forward)")
     dot.add_argument("-o", "--output", help="where to write the DOT text (default: standard output)")
     dot.set_defaults(run=cmd_dot)
+    inspect = sub.add_parser("inspect", help="list the tensors of a burnpack (.bpk) record")
+    inspect.add_argument("input", help="a .bpk file")
+    inspect.add_argument("--json", action="store_true", help="print the listing as JSON")
+    inspect.set_defaults(run=cmd_inspect)
     return parser
 
 

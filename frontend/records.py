@@ -1,0 +1,83 @@
+"""Module's record methods (Burn's `into_record`, `load_record`, `save_file`, `load_file`), mixed into Module.
+
+A record holds each tensor parameter's stored value (a reparameterized parameter's base at its path, its
+factors below it), never flags. Loading runs the load-record pass over the module's state and gives each
+parameter the data, dtype and ParamId the pass chose; everything else about it is the destination's.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import TYPE_CHECKING
+
+from kiln.ir import Graph, RecordError
+from kiln.ir import init as initializers
+from kiln.passes.group import ParamGroup
+from kiln.passes.load_record import LoadRecord
+from kiln.runtime.record import ModuleRecord, RecordEntry
+
+from .param import Flag, Param
+
+if TYPE_CHECKING:
+    from .module import Leaf, Module
+
+
+def _entry(param: Param) -> RecordEntry:
+    """A parameter's stored value as a record entry; a lazy one's provider computes its initial value when
+    the record is written (same seed, same value) without initializing or changing the parameter."""
+    state = param.state
+    if state.value is not None:
+        return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), state.value)
+    provider = functools.partial(initializers.evaluate, state.init, state.type, state.seed)
+    return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), provider)
+
+
+def _rebind(graph: Graph, path: str, leaf: Leaf) -> Leaf:
+    """`leaf` with the data, dtype and ParamId of its node in `graph` (a reparameterized base is `path.base`)."""
+    if isinstance(leaf, Flag):
+        return leaf
+    node = graph.params[f"{path}.base" if leaf.reparam is not None else path]
+    if node.id == leaf.id and node.type == leaf.type and node.data is leaf.state.value:
+        return leaf
+    return leaf.replace(id=node.id, state=Param.from_node(node).state)
+
+
+class RecordMethods:
+    """The record half of Burn's Module trait; every method leaves the receiver unchanged."""
+
+    def into_record(self: Module) -> ModuleRecord:
+        """Collect this module's tensor parameters into a ModuleRecord; flags are runtime state, never recorded."""
+        return self.into_record_group(ParamGroup.all())
+
+    def into_record_group(self: Module, group: ParamGroup) -> ModuleRecord:
+        """Collect the tensor parameters `group` matches; the others are skipped before their data is read."""
+        return ModuleRecord({path: _entry(leaf) for path, leaf in self.leaves()
+                             if isinstance(leaf, Param) and group.matches(leaf.id, path)})
+
+    def try_load_record(self: Module, record: ModuleRecord) -> Module:
+        """The module with `record` applied, honoring its dtype policy and settings; raises RecordError."""
+        graph = LoadRecord(record).apply(self.state_graph())
+        return self._map_leaves(functools.partial(_rebind, graph))
+
+    def load_record(self: Module, record: ModuleRecord) -> Module:
+        """try_load_record, failing with RuntimeError as Burn's `load_record` panics."""
+        try:
+            return self.try_load_record(record)
+        except RecordError as error:
+            raise RuntimeError(f"Failed to load record: {error}") from error
+
+    def save_file(self: Module, path: str | os.PathLike[str]) -> None:
+        """Save the parameters to a burnpack file, atomically; raises RecordError."""
+        self.into_record().save(path)
+
+    def load_file(self: Module, path: str | os.PathLike[str]) -> Module:
+        """try_load_file, failing with RuntimeError as Burn's `load_file` panics."""
+        try:
+            return self.try_load_file(path)
+        except RecordError as error:
+            raise RuntimeError(f"Failed to load module from file: {error}") from error
+
+    def try_load_file(self: Module, path: str | os.PathLike[str]) -> Module:
+        """The module with a burnpack file's parameters applied with the default settings; raises RecordError."""
+        return self.try_load_record(ModuleRecord.load(path))

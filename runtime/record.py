@@ -1,0 +1,195 @@
+"""ModuleRecord: a module's tensors by path with their ParamIds and load settings, stored as Burn burnpack files.
+
+Data stays lazy both ways: a record read from a file or bytes views the pack's bytes (memory-mapped for a
+file) and reads nothing until a tensor is used, and a lazy parameter is recorded as a provider that runs only
+while the pack is written, so its value is neither kept nor stored in the module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+
+from kiln.ir import DType, RecordError, new_param_id
+from kiln.passes.load_record import DTypePolicy, LoadSettings
+
+from .burnpack import BurnDType, BurnpackFile, PackTensor, TensorEntry, to_bytes, write_burnpack
+
+__all__ = ["DTypePolicy", "LoadSettings", "ModuleRecord", "RecordEntry", "burn_dtype", "kiln_dtype"]
+
+EXTENSION = ".bpk"
+
+_TO_BURN: dict[DType, BurnDType] = {
+    DType.f64: BurnDType("F64"),
+    DType.f32: BurnDType("F32"),
+    DType.f16: BurnDType("F16"),
+    DType.bf16: BurnDType("BF16"),
+    DType.i64: BurnDType("I64"),
+    DType.i32: BurnDType("I32"),
+    DType.i16: BurnDType("I16"),
+    DType.i8: BurnDType("I8"),
+    DType.u8: BurnDType("U8"),
+    DType.bool: BurnDType("Bool", store="Native"),
+}
+_FROM_BURN: dict[BurnDType, DType] = {
+    **{burn: kiln for kiln, burn in _TO_BURN.items()},
+    BurnDType("Flex32"): DType.f32,
+    BurnDType("Bool", store="U8"): DType.bool,
+    BurnDType("Bool", store="U32"): DType.bool,
+}
+
+
+def burn_dtype(dtype: DType) -> BurnDType:
+    """Burn's dtype for a kiln dtype (bool is stored natively, one byte each)."""
+    try:
+        return _TO_BURN[dtype]
+    except KeyError:
+        raise RecordError(f"kiln dtype {dtype.value} has no Burn dtype") from None
+
+
+def kiln_dtype(dtype: BurnDType) -> DType:
+    """kiln's dtype for a Burn dtype (Flex32 reads as f32, every Bool storage as bool)."""
+    try:
+        return _FROM_BURN[dtype]
+    except KeyError:
+        raise RecordError(f"Burn dtype {dtype} has no kiln dtype") from None
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class RecordEntry:
+    """One recorded tensor: ParamId, kiln dtype, shape, and its data or a zero-argument provider of it."""
+
+    param_id: int
+    dtype: DType
+    shape: tuple[int, ...]
+    data: np.ndarray | Callable[[], np.ndarray]
+
+    def __post_init__(self) -> None:
+        """Normalise the shape so entries compare against TensorType shapes."""
+        object.__setattr__(self, "shape", tuple(self.shape))
+
+    def array(self) -> np.ndarray:
+        """The data, running the provider if there is one; nothing is cached, so a provider's result isn't kept."""
+        return self.data() if callable(self.data) else self.data
+
+
+@dataclass(frozen=True, eq=False)
+class ModuleRecord(Mapping[str, RecordEntry]):
+    """Tensors by module path, in visit order, with how to load them; builders return new records."""
+
+    entries: Mapping[str, RecordEntry]
+    settings: LoadSettings = LoadSettings()
+
+    def __post_init__(self) -> None:
+        """Freeze the entries so records sharing them cannot change each other."""
+        object.__setattr__(self, "entries", MappingProxyType(dict(self.entries)))
+
+    def __getitem__(self, path: str) -> RecordEntry:
+        return self.entries[path]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __repr__(self) -> str:
+        return f"ModuleRecord({len(self)} tensors, {self.settings})"
+
+    # load settings ------------------------------------------------------------------------------------
+    def with_dtype_policy(self, policy: DTypePolicy) -> ModuleRecord:
+        """Keep the record's dtypes (FROM_RECORD, the default) or cast to the module's (CAST_TO_MODULE)."""
+        return self._with(dtype_policy=policy)
+
+    def allow_partial(self, allow: bool) -> ModuleRecord:
+        """Whether parameters the record lacks keep their values instead of failing the load."""
+        return self._with(allow_partial=allow)
+
+    def allow_unused(self, allow: bool) -> ModuleRecord:
+        """Whether tensors no parameter takes are ignored instead of failing the load."""
+        return self._with(allow_unused=allow)
+
+    def validate(self, validate: bool) -> ModuleRecord:
+        """Whether shape and dtype mismatches fail the load (else those parameters are silently kept)."""
+        return self._with(validate=validate)
+
+    def _with(self, **settings: object) -> ModuleRecord:
+        return dataclasses.replace(self, settings=dataclasses.replace(self.settings, **settings))
+
+    # burnpack ---------------------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write a burnpack atomically (`.bpk` added when the path has no extension, as Burn does)."""
+        destination = Path(path)
+        if not destination.suffix:
+            destination = destination.with_suffix(EXTENSION)
+        write_burnpack(destination, self._pack_tensors())
+
+    def to_bytes(self) -> bytes:
+        """The burnpack `save` would write, in memory."""
+        return to_bytes(self._pack_tensors())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ModuleRecord:
+        """Read a burnpack's header and metadata; tensor data stays in the memory-mapped file until used.
+
+        As in Burn, `.bpk` is tried when the path has no extension and does not exist.
+        """
+        source = Path(path)
+        if not source.suffix and not source.exists():
+            source = source.with_suffix(EXTENSION)
+        return cls._from_pack(BurnpackFile.open(source))
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> ModuleRecord:
+        """A record viewing an in-memory burnpack (which must stay unchanged while the record is used)."""
+        return cls._from_pack(BurnpackFile.from_bytes(data))
+
+    @classmethod
+    def _from_pack(cls, pack: BurnpackFile) -> ModuleRecord:
+        """Entries in the pack's data order (the writer's visit order); a tensor without an id gets a new one."""
+        named = {e.dtype: e.name for e in pack.entries.values()}  # a tensor of each dtype, to name in errors
+        dtypes = {dtype: _kiln_dtype_of(pack, name, dtype) for dtype, name in named.items()}
+        entries = {}
+        for entry in sorted(pack.entries.values(), key=_data_start):
+            dtype = dtypes[entry.dtype]
+            param_id = new_param_id() if entry.param_id is None else entry.param_id
+            entries[entry.name] = RecordEntry(param_id, dtype, entry.shape, functools.partial(_read, pack, entry.name,
+                                                                                              dtype.numpy))
+        return cls(entries)
+
+    def _pack_tensors(self) -> list[PackTensor]:
+        """The entries as burnpack tensors; providers stay deferred until the writer reaches them."""
+        return [PackTensor(path, _burn_dtype_of(path, e), e.shape, e.param_id, e.data) for path, e in self.items()]
+
+
+def _burn_dtype_of(path: str, entry: RecordEntry) -> BurnDType:
+    """The entry's Burn dtype, or a RecordError naming the tensor."""
+    try:
+        return burn_dtype(entry.dtype)
+    except RecordError as error:
+        raise RecordError(f"tensor {path!r}: {error}") from None
+
+
+def _data_start(entry: TensorEntry) -> int:
+    return entry.data_offsets[0]
+
+
+def _kiln_dtype_of(pack: BurnpackFile, name: str, dtype: BurnDType) -> DType:
+    """The kiln dtype of a pack's tensor, or a RecordError naming the file and tensor."""
+    try:
+        return kiln_dtype(dtype)
+    except RecordError as error:
+        raise RecordError(f"{pack.path}: tensor {name!r}: {error}") from None
+
+
+def _read(pack: BurnpackFile, name: str, dtype: np.dtype) -> np.ndarray:
+    """One tensor viewing the pack's bytes; only Bool stored as U32 needs converting (a copy)."""
+    array = pack.array(name)
+    return array if array.dtype == dtype else array.astype(dtype)
