@@ -126,7 +126,7 @@ class Param:
 
     def base(self) -> Tensor:
         """The stored value, without any reparameterization."""
-        return leaf(self.state.get(), self.device, self.device.autodiff_enabled, self.grad)
+        return leaf(self.state.get(), self.device, self.device.autodiff_enabled, self.grad, self.id)
 
     def val(self) -> Tensor:
         """The effective value (base through its reparameterization); a graph symbol while tracing."""

@@ -21,15 +21,19 @@ _seeds = itertools.count(1)
 
 
 class Node:
-    """One DAG node: a leaf ("data", "input", "symbol") or an op over input nodes."""
+    """One DAG node: a leaf ("data", "input", "symbol") or an op over input nodes.
 
-    __slots__ = ("kind", "inputs", "attrs", "types", "data", "name", "autodiff", "require_grad")
+    A data leaf read from a parameter carries its `param_id`, so `backward` can key gradients by ParamId.
+    """
+
+    __slots__ = ("kind", "inputs", "attrs", "types", "data", "name", "autodiff", "require_grad", "param_id")
 
     def __init__(self, kind: str, inputs: tuple[tuple[Node, int], ...], attrs: dict[str, Any],
                  types: tuple[TensorType, ...], data: np.ndarray | None = None, name: str | None = None,
-                 autodiff: bool = False, require_grad: bool = False):
+                 autodiff: bool = False, require_grad: bool = False, param_id: int | None = None):
         self.kind, self.inputs, self.attrs, self.types = kind, inputs, attrs, types
         self.data, self.name, self.autodiff, self.require_grad = data, name, autodiff, require_grad
+        self.param_id = param_id
 
 
 class Tensor:
@@ -99,9 +103,11 @@ def tensor(data: Any, dtype: DType | str | None = None, device: Device | str | N
     return leaf(arr, as_device(device))
 
 
-def leaf(arr: np.ndarray, device: Device, autodiff: bool = False, require_grad: bool = False) -> Tensor:
+def leaf(arr: np.ndarray, device: Device, autodiff: bool = False, require_grad: bool = False,
+         param_id: int | None = None) -> Tensor:
     t = TensorType(tuple(arr.shape), DType.from_numpy(arr.dtype))
-    return Tensor(Node("data", (), {}, (t,), arr, autodiff=autodiff, require_grad=require_grad), 0, device)
+    node = Node("data", (), {}, (t,), arr, autodiff=autodiff, require_grad=require_grad, param_id=param_id)
+    return Tensor(node, 0, device)
 
 
 def symbol(name: str, type: TensorType, device: Device, autodiff: bool = False, require_grad: bool = False
