@@ -39,6 +39,17 @@ class DType(enum.Enum):
         return self in _PACKED
 
     @property
+    def is_int_code(self) -> bool:
+        """i4 and u4: packed integer codes, written as integers (nf4 codes index a float table instead)."""
+        return self in (DType.i4, DType.u4)
+
+    @property
+    def int_range(self) -> tuple[int, int]:
+        """The least and greatest value of an integer or integer-code dtype."""
+        info = ml_dtypes.iinfo(self.numpy)
+        return int(info.min), int(info.max)
+
+    @property
     def bits(self) -> int:
         return _BITS[self]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -31,8 +32,8 @@ _MAX_DEPTH = 32
 Token = tuple[str, str, int, int]  # kind, text, line, column
 
 
-def tokenize(text: str, source: str) -> list[Token]:
-    tokens: list[Token] = []
+def tokenize(text: str, source: str) -> Iterator[Token]:
+    """The tokens of `text`, ending with eof; lazily, as a list of them takes more memory than the graph."""
     line, line_start = 1, 0
     for m in _TOKEN.finditer(text):
         kind = m.lastgroup
@@ -41,28 +42,28 @@ def tokenize(text: str, source: str) -> list[Token]:
         elif kind == "error":
             raise IRParseError("unexpected character", line, m.start() - line_start + 1, m.group(), source)
         elif kind not in ("ws", "comment"):
-            tokens.append((kind, m.group(), line, m.start() - line_start + 1))  # type: ignore[arg-type]
-    tokens.append(("eof", "", line, len(text) - line_start + 1))
-    return tokens
+            yield (kind, m.group(), line, m.start() - line_start + 1)  # type: ignore[misc]
+    yield ("eof", "", line, len(text) - line_start + 1)
 
 
 class Parser:
-    """Recursive descent over the token list, building through FunctionBuilder so inference runs once."""
+    """Recursive descent over the tokens with one token of lookahead, building through FunctionBuilder so
+    inference runs once."""
 
     def __init__(self, text: str, source: str = "<kir>"):
         self.source = source
         self.tokens = tokenize(text, source)
-        self.pos = 0
+        self.tok = next(self.tokens)
         self.symbols: dict[str, Node] = {}
 
     # -- token helpers ------------------------------------------------------------------------------
     def peek(self) -> Token:
-        return self.tokens[self.pos]
+        return self.tok
 
     def next(self) -> Token:
-        tok = self.tokens[self.pos]
+        tok = self.tok
         if tok[0] != "eof":
-            self.pos += 1
+            self.tok = next(self.tokens)
         return tok
 
     def error(self, message: str, tok: Token | None = None) -> IRParseError:
@@ -78,7 +79,7 @@ class Parser:
     def accept(self, text: str) -> bool:
         tok = self.peek()
         if tok[1] == text and tok[0] in ("punct", "arrow", "ident"):
-            self.pos += 1
+            self.next()
             return True
         return False
 
@@ -165,6 +166,8 @@ class Parser:
     def parse_attr_value(self, key: str = "", depth: int = 0) -> Any:
         if depth > _MAX_DEPTH:
             raise self.error(f"attribute nested deeper than {_MAX_DEPTH} levels")
+        if self.peek()[0] == "type":
+            return self.parse_type()
         tok = self.next()
         kind, text = tok[0], tok[1]
         if kind == "num":
@@ -174,9 +177,6 @@ class Parser:
                 return json.loads(text)
             except ValueError:
                 raise self.error("malformed string", tok) from None
-        if kind == "type":
-            self.pos -= 1
-            return self.parse_type()
         if kind == "ident":
             if text in ("true", "false"):
                 return text == "true"
@@ -204,12 +204,14 @@ class Parser:
         except ValueError:  # an integer longer than Python converts
             raise self.error("number too long", tok) from None
 
-    def parse_dense(self) -> np.ndarray:
+    def parse_dense(self, codes: bool = False) -> np.ndarray:
+        """`dense<type, elements>`; `codes` also admits i4/u4 quantization codes (parameter data only)."""
         self.expect("<")
         type_tok = self.peek()
         t = self.parse_type()
-        if not t.is_static or t.dtype.is_packed:
-            raise self.error("dense data needs a static, unpacked type", type_tok)
+        if not t.is_static or (t.dtype.is_packed and not (codes and t.dtype.is_int_code)):
+            raise self.error("dense data needs a static, unpacked type" + (" or i4/u4 codes" if codes else ""),
+                             type_tok)
         self.expect(",")
         if self.accept("["):
             values = []
@@ -246,11 +248,11 @@ class Parser:
         if (dtype is DType.bool) != isinstance(value, bool):
             raise self.error(f"expected {'true or false' if dtype is DType.bool else 'a number'} for {dtype.value}",
                              tok)
-        if dtype.is_int:
-            info = np.iinfo(dtype.numpy)
+        if dtype.is_int or dtype.is_int_code:
+            low, high = dtype.int_range
             if not isinstance(value, int):
                 raise self.error(f"{dtype.value} element is not an integer", tok)
-            if not info.min <= value <= info.max:
+            if not low <= value <= high:
                 raise self.error(f"{value} is out of range for {dtype.value}", tok)
         elif dtype.is_float:
             try:
@@ -286,6 +288,9 @@ class Parser:
         if key == "data" and tok[1] == "elided":
             self.next()
             return None
+        if key == "data" and tok[:2] == ("ident", "dense"):
+            self.next()
+            return self.parse_dense(codes=True)
         value = self.parse_attr_value(key)
         want = {"id": str, "grad": bool, "configured_grad": bool, "device": str, "data": np.ndarray,
                 "autodiff": bool, "checkpointing": str, "buffer": bool}.get(key)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from . import init as initializers
 from . import registry
 from .errors import KilnError, VerifyError
-from .graph import Function, Graph, ParamNode, SymRef, Value
+from .graph import Function, Graph, ParamNode, ReparamNode, SymRef, Value
+
+DEQUANTIZE = "dequantize"  # the one derivation another derivation may take as an operand
 
 
 def verify(graph: Graph) -> Graph:
@@ -27,15 +29,28 @@ def _verify_symbols(graph: Graph) -> None:
     for r in graph.reparams.values():
         where = f"reparam @{r.name}"
         for o in r.operands:
-            if o not in graph.params:
-                what = "a derived parameter (nested reparameterization)" if o in graph.reparams else "not a parameter"
-                raise VerifyError(f"{where}: operand @{o} is {what}")
+            _verify_reparam_operand(graph, r, o)
         try:
-            attrs, (result,) = registry.infer(r.kind, [graph.params[o].type for o in r.operands], r.attrs)
+            attrs, (result,) = registry.infer(r.kind, [graph.symbol(o).type for o in r.operands], r.attrs)
         except (KilnError, ValueError) as e:
             raise VerifyError(f"{where}: {e}") from None
         if result != r.type:
             raise VerifyError(f"{where}: derivation gives {result} but the node is declared {r.type}")
+
+
+def _verify_reparam_operand(graph: Graph, r: ReparamNode, o: str) -> None:
+    """An operand is a parameter, or a dequantize of parameters (a quantized base, as QLoRA has)."""
+    where = f"reparam @{r.name}: operand @{o}"
+    if o in graph.params:
+        return
+    source = graph.reparams.get(o)
+    if source is None:
+        raise VerifyError(f"{where} is not a parameter")
+    if o == r.name or r.name in source.operands:
+        raise VerifyError(f"{where} derives from @{r.name} itself (a cycle)")
+    if source.kind != DEQUANTIZE or any(s not in graph.params for s in source.operands):
+        raise VerifyError(f"{where} is a derived parameter (nested reparameterization); only a dequantize of "
+                          "stored parameters may be an operand")
 
 
 def _verify_param(p: ParamNode) -> None:

@@ -72,8 +72,8 @@ def _convert(pass_name: str, key: str, text: str, hint: Any) -> Any:
             return hint(text)
         except ValueError:
             raise PassError(f"{where}: expected {'an integer' if hint is int else 'a number'}") from None
-    if typing.get_origin(hint) is tuple:
-        return tuple(p for p in text.split(",") if p)
+    if typing.get_origin(hint) is tuple:  # comma-separated items, each converted to the item type
+        return tuple(_convert(pass_name, key, p, typing.get_args(hint)[0]) for p in text.split(",") if p)
     if typing.get_origin(hint) is typing.Literal:
         if text not in typing.get_args(hint):
             raise PassError(f"{where}: expected one of {', '.join(typing.get_args(hint))}")

@@ -1,36 +1,58 @@
-"""materialize: fold each derived parameter into a plain parameter holding its computed value.
+"""materialize: fold each reparameterization into a plain parameter holding its computed value.
 
-The result keeps the base's ParamId and configured trainability and is detached from its factors, which
-are dropped. Parameters that are not derived are untouched (lazy ones stay lazy).
+The result keeps the stored base's ParamId and configured trainability and is detached from its factors, which
+are dropped. A QLoRA weight (LoRA over a dequantized base) folds to a dense float parameter with the codes'
+ParamId; its codes and scales are dropped too. A plain quantized weight (a standalone `dequantize`) is not a
+reparameterization in Burn and stays as it is, as do parameters that are not derived (lazy ones stay lazy).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.ir import Graph, Interpreter
+from kiln.ir import Graph, Interpreter, ReparamNode
+from kiln.ir.verifier import DEQUANTIZE
 
 from .param_state import StatePass
 
 
+def stored_base(graph: Graph, r: ReparamNode) -> str:
+    """The stored parameter behind a derivation's base, following a dequantized base to its codes."""
+    base = r.operands[0]
+    while base in graph.reparams:
+        base = graph.reparams[base].operands[0]
+    return base
+
+
+def sources(graph: Graph, r: ReparamNode) -> set[str]:
+    """Every symbol a derivation reads, through derived operands."""
+    out = set(r.operands)
+    for o in r.operands:
+        if o in graph.reparams:
+            out |= sources(graph, graph.reparams[o])
+    return out
+
+
 @dataclass(frozen=True)
 class Materialize(StatePass):
-    """Replace every reparam node by a parameter with its value (base id and grad state kept)."""
+    """Replace every reparameterization by a parameter with its value (base id and grad state kept)."""
 
     name = "materialize"
     preserves_semantics = True
 
     def apply(self, graph: Graph) -> Graph:
-        if not graph.reparams:
+        folded = [r for r in graph.reparams.values() if r.kind != DEQUANTIZE]
+        if not folded:
             return graph
         values = Interpreter(graph)
-        derived_from = {r.operands[0]: r for r in graph.reparams.values()}
-        factors = {o for r in graph.reparams.values() for o in r.operands[1:]}
+        into = {stored_base(graph, r): r for r in folded}
+        dropped = set().union(*(sources(graph, r) for r in folded)) - into.keys()
         params = {}
         for name, p in graph.params.items():
-            if name in derived_from:
-                r = derived_from[name]
+            if name in into:
+                r = into[name]
                 params[r.name] = p.replace(name=r.name, type=r.type, init=None, data=values.symbol(r.name))
-            elif name not in factors:
+            elif name not in dropped:
                 params[name] = p
-        return graph.replace(params=params, reparams={})
+        reparams = {n: r for n, r in graph.reparams.items() if r.kind == DEQUANTIZE and n not in dropped}
+        return graph.replace(params=params, reparams=reparams)

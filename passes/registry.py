@@ -13,6 +13,7 @@ _PASSES: dict[str, str] = {
     "cse": "kiln.passes.cse:CSE",
     "dce": "kiln.passes.dce:DCE",
     "fold-constants": "kiln.passes.fold_constants:FoldConstants",
+    "autodiff": "kiln.passes.autodiff:Autodiff",
     "train": "kiln.passes.train:Train",
     "valid": "kiln.passes.valid:Valid",
     "set-require-grad": "kiln.passes.set_require_grad:SetRequireGrad",
@@ -26,6 +27,7 @@ _PASSES: dict[str, str] = {
     "fork": "kiln.passes.fork:Fork",
     "reparameterize": "kiln.passes.reparameterize:Reparameterize",
     "materialize": "kiln.passes.materialize:Materialize",
+    "quantize-weights": "kiln.passes.quantize_weights:QuantizeWeights",
 }
 
 

@@ -2,7 +2,9 @@
 
 `@w` becomes `reparam @w = lora(@w.base, @w.lora.a, @w.lora.b) {scale = alpha / rank}`: uses of `@w` are
 unchanged; the base keeps the ParamId; `a` [d0, rank] ~ N(0, init_std or 1/rank) and `b` [rank, d1] = 0
-are trainable where the base lives on autodiff (else the request waits for `train`).
+are trainable where the base lives on autodiff (else the request waits for `train`). A quantized weight
+(`reparam @w = dequantize(...)`, from quantize-weights) is QLoRA's base: its derivation is renamed `@w.base`,
+its codes keep the ParamId, and the factors take the dequantized dtype.
 """
 
 from __future__ import annotations
@@ -10,15 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.ir import Graph, Init, ParamNode, PassError, ReparamNode, TensorType, new_param_id
+from kiln.ir.verifier import DEQUANTIZE
 
 from .param_state import GroupOptions, request_grad
 
 
-def lora_factors(p: ParamNode, rank: int, init_std: float | None) -> tuple[ParamNode, ParamNode]:
-    d0, d1 = p.type.shape
+def lora_factors(name: str, type: TensorType, home: ParamNode, rank: int, init_std: float | None
+                 ) -> tuple[ParamNode, ParamNode]:
+    """The factors of weight `name`, of `type`, placed (device, autodiff) like its stored base `home`."""
+    d0, d1 = type.shape
     def factor(suffix: str, shape: tuple, init: Init) -> ParamNode:
-        node = ParamNode(f"{p.name}.lora.{suffix}", TensorType(shape, p.type.dtype), new_param_id(), init,
-                         device=p.device, autodiff=p.autodiff, checkpointing=p.checkpointing)
+        node = ParamNode(f"{name}.lora.{suffix}", TensorType(shape, type.dtype), new_param_id(), init,
+                         device=home.device, autodiff=home.autodiff, checkpointing=home.checkpointing)
         return request_grad(node, True)
     std = init_std if init_std is not None else 1.0 / rank
     return (factor("a", (d0, rank), Init("normal", (("std", std),))), factor("b", (rank, d1), Init("zeros")))
@@ -39,20 +44,35 @@ class Reparameterize(GroupOptions):
             raise PassError(f"reparameterize: unknown kind {self.kind!r} (built in: lora)")
         if self.rank < 1:
             raise PassError(f"reparameterize: rank must be positive, got {self.rank}")
-        if graph.reparams:
+        nested = [r.name for r in graph.reparams.values() if r.kind != DEQUANTIZE]
+        if nested:
             raise PassError("reparameterize: nested reparameterizations are not supported "
-                            f"(@{next(iter(graph.reparams))} is already derived)")
+                            f"(@{nested[0]} is already derived)")
         group = self.selected()
+        quantized = {o for r in graph.reparams.values() for o in r.operands}  # codes and scales
         params: dict[str, ParamNode] = {}
         reparams: dict[str, ReparamNode] = {}
         for name, p in graph.params.items():
             frozen = request_grad(p, False)
-            if p.type.rank != 2 or not p.type.dtype.is_float or not group.matches(p.id, name):
+            if p.type.rank != 2 or not p.type.dtype.is_float or name in quantized or not group.matches(p.id, name):
                 params[name] = frozen
                 continue
             base = frozen.replace(name=f"{name}.base")
-            a, b = lora_factors(p, self.rank, self.init_std)
-            params.update({base.name: base, a.name: a, b.name: b})
-            reparams[name] = ReparamNode(name, p.type, "lora", (base.name, a.name, b.name),
-                                         {"scale": self.alpha / self.rank})
+            params[base.name] = base
+            self.adapt(name, p.type, frozen, params, reparams)
+        for name, r in graph.reparams.items():
+            codes = graph.params[r.operands[0]]
+            if r.type.rank != 2 or not group.matches(codes.id, name):
+                reparams[name] = r
+                continue
+            reparams[f"{name}.base"] = r.replace(name=f"{name}.base")
+            self.adapt(name, r.type, codes, params, reparams)
         return graph.replace(params=params, reparams=reparams)
+
+    def adapt(self, name: str, type: TensorType, home: ParamNode, params: dict[str, ParamNode],
+              reparams: dict[str, ReparamNode]) -> None:
+        """Add the factors of weight `name` and `reparam @name = lora(@name.base, a, b)`."""
+        a, b = lora_factors(name, type, home, self.rank, self.init_std)
+        params.update({a.name: a, b.name: b})
+        reparams[name] = ReparamNode(name, type, "lora", (f"{name}.base", a.name, b.name),
+                                     {"scale": self.alpha / self.rank})

@@ -648,6 +648,26 @@ for dt in FLOATS:
 case("erf", "edge", [arr([0.0, -0.0, 1e-30, 3.0, -6.0, INF, -INF, NAN])], torch.erf)
 case("erf", "scalar", [arr(0.3)], torch.erf)
 
+# -- quant: Burn's symmetric quantization (random inputs hold no rounding ties, where torch.round differs) -------
+
+
+def quant_oracle(lo: int, hi: int, block: int | None = None) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """(codes, scales) with scale = 2 * max|x| / (hi - lo) per tensor, or per `block` elements of the last dim."""
+    def oracle(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        blocks = x.reshape(-1, block) if block else x.reshape(1, -1)
+        scale = 2 * blocks.abs().amax(1, keepdim=True) / (hi - lo)
+        codes = torch.clamp(torch.round(blocks / scale), lo, hi).to(torch.int8).reshape(x.shape)
+        return codes, scale.reshape(*x.shape[:-1], x.shape[-1] // block) if block else scale.reshape(1)
+    return oracle
+
+
+case("quantize", "q8s", [rand((4, 6))], quant_oracle(-127, 127), value="q8s")
+case("quantize", "q8f-block", [rand((4, 6))], quant_oracle(-128, 127, 3), value="q8f", block=[3])
+case("dequantize", "q8s", [rand((4, 6), "i8", -127, 128), rand((1,), "f32", 0.01, 0.1)], lambda c, s: c.float() * s,
+     value="q8s")
+case("dequantize", "q4f-block", [rand((4, 6), "i8", -8, 8), rand((4, 2), "f32", 0.01, 0.1)],
+     lambda c, s: c.float() * s.repeat_interleave(3, 1), value="q4f", block=[3])
+
 # -- sources: no operands ----------------------------------------------------------------------------------------
 
 for name, value in {"f32": rand((2, 3)), "i64": arr([[1, -2**63]], "i64"), "bool": arr([True, False], "bool"),
@@ -857,6 +877,9 @@ DYNAMIC = [
     Dyn("shape", "gather", (((None, 4), "f32"), ((None, 2), "i64")),
         lambda n: [rand((n, 4)), rand((n, 2), "i64", 0, 4)], lambda x, i: torch.gather(x, 1, i), (None, 2),
         {"axis": 1}),
+    Dyn("quant", "dequantize", (((None, 4), "i8"), ((None, 2), "f32")),
+        lambda n: [rand((n, 4), "i8", -127, 128), rand((n, 2), "f32", 0.01, 0.1)],
+        lambda c, s: c.float() * s.repeat_interleave(2, 1), (None, 4), {"value": "q8s", "block": [2]}),
 ]
 
 

@@ -1,0 +1,78 @@
+"""Gradients of weight quantization. Codes are integers: no gradient reaches them or flows from them.
+
+- dequantize (scale * code per block): d scales = sum over each block of g * code;
+- quantize: only its scales result is differentiable, scale = 2 * peak / (b - a) per block with peak = max |x|
+  (`minmax`, the gradient split evenly over tied maxima as torch's amax) or mean |x| (`absmean`). There is no
+  straight-through estimator here: the codes, being piecewise constant, have none.
+
+Both work on the blocked view [n0, b0, n1, b1, ...] of the tensor (a reshape, so at most one dynamic dim).
+"""
+
+from __future__ import annotations
+
+from ..builder import FunctionBuilder
+from ..dtypes import DType
+from ..gradients import emit, gradient, is_float, reshape_to, scalar, wanted
+from ..graph import Op, Operand, Value
+from ..ops.quant import VALUE_RANGES
+
+Grads = tuple[Value | None, ...]
+
+
+def _block_dims(shape, block) -> tuple:
+    """The block's extent along every dim: the whole shape when per-tensor, trailing-aligned otherwise."""
+    if not block:
+        return tuple(shape)
+    return (1,) * (len(shape) - len(block)) + tuple(block)
+
+
+def _views(shape, block):
+    """(blocked shape [n0, b0, n1, b1, ...], within-block axes, per-block kept shape [n0, 1, n1, 1, ...])."""
+    dims = _block_dims(shape, block)
+    counts = [None if d is None else (d // b if b else 1) for d, b in zip(shape, dims)]
+    blocked = tuple(s for n, b in zip(counts, dims) for s in (n, b))
+    inner = tuple(range(1, 2 * len(shape), 2))
+    kept = tuple(s for n in counts for s in (n, 1))
+    return blocked, inner, kept
+
+
+def _cast(fb: FunctionBuilder, v: Operand, dtype: DType) -> Operand:
+    return v if v.type.dtype is dtype else emit(fb, "cast", v, dtype=dtype)
+
+
+@gradient("dequantize")
+def _dequantize(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    (codes, scales), (g,) = op.operands, out_grads
+    if g is None or not is_float(scales) or not wanted(fb, 1):
+        return (None, None)
+    dt = scales.type.dtype
+    blocked, inner, _ = _views(codes.type.shape, op.attrs["block"])
+    prod = emit(fb, "mul", _cast(fb, g, dt), _cast(fb, codes, dt))
+    per_block = emit(fb, "sum", reshape_to(fb, prod, blocked, "dequantize"), axes=inner)
+    return (None, reshape_to(fb, per_block, scales.type.shape, "dequantize"))
+
+
+@gradient("quantize")
+def _quantize(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    (x,), (_, gs) = op.operands, out_grads
+    if gs is None or not is_float(x) or not wanted(fb, 0):
+        return (None,)
+    f32 = DType.f32  # quantize computes in f32
+    lo, hi = VALUE_RANGES[op.attrs["value"]]
+    blocked, inner, kept = _views(x.type.shape, op.attrs["block"])
+    xb = reshape_to(fb, _cast(fb, x, f32), blocked, "quantize")
+    zero = scalar(fb, 0.0, f32)
+    sign = emit(fb, "where", emit(fb, "greater", xb, zero), scalar(fb, 1.0, f32),
+                emit(fb, "where", emit(fb, "less", xb, zero), scalar(fb, -1.0, f32), zero))
+    share = emit(fb, "mul", reshape_to(fb, gs, kept, "quantize"), scalar(fb, 2.0 / (hi - lo), f32))
+    if op.attrs["calibration"] == "absmean":
+        size = 1
+        for i in inner:
+            size *= blocked[i]
+        weight = emit(fb, "div", sign, scalar(fb, float(size), f32))
+    else:
+        mag = emit(fb, "abs", xb)
+        hit = emit(fb, "cast", emit(fb, "equal", mag, emit(fb, "max", mag, axes=inner, keepdims=True)), dtype=f32)
+        weight = emit(fb, "div", emit(fb, "mul", sign, hit), emit(fb, "sum", hit, axes=inner, keepdims=True))
+    dx = reshape_to(fb, emit(fb, "mul", weight, share), x.type.shape, "quantize")
+    return (_cast(fb, dx, x.type.dtype),)

@@ -1,0 +1,77 @@
+"""Gradients of reductions (sum, mean, max, min over axes) and of softmax / log_softmax."""
+
+from __future__ import annotations
+
+from ..builder import FunctionBuilder
+from ..gradients import count, emit, expand, gradient, is_float, unsqueeze, wanted
+from ..graph import Op, Value
+from ..ops.common import norm_axes, norm_axis
+
+Grads = tuple[Value | None, ...]
+
+
+def _setup(fb: FunctionBuilder, op: Op, out_grads: Grads):
+    (x,), (g,) = op.operands, out_grads
+    if g is None or not is_float(x) or not wanted(fb, 0):
+        return None
+    axes = norm_axes(op.kind, op.attrs["axes"], x.type.rank)
+    keep = g if op.attrs["keepdims"] or not axes or g.type.rank == 0 else unsqueeze(fb, g, axes)
+    return x, axes, keep
+
+
+@gradient("sum")
+def _sum(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    """g broadcast back over the reduced axes."""
+    s = _setup(fb, op, out_grads)
+    if s is None:
+        return (None,)
+    x, axes, gk = s
+    return (expand(fb, gk, x),)
+
+
+@gradient("mean")
+def _mean(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    """g / n broadcast back; n is counted at run time when a reduced dim is dynamic."""
+    s = _setup(fb, op, out_grads)
+    if s is None:
+        return (None,)
+    x, axes, gk = s
+    if not axes:
+        return (gk,)
+    return (expand(fb, emit(fb, "div", gk, count(fb, x, axes, x.type.dtype)), x),)
+
+
+@gradient("max", "min")
+def _extremum(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    """As torch's amax/amin: g split evenly over the elements equal to the extremum."""
+    s = _setup(fb, op, out_grads)
+    if s is None:
+        return (None,)
+    x, axes, gk = s
+    y = op.results[0]
+    yk = y if op.attrs["keepdims"] or not axes else unsqueeze(fb, y, axes)
+    mask = emit(fb, "cast", emit(fb, "equal", x, yk), dtype=x.type.dtype)
+    ties = emit(fb, "sum", mask, axes=axes, keepdims=True)
+    return (emit(fb, "mul", mask, emit(fb, "div", gk, ties)),)
+
+
+@gradient("softmax")
+def _softmax(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    """y * (g - sum(g * y))."""
+    (x,), (y,), (g,) = op.operands, op.results, out_grads
+    if g is None or not wanted(fb, 0):
+        return (None,)
+    axis = norm_axis("softmax", op.attrs["axis"], x.type.rank)
+    dot = emit(fb, "sum", emit(fb, "mul", g, y), axes=(axis,), keepdims=True)
+    return (emit(fb, "mul", y, emit(fb, "sub", g, dot)),)
+
+
+@gradient("log_softmax")
+def _log_softmax(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    """g - exp(y) * sum(g)."""
+    (x,), (y,), (g,) = op.operands, op.results, out_grads
+    if g is None or not wanted(fb, 0):
+        return (None,)
+    axis = norm_axis("log_softmax", op.attrs["axis"], x.type.rank)
+    total = emit(fb, "sum", g, axes=(axis,), keepdims=True)
+    return (emit(fb, "sub", g, emit(fb, "mul", emit(fb, "exp", y), total)),)

@@ -1,0 +1,207 @@
+"""Gradients of data movement: transpose, reshape, broadcast_to, concat, slice, take and gather.
+
+take and gather have no scatter-add op to invert them, so their gradients are built from a one-hot encoding of
+the indices, `equal(indices, iota)` with a constant iota over the indexed axis (which must be static):
+- take: the one-hot [K, n] (K = index count) as a matmul against the gradient with the index dims merged, so it
+  costs O(|g| * n) multiply-adds and O(K * n) memory (an embedding of V rows: a [tokens, V] one-hot);
+- gather: a `where` of the one-hot against the gradient summed over the indexed axis: O(|indices| * n) work and
+  memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..builder import FunctionBuilder
+from ..errors import PassError
+from ..gradients import (
+    BIG,
+    emit,
+    fill,
+    flip,
+    gradient,
+    is_float,
+    move_back,
+    move_last,
+    pad,
+    place,
+    reshape_target,
+    reshape_to,
+    scalar,
+    unbroadcast,
+    unsqueeze,
+    wanted,
+)
+from ..graph import Op, Operand, Value
+from ..ops.common import norm_axis
+
+Grads = tuple[Value | None, ...]
+OPEN_END = 2**31 - 1  # a slice end at least this large is taken to mean "to the end" of a dynamic dim
+
+
+def _single(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Value | None:
+    x, (g,) = op.operands[0], out_grads
+    return g if g is not None and is_float(x) and wanted(fb, 0) else None
+
+
+@gradient("transpose")
+def _transpose(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    g = _single(fb, op, out_grads)
+    if g is None:
+        return (None,)
+    perm = op.attrs["perm"]
+    if perm is None:
+        return (emit(fb, "transpose", g),)
+    return (emit(fb, "transpose", g, perm=tuple(int(i) for i in np.argsort(perm))),)
+
+
+@gradient("reshape")
+def _reshape(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    """Reshape back; an operand with several dynamic dims has no reshape target (an error)."""
+    g = _single(fb, op, out_grads)
+    if g is None:
+        return (None,)
+    return (reshape_to(fb, g, op.operands[0].type.shape, "reshape"),)
+
+
+@gradient("broadcast_to")
+def _broadcast_to(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    g = _single(fb, op, out_grads)
+    return (None if g is None else unbroadcast(fb, g, op.operands[0].type),)
+
+
+@gradient("concat")
+def _concat(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    """Each operand's slice of g. A slice needs its bounds: counted from the start while the sizes before the
+    operand are static, from the end while those after it are."""
+    (g,) = out_grads
+    xs = op.operands
+    if g is None:
+        return (None,) * len(xs)
+    axis = norm_axis("concat", op.attrs["axis"], xs[0].type.rank)
+    sizes = [x.type.shape[axis] for x in xs]
+    out: list[Value | None] = []
+    for i, x in enumerate(xs):
+        if not is_float(x) or not wanted(fb, i):
+            out.append(None)
+            continue
+        before, size, after = sizes[:i], sizes[i], sizes[i + 1:]
+        if None not in before:
+            start = sum(before)  # type: ignore[arg-type]
+            if size is not None:
+                stop = start + size
+            elif None not in after:
+                stop = -sum(after) if sum(after) else BIG  # type: ignore[arg-type]
+            else:
+                stop = None
+        elif size is not None and None not in after:
+            tail = sum(after)  # type: ignore[arg-type]
+            start, stop = -(size + tail), (-tail if tail else BIG)
+        else:
+            stop = None
+        if stop is None:
+            raise PassError(f"concat: the gradient of operand {i} needs its offset along axis {axis}, but dynamic "
+                            f"sizes lie on both sides of it ({['?' if s is None else s for s in sizes]})")
+        out.append(emit(fb, "slice", g, starts=(start,), ends=(stop,), axes=(axis,)))
+    return tuple(out)
+
+
+@gradient("slice")
+def _slice(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    """g put back where the slice took it, zeros elsewhere: per sliced axis a flip (negative steps), a dilation
+    (|step| > 1) and zero padding. A dynamic sliced dim is supported for step 1 from a start to the end."""
+    g = _single(fb, op, out_grads)
+    if g is None:
+        return (None,)
+    x = op.operands[0]
+    out = g
+    for axis, cut in sorted(_cuts(x.type.rank, op.attrs).items()):
+        n = x.type.shape[axis]
+        if n is None:
+            if cut.step in (None, 1) and (cut.start or 0) >= 0 and cut.stop >= OPEN_END:
+                out = pad(fb, out, axis, cut.start or 0, 0)
+                continue
+            raise PassError(f"slice: the gradient along dynamic axis {axis} is supported only for x[start:] "
+                            f"(got start {cut.start}, end {cut.stop}, step {cut.step})")
+        picked = np.arange(n)[cut]
+        if picked.size == 0:  # nothing taken along this axis: the whole gradient is zero
+            return (fill(fb, 0.0, x.type.dtype, x.type.shape, x),)
+        step = cut.step or 1
+        if step < 0:
+            out = flip(fb, out, [axis])
+            picked = picked[::-1]
+        out = place(fb, out, axis, abs(step), int(picked[0]), n)
+    return (out,)
+
+
+def _cuts(rank: int, attrs) -> dict[int, slice]:
+    """The slice op's cut per normalized axis."""
+    starts, ends = attrs["starts"], attrs["ends"]
+    axes = attrs["axes"] if attrs["axes"] is not None else tuple(range(len(starts)))
+    steps = attrs["steps"] if attrs["steps"] is not None else (1,) * len(starts)
+    return {norm_axis("slice", a, rank): slice(s, e, st) for a, s, e, st in zip(axes, starts, ends, steps)}
+
+
+def _normalized(fb: FunctionBuilder, idx: Operand, n: int) -> Value:
+    """Negative indices counted from the end, as numpy's."""
+    zero = fb.constant(0, idx.type.dtype)
+    wrapped = emit(fb, "add", idx, fb.constant(n, idx.type.dtype))
+    return emit(fb, "where", emit(fb, "less", idx, zero), wrapped, idx)
+
+
+def _static_axis(kind: str, x: Operand, axis: int) -> int:
+    n = x.type.shape[axis]
+    if n is None:
+        raise PassError(f"{kind}: the gradient needs a static size along the indexed axis {axis} of {x.type} "
+                        "(it is built from a one-hot over that axis)")
+    return n
+
+
+@gradient("take")
+def _take(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    """g summed into the taken rows: a one-hot [K, n] of the indices times g with its index dims merged."""
+    (x, idx), (g,) = op.operands, out_grads
+    if g is None or not is_float(x) or not wanted(fb, 0):
+        return (None, None)
+    r, q = x.type.rank, idx.type.rank
+    axis = norm_axis("take", op.attrs["axis"], r)
+    n = _static_axis("take", x, axis)
+    dt = x.type.dtype
+    iota = fb.constant(np.arange(n, dtype=idx.type.dtype.numpy))
+    ids = _normalized(fb, idx, n)
+    if q == 0:
+        hot = emit(fb, "cast", emit(fb, "equal", iota, ids), dtype=dt)
+        hot = emit(fb, "reshape", hot, shape=(n, *(1,) * (r - axis - 1)))
+        return (emit(fb, "mul", unsqueeze(fb, g, [axis]), hot), None)
+    pre, post = x.type.shape[:axis], x.type.shape[axis + 1:]
+    k = math.prod(idx.type.shape) if idx.type.is_static else None
+    merged = (*pre, k, *post)
+    if q == 1 or reshape_target(merged) is not None:
+        flat = ids if q == 1 else emit(fb, "reshape", ids, shape=(-1,))
+        hot = emit(fb, "cast", emit(fb, "equal", emit(fb, "reshape", flat, shape=(-1, 1)), iota), dtype=dt)
+        g2 = g if q == 1 else reshape_to(fb, g, merged, "take")
+        return (move_back(fb, emit(fb, "matmul", move_last(fb, g2, axis), hot), axis), None)
+    # several dynamic dims and no reshape target: a where of the [*I, n] one-hot, summed over the index dims
+    hot = emit(fb, "equal", unsqueeze(fb, ids, [q]), iota)
+    perm = (*range(axis), *range(axis + q, r - 1 + q), *range(axis, axis + q))  # g as [*pre, *post, *I]
+    gt = unsqueeze(fb, g if perm == tuple(range(len(perm))) else emit(fb, "transpose", g, perm=perm), [r - 1 + q])
+    picked = emit(fb, "where", hot, gt, scalar(fb, 0.0, dt))
+    summed = emit(fb, "sum", picked, axes=tuple(range(r - 1, r - 1 + q)))
+    return (move_back(fb, summed, axis), None)
+
+
+@gradient("gather")
+def _gather(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    """g summed into the gathered positions: where(one-hot [.., K, n, ..], g, 0) summed over K."""
+    (x, idx), (g,) = op.operands, out_grads
+    if g is None or not is_float(x) or not wanted(fb, 0):
+        return (None, None)
+    r = x.type.rank
+    axis = norm_axis("gather", op.attrs["axis"], r)
+    n = _static_axis("gather", x, axis)
+    iota = fb.constant(np.arange(n, dtype=idx.type.dtype.numpy).reshape((n, *(1,) * (r - axis - 1))))
+    hot = emit(fb, "equal", unsqueeze(fb, _normalized(fb, idx, n), [axis + 1]), iota)
+    picked = emit(fb, "where", hot, unsqueeze(fb, g, [axis + 1]), scalar(fb, 0.0, x.type.dtype))
+    return (emit(fb, "sum", picked, axes=(axis,)), None)

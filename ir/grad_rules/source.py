@@ -1,0 +1,12 @@
+"""Ops without operands (constant, zeros, ones, full): nothing to differentiate."""
+
+from __future__ import annotations
+
+from ..builder import FunctionBuilder
+from ..gradients import gradient
+from ..graph import Op, Value
+
+
+@gradient("constant", "zeros", "ones", "full")
+def _source(fb: FunctionBuilder, op: Op, out_grads: tuple[Value | None, ...]) -> tuple[Value | None, ...]:
+    return ()

@@ -1,0 +1,75 @@
+"""quantize-weights: Burn's Quantizer over a parameter group, as stored codes and scales behind a derivation.
+
+Every matched floating parameter that is not a buffer (biases included, as Burn maps all float params) becomes
+`param @P.codes` (the ParamId kept, never trainable), `param @P.scales` and
+`reparam @P = dequantize(@P.codes, @P.scales) {value, block}`, so uses of `@P` are unchanged. The values come
+from the `quantize` op's reference semantics. Already quantized parameters are skipped; a LoRA base is an error,
+since Burn's QLoRA quantizes before it adapts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kiln.ir import Graph, KilnError, ParamNode, PassError, ReparamNode, evaluate_op, new_param_id
+from kiln.ir.interpreter import param_value
+from kiln.ir.ops.quant import CALIBRATIONS, VALUE_RANGES
+from kiln.ir.registry import infer
+from kiln.ir.verifier import DEQUANTIZE
+
+from .param_state import GroupOptions
+
+QuantValue = Literal[tuple(VALUE_RANGES)]  # type: ignore[valid-type]  # the op's value kinds, as option choices
+Calibration = Literal[CALIBRATIONS]  # type: ignore[valid-type]
+
+
+@dataclass(frozen=True)
+class QuantizeWeights(GroupOptions):
+    """Quantize matched floating parameters with `value` (Burn's default q8f), `block` (trailing dims; empty:
+    per tensor) and `calibration` (minmax or absmean)."""
+
+    name = "quantize-weights"
+    value: QuantValue = "q8f"
+    block: tuple[int, ...] = ()
+    calibration: Calibration = "minmax"
+
+    def apply(self, graph: Graph) -> Graph:
+        group = self.selected()
+        derived = _derivation_operands(graph)
+        params: dict[str, ParamNode] = {}
+        reparams = dict(graph.reparams)
+        for name, p in graph.params.items():
+            kind = derived.get(name)
+            if kind == DEQUANTIZE or not p.type.dtype.is_float or p.buffer or not group.matches(p.id, name):
+                params[name] = p
+                continue
+            if kind is not None:
+                raise PassError(f"quantize-weights: @{name} is an operand of a {kind} derivation; quantize "
+                                "before reparameterizing (as Burn's QLoRA does)")
+            codes, scales, reparams[name] = self.quantized(graph, p)
+            params.update({codes.name: codes, scales.name: scales})
+        return graph.replace(params=params, reparams=reparams)
+
+    def quantized(self, graph: Graph, p: ParamNode) -> tuple[ParamNode, ParamNode, ReparamNode]:
+        """P's codes (keeping its ParamId), its scales, and the dequantize derivation standing for it."""
+        for suffix in ("codes", "scales"):
+            if graph.symbol(f"{p.name}.{suffix}") is not None:
+                raise PassError(f"quantize-weights: @{p.name}.{suffix} already exists")
+        scheme = {"value": self.value, "block": self.block}
+        try:
+            full, types = infer("quantize", [p.type], {**scheme, "calibration": self.calibration})
+            codes, scales = evaluate_op("quantize", [param_value(p)], full, types)
+            attrs, _ = infer(DEQUANTIZE, types, {**scheme, "dtype": p.type.dtype})
+        except KilnError as e:
+            raise PassError(f"quantize-weights: @{p.name}: {e}") from None
+        stored = p.replace(name=f"{p.name}.codes", type=types[0], init=None, data=codes, grad=False,
+                           configured_grad=False)
+        scale = ParamNode(f"{p.name}.scales", types[1], new_param_id(), data=scales, device=p.device,
+                          autodiff=p.autodiff, checkpointing=p.checkpointing)
+        return stored, scale, ReparamNode(p.name, p.type, DEQUANTIZE, (stored.name, scale.name), attrs)
+
+
+def _derivation_operands(graph: Graph) -> dict[str, str]:
+    """Each stored parameter a derivation reads, with that derivation's kind."""
+    return {o: r.kind for r in graph.reparams.values() for o in r.operands}
