@@ -7,8 +7,10 @@ from . import nn
 from .device import Device
 from .module import Lora, Module, ModuleMapper, ModuleVisitor, Reparameterizer
 from .param import Flag, Param, Reparam
+from .quantize import QLora, Quantizer, QuantScheme
 from .tensor import Tensor, tensor
 from .trace import trace
 
-__all__ = ["DTypePolicy", "Device", "Flag", "Lora", "Module", "ModuleMapper", "ModuleRecord", "ModuleVisitor", "Param",
-           "ParamGroup", "Reparam", "Reparameterizer", "Tensor", "nn", "tensor", "trace"]
+__all__ = ["DTypePolicy", "Device", "Flag", "Lora", "Module", "ModuleMapper", "ModuleRecord", "ModuleVisitor",
+           "Param", "ParamGroup", "QLora", "QuantScheme", "Quantizer", "Reparam", "Reparameterizer", "Tensor", "nn",
+           "tensor", "trace"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kiln.ir import FlagNode, Graph, ParamNode, ReparamNode, registry
 from kiln.passes import Pass, get_pass
@@ -17,6 +17,9 @@ from kiln.passes.group import ParamGroup
 from .device import Device, as_device
 from .param import Flag, Param, Reparam
 from .records import RecordMethods
+
+if TYPE_CHECKING:
+    from .quantize import QLora, Quantizer
 
 Leaf = Param | Flag
 
@@ -87,16 +90,47 @@ def _node(name: str, p: Param) -> ParamNode:
 
 
 def _rebuild_reparam(param: Param, path: str, fn: Callable[[str, Leaf], Leaf], hooks: Any) -> Param:
-    """The base at `path`, then each factor at `path.<suffix>` inside a "Reparameterization" container."""
+    """The base at `path`, then each derivation's factors at `path.<suffix>` in a "Reparameterization" container."""
     new = fn(path, param)
     if not isinstance(new, Param) or new.reparam is None:
         return new  # the mapper folded or dropped the reparameterization
-    hooks.enter_module(new.reparam.kind, "Reparameterization")
-    factors = tuple((s, fn(f"{path}.{s}", f)) for s, f in new.reparam.factors)
-    hooks.exit_module(new.reparam.kind, "Reparameterization")
-    if all(a is b for (_, a), (_, b) in zip(factors, new.reparam.factors)):
-        return new
-    return new.replace(reparam=new.reparam.with_factors(factors))
+    rebuilt = _rebuild_chain(new.reparam, path, fn, hooks)
+    return new if rebuilt is new.reparam else new.replace(reparam=rebuilt)
+
+
+def _rebuild_chain(r: Reparam, path: str, fn: Callable[[str, Leaf], Leaf], hooks: Any) -> Reparam:
+    inner = _rebuild_chain(r.inner, path, fn, hooks) if r.inner is not None else None
+    hooks.enter_module(r.kind, "Reparameterization")
+    factors = tuple((s, fn(f"{path}.{s}", f)) for s, f in r.factors)
+    hooks.exit_module(r.kind, "Reparameterization")
+    if inner is r.inner and all(a is b for (_, a), (_, b) in zip(factors, r.factors)):
+        return r
+    return replace(r, factors=factors, inner=inner)
+
+
+def _same_chain(a: Reparam | None, b: Reparam | None) -> bool:
+    """Same kinds, attributes and factor objects at every level."""
+    if a is None or b is None:
+        return a is b
+    return (a.kind == b.kind and a.attrs == b.attrs and _same_chain(a.inner, b.inner)
+            and len(a.factors) == len(b.factors) and all(x is y for (_, x), (_, y) in zip(a.factors, b.factors)))
+
+
+def _stored_name(path: str, chain: list[Reparam]) -> str:
+    """Where a derived parameter's stored value lives in the graph: quantized codes or a LoRA base."""
+    return f"{path}.codes" if chain[0].kind == "dequantize" else f"{path}.base"
+
+
+class _Depth(ModuleVisitor):
+    """Tracks how deep a traversal is inside derivations ("Reparameterization" containers)."""
+
+    level = 0
+
+    def enter_module(self, name: str, container: str) -> None:
+        self.level += container == "Reparameterization"
+
+    def exit_module(self, name: str, container: str) -> None:
+        self.level -= container == "Reparameterization"
 
 
 class Module(RecordMethods):
@@ -127,10 +161,11 @@ class Module(RecordMethods):
         clone.__dict__.update(changes)
         return clone
 
-    def leaves(self) -> Iterator[tuple[str, Leaf]]:
-        """(path, Param or Flag) in visit order."""
+    def leaves(self, factors: bool = True) -> Iterator[tuple[str, Leaf]]:
+        """(path, Param or Flag) in visit order; `factors=False` skips the factors of derived parameters."""
         found: list[tuple[str, Leaf]] = []
-        self._map_leaves(lambda path, leaf: found.append((path, leaf)) or leaf)
+        depth = _Depth()
+        self._map_leaves(lambda path, leaf: (factors or not depth.level) and found.append((path, leaf)) or leaf, depth)
         return iter(found)
 
     def visit(self, visitor: ModuleVisitor) -> None:
@@ -158,8 +193,15 @@ class Module(RecordMethods):
 
     # analyses -------------------------------------------------------------------------------------
     def num_params(self) -> int:
-        """Elements of every floating parameter, reparameterization factors included; initializes nothing."""
-        return sum(p.numel() for _, p in self.leaves() if isinstance(p, Param) and p.type.dtype.is_float)
+        """Elements of every floating parameter (a quantized one counts as the float it stands for) and of
+        adapter factors; quantization scales are storage, not parameters. Initializes nothing."""
+        total = 0
+        for _, p in self.leaves(factors=False):
+            if isinstance(p, Param) and p.value_type.dtype.is_float:
+                total += p.numel()
+                chain = p.reparam.chain() if p.reparam is not None else []
+                total += sum(f.numel() for r in chain if r.kind != "dequantize" for _, f in r.factors)
+        return total
 
     def collect_devices(self, devices: list[Device]) -> list[Device]:
         """`devices` plus every parameter's (lazy) device not already in it; initializes nothing."""
@@ -183,14 +225,18 @@ class Module(RecordMethods):
                 continue
             name = path
             if leaf.reparam is not None:
-                name = f"{path}.base"
+                name = _stored_name(path, leaf.reparam.chain())
                 derived[path] = leaf
             params[name] = _node(name, leaf)
         for path, leaf in derived.items():
-            r = leaf.reparam
-            operands = (f"{path}.base", *(f"{path}.{s}" for s, _ in r.factors))
-            attrs, (type_,) = registry.infer(r.kind, [params[o].type for o in operands], r.attrs)
-            reparams[path] = ReparamNode(path, type_, r.kind, operands, attrs)
+            chain = leaf.reparam.chain()
+            below, types = _stored_name(path, chain), {**{n: p.type for n, p in params.items()}}
+            for i, r in enumerate(chain):
+                name = path if i == len(chain) - 1 else f"{path}.base"
+                operands = (below, *(f"{path}.{s}" for s, _ in r.factors))
+                attrs, (types[name],) = registry.infer(r.kind, [types[o] for o in operands], r.attrs)
+                reparams[name] = ReparamNode(name, types[name], r.kind, operands, attrs)
+                below = name
         return Graph(type(self).__name__, params, flags, reparams)
 
     def load_graph(self, graph: Graph, fork: bool = True) -> Module:
@@ -205,14 +251,8 @@ class Module(RecordMethods):
                 if node is None or (node.value, node.configured) == (leaf.value, leaf.configured):
                     return leaf
                 return leaf.replace(value=node.value, configured=node.configured)
-            derived = graph.reparams.get(path)
-            if derived is not None:
-                stripped = leaf.replace(reparam=None)
-                base = rebind_param(graph.params[derived.operands[0]], stripped)
-                if leaf.reparam is not None:
-                    return leaf if base is stripped else base.replace(reparam=leaf.reparam)
-                factors = tuple((o[len(path) + 1:], Param.from_node(graph.params[o])) for o in derived.operands[1:])
-                return base.replace(reparam=Reparam(derived.kind, factors, dict(derived.attrs)))
+            if path in graph.reparams:
+                return rebind_derived(path, leaf)
             p = graph.params.get(path)
             if p is None:
                 return leaf
@@ -220,15 +260,35 @@ class Module(RecordMethods):
                 return Param.from_node(p)  # materialized: a plain parameter with the computed value
             return rebind_param(p, leaf)
 
+        def rebind_derived(path: str, leaf: Param) -> Param:
+            """The stored base rebound, under the graph's chain of derivations (old factors kept by suffix)."""
+            nodes, name = [], path
+            while name in graph.reparams:
+                nodes.append(graph.reparams[name])
+                name = graph.reparams[name].operands[0]
+            old = {s: f for r in (leaf.reparam.chain() if leaf.reparam else []) for s, f in r.factors}
+            chain = None
+            for r in reversed(nodes):
+                factors = tuple((o[len(path) + 1:], old.get(o[len(path) + 1:]) or Param.from_node(graph.params[o]))
+                                for o in r.operands[1:])
+                chain = Reparam(r.kind, factors, dict(r.attrs), chain)
+            stripped = leaf.replace(reparam=None)
+            base = rebind_param(graph.params[name], stripped)
+            if leaf.reparam is not None and base is stripped and _same_chain(leaf.reparam, chain):
+                return leaf
+            return base.replace(reparam=chain)
+
         def rebind_param(p: ParamNode, leaf: Param) -> Param:
             device = Device(p.device, p.autodiff, p.checkpointing)
             state = leaf.state
-            if p.device != leaf.device.name:
+            if p.id != leaf.id or p.type != leaf.type or p.data is not state.value:
+                state = Param.from_node(p).state  # new data or identity: loaded, quantized or materialized
+            elif p.device != leaf.device.name:
                 if state.shared and state.value is None:
                     state.get()  # a lazy value a clone shares initializes where it is, then moves
                 state = state.moved(device)
             moved_tracked = p.device != leaf.device.name and leaf.is_initialized() and leaf.grad and not fork
-            new = leaf.replace(state=state, device=device, grad=p.grad, configured_grad=p.configured_grad,
+            new = leaf.replace(id=p.id, state=state, device=device, grad=p.grad, configured_grad=p.configured_grad,
                                leaf=leaf.leaf and not moved_tracked)
             same = (new.device.name, new.device.autodiff_enabled, new.device.checkpointing, new.grad,
                     new.configured_grad, new.leaf) == (leaf.device.name, leaf.device.autodiff_enabled,
@@ -279,6 +339,23 @@ class Module(RecordMethods):
         """Move every parameter so the result owns its own autodiff graph (trainable leaves)."""
         return self.run_pass(get_pass("fork")(device=as_device(device).name))
 
+    # quantization -------------------------------------------------------------------------------------
+    def quantize_weights(self, quantizer: Quantizer) -> Module:
+        """Quantize the float parameters of the quantizer's group (all, biases included, by default)."""
+        scheme = quantizer.scheme
+        return self.run_pass(get_pass("quantize-weights")(value=scheme.value, block=scheme.block,
+                                                           calibration=quantizer.calibration,
+                                                           group=quantizer.param_group))
+
+    def quantize_weights_group(self, quantizer: Quantizer, group: ParamGroup) -> Module:
+        """Quantize the given group; like Burn, this sets the quantizer's group."""
+        quantizer.set_param_group(group)
+        return self.quantize_weights(quantizer)
+
+    def apply_qlora(self, qlora: QLora) -> Module:
+        """Quantize the (frozen) bases, then attach trainable LoRA adapters to 2-D weights; flags are kept."""
+        return self.quantize_weights(qlora.quantizer).apply_lora(qlora.lora)
+
     # reparameterization ---------------------------------------------------------------------------------
     def apply_lora(self, lora: Lora) -> Module:
         """Attach LoRA adapters to matched 2-D weights and freeze every base parameter; flags are kept."""
@@ -318,3 +395,4 @@ class Reparameterizer(Protocol):
     """Custom reparameterizations: return the structural base and an optional Reparam for `Param.val`."""
 
     def reparameterize(self, path: str, param: Param) -> tuple[Param, Reparam | None]: ...
+

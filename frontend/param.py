@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kiln.ir import DType, Init, ParamNode, TensorType, new_param_id
+from kiln.ir import DType, Init, ParamNode, TensorType, new_param_id, registry
 from kiln.ir import init as initializers
 
 from .device import Device, as_device
@@ -49,9 +49,14 @@ class Reparam:
     kind: str
     factors: tuple[tuple[str, Param], ...]  # (path suffix like "lora.a", factor)
     attrs: dict = field(default_factory=dict)
+    inner: Reparam | None = None  # the base's own derivation: a quantized base's dequantize under QLoRA
 
     def with_factors(self, factors: tuple[tuple[str, Param], ...]) -> Reparam:
         return dataclasses.replace(self, factors=factors)
+
+    def chain(self) -> list[Reparam]:
+        """The derivations from the stored base outwards."""
+        return (self.inner.chain() if self.inner is not None else []) + [self]
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,19 +133,37 @@ class Param:
         """The stored value, without any reparameterization."""
         return leaf(self.state.get(), self.device, self.device.autodiff_enabled, self.grad, self.id)
 
+    @property
+    def value_type(self) -> TensorType:
+        """The type of the effective value: the stored type carried through every derivation."""
+        t = self.type
+        for r in self.reparam.chain() if self.reparam is not None else []:
+            _, (t,) = registry.infer(r.kind, [t, *(f.type for _, f in r.factors)], r.attrs)
+        return t
+
+    def trainable(self) -> bool:
+        """Whether this parameter or any factor of its derivations requires gradients."""
+        chain = self.reparam.chain() if self.reparam is not None else []
+        return self.grad or any(f.grad for r in chain for _, f in r.factors)
+
     def val(self) -> Tensor:
-        """The effective value (base through its reparameterization); a graph symbol while tracing."""
+        """The effective value (base through its derivations); a graph symbol while tracing."""
         trace = current_trace()
         if trace is not None and id(self) in trace.paths:
-            return symbol(trace.paths[id(self)], self.type, self.device, self.device.autodiff_enabled,
-                          self.grad or (self.reparam is not None and any(f.grad for _, f in self.reparam.factors)))
-        if self.reparam is None:
-            return self.base()
-        factors = [f.val() for _, f in self.reparam.factors]
-        return apply(self.reparam.kind, self.base(), *factors, **self.reparam.attrs)
+            return symbol(trace.paths[id(self)], self.value_type, self.device, self.device.autodiff_enabled,
+                          self.trainable())
+        value = self.base()
+        for r in self.reparam.chain() if self.reparam is not None else []:
+            value = apply(r.kind, value, *(f.val() for _, f in r.factors), **r.attrs)
+        return value
 
     def replace(self, **changes) -> Param:
         return dataclasses.replace(self, **changes)
+
+    def __repr__(self) -> str:
+        state = "initialized" if self.is_initialized() else "lazy"
+        derived = f", derived by {'/'.join(r.kind for r in self.reparam.chain())}" if self.reparam else ""
+        return f"Param(0x{self.id:016x}, {self.type}, {self.device}, grad={self.grad}, {state}{derived})"
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,16 +11,16 @@ import functools
 import os
 from typing import TYPE_CHECKING
 
-from kiln.ir import Graph, RecordError
+from kiln.ir import RecordError
 from kiln.ir import init as initializers
 from kiln.passes.group import ParamGroup
 from kiln.passes.load_record import LoadRecord
 from kiln.runtime.record import ModuleRecord, RecordEntry
 
-from .param import Flag, Param
+from .param import Param
 
 if TYPE_CHECKING:
-    from .module import Leaf, Module
+    from .module import Module
 
 
 def _entry(param: Param) -> RecordEntry:
@@ -31,16 +31,6 @@ def _entry(param: Param) -> RecordEntry:
         return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), state.value)
     provider = functools.partial(initializers.evaluate, state.init, state.type, state.seed)
     return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), provider)
-
-
-def _rebind(graph: Graph, path: str, leaf: Leaf) -> Leaf:
-    """`leaf` with the data, dtype and ParamId of its node in `graph` (a reparameterized base is `path.base`)."""
-    if isinstance(leaf, Flag):
-        return leaf
-    node = graph.params[f"{path}.base" if leaf.reparam is not None else path]
-    if node.id == leaf.id and node.type == leaf.type and node.data is leaf.state.value:
-        return leaf
-    return leaf.replace(id=node.id, state=Param.from_node(node).state)
 
 
 class RecordMethods:
@@ -57,8 +47,7 @@ class RecordMethods:
 
     def try_load_record(self: Module, record: ModuleRecord) -> Module:
         """The module with `record` applied, honoring its dtype policy and settings; raises RecordError."""
-        graph = LoadRecord(record).apply(self.state_graph())
-        return self._map_leaves(functools.partial(_rebind, graph))
+        return self.run_pass(LoadRecord(record))
 
     def load_record(self: Module, record: ModuleRecord) -> Module:
         """try_load_record, failing with RuntimeError as Burn's `load_record` panics."""

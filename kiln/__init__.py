@@ -16,6 +16,9 @@ from kiln.frontend import (
     ModuleVisitor,
     Param,
     ParamGroup,
+    QLora,
+    Quantizer,
+    QuantScheme,
     Reparam,
     Reparameterizer,
     Tensor,
@@ -24,5 +27,6 @@ from kiln.frontend import (
     trace,
 )
 
-__all__ = ["DTypePolicy", "Device", "Flag", "Lora", "Module", "ModuleMapper", "ModuleRecord", "ModuleVisitor", "Param",
-           "ParamGroup", "Reparam", "Reparameterizer", "Tensor", "ir", "nn", "passes", "tensor", "trace"]
+__all__ = ["DTypePolicy", "Device", "Flag", "Lora", "Module", "ModuleMapper", "ModuleRecord", "ModuleVisitor",
+           "Param", "ParamGroup", "QLora", "QuantScheme", "Quantizer", "Reparam", "Reparameterizer", "Tensor", "ir",
+           "nn", "passes", "tensor", "trace"]
