@@ -43,7 +43,7 @@ class RecordMethods:
     def into_record_group(self: Module, group: ParamGroup) -> ModuleRecord:
         """Collect the tensor parameters `group` matches; the others are skipped before their data is read."""
         return ModuleRecord({path: _entry(leaf) for path, leaf in self.leaves()
-                             if isinstance(leaf, Param) and group.matches(leaf.id, path)})
+                             if isinstance(leaf, Param) and group.matches(leaf.id, path, leaf)})
 
     def try_load_record(self: Module, record: ModuleRecord) -> Module:
         """The module with `record` applied, honoring its dtype policy and settings; raises RecordError."""

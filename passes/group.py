@@ -15,7 +15,7 @@ from typing import Any
 
 from kiln.ir import ParamGroupError
 
-Predicate = Callable[[int, str | None], bool]
+Predicate = Callable[[str | None, Any], bool]  # (path, the parameter or flag: id, type, grad, device)
 
 
 @dataclass(frozen=True)
@@ -24,15 +24,15 @@ class _Matcher:
     items: tuple = ()
     any: bool = False
 
-    def __call__(self, id: int, path: str | None) -> bool:
+    def __call__(self, id: int, path: str | None, value: Any = None) -> bool:
         if self.kind == "all":
             return True
         if self.kind == "ids":
             return id in self.items
         if self.kind == "fused":
-            return any(m(id, path) for m in self.items)
+            return any(m(id, path, value) for m in self.items)
         if self.kind == "fn":
-            return bool(self.items[0](id, path))
+            return bool(self.items[0](path, value))
         if path is None:
             return False
         test = _PATH_TESTS[self.kind]
@@ -152,7 +152,7 @@ class ParamGroup:
 
     @staticmethod
     def from_fn(predicate: Predicate) -> ParamGroup:
-        """Values for which `predicate(id, path)` is true."""
+        """Values for which `predicate(path, value)` is true; `value` has `id`, `type`, `grad` and `device`."""
         return ParamGroup(_Matcher("fn", (predicate,)))
 
     def exclude(self, other: ParamGroup) -> ParamGroup:
@@ -161,8 +161,9 @@ class ParamGroup:
     def fuse(self, other: ParamGroup) -> ParamGroup:
         return ParamGroup(_Matcher("fused", (self.matcher, other.matcher)))
 
-    def matches(self, id: int, path: str | None) -> bool:
-        return self.matcher(id, path) and not any(e(id, path) for e in self.excludes)
+    def matches(self, id: int, path: str | None, value: Any = None) -> bool:
+        """Whether the parameter or flag with this id and path (and, for predicates, value) is selected."""
+        return self.matcher(id, path, value) and not any(e(id, path, value) for e in self.excludes)
 
     @staticmethod
     def from_option_text(paths: Iterable[str], exclude: Iterable[str] = ()) -> ParamGroup:

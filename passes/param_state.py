@@ -58,7 +58,7 @@ def map_state(graph: Graph, param: ParamFn | None = None, flag: FlagFn | None = 
               group: ParamGroup | None = None) -> Graph:
     """Apply transitions to the parameters and flags `group` matches (all when None)."""
     def hit(node: ParamNode | FlagNode) -> bool:
-        return group is None or group.matches(node.id, node.name)
+        return group is None or group.matches(node.id, node.name, node)
 
     params = {n: param(p) if param and hit(p) else p for n, p in graph.params.items()}
     flags = {n: flag(f) if flag and hit(f) else f for n, f in graph.flags.items()}

@@ -41,7 +41,7 @@ class QuantizeWeights(GroupOptions):
         reparams = dict(graph.reparams)
         for name, p in graph.params.items():
             kind = derived.get(name)
-            if kind == DEQUANTIZE or not p.type.dtype.is_float or p.buffer or not group.matches(p.id, name):
+            if kind == DEQUANTIZE or not p.type.dtype.is_float or p.buffer or not group.matches(p.id, name, p):
                 params[name] = p
                 continue
             if kind is not None:

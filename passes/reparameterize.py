@@ -54,7 +54,7 @@ class Reparameterize(GroupOptions):
         reparams: dict[str, ReparamNode] = {}
         for name, p in graph.params.items():
             frozen = request_grad(p, False)
-            if p.type.rank != 2 or not p.type.dtype.is_float or name in quantized or not group.matches(p.id, name):
+            if p.type.rank != 2 or not p.type.dtype.is_float or name in quantized or not group.matches(p.id, name, p):
                 params[name] = frozen
                 continue
             base = frozen.replace(name=f"{name}.base")

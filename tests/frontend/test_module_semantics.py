@@ -273,3 +273,10 @@ def test_lazy_init_is_deterministic_by_param_id():
     b = Param.lazy((3, 3), Init("normal"), id=42)
     np.testing.assert_array_equal(a.val().numpy(), b.val().numpy())
     assert copy.copy(a).state is a.state
+
+
+def test_groups_from_python_predicates_over_path_and_param():
+    m = Net(AD)
+    big = ParamGroup.from_fn(lambda path, p: p.type.rank == 2 and p.type.shape[0] > 3)
+    frozen = m.freeze_group(big)
+    assert grads(frozen)["fc.weight"] == (False, False) and grads(frozen)["blocks.0.weight"] == (True, True)

@@ -50,9 +50,14 @@ def test_fuse_is_or_and_drops_excludes():
     assert fused.matches(1, "enc.bias") and fused.matches(1, "dec.w") and not fused.matches(1, "head.w")
 
 
-def test_python_predicates_see_id_and_path():
-    g = ParamGroup.from_fn(lambda id, path: id % 2 == 0 and path is not None and path.endswith("weight"))
-    assert g.matches(2, "fc.weight") and not g.matches(3, "fc.weight") and not g.matches(2, "fc.bias")
+def test_python_predicates_see_path_and_param():
+    class P:
+        def __init__(self, id):
+            self.id = id
+
+    g = ParamGroup.from_fn(lambda path, p: p.id % 2 == 0 and path is not None and path.endswith("weight"))
+    assert g.matches(2, "fc.weight", P(2)) and not g.matches(3, "fc.weight", P(3))
+    assert not g.matches(2, "fc.bias", P(2))
 
 
 @pytest.mark.parametrize("bad", [lambda: ParamGroup.from_regex("("), lambda: ParamGroup.from_glob(""),
