@@ -479,5 +479,5 @@ def _utf8_error(path: str) -> IRParseError:
         before = data[:e.start].decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
         column = len(before) - before.rfind("\n")
         return IRParseError(f"not UTF-8 text ({e.reason})", before.count("\n") + 1, column,
-                            f"\\x{data[e.start]:02x}", path)
+                            f"0x{data[e.start]:02x}", path)
     return IRParseError("not UTF-8 text", 1, 1, "", path)

@@ -1,0 +1,132 @@
+"""Benchmark of the IR and the program passes on synthetic graphs of 1k to 1M ops.
+
+For each size it times building the graph, printing it, parsing the text back, verifying, hashing, and the
+pipeline `canonicalize,cse,dce`, each as microseconds per op, and prints a markdown table. Per-op times
+should stay flat as graphs grow: a column that rises from 10k to 1M ops is quadratic behaviour somewhere.
+
+    .venv/bin/python bench/passes.py                     # 1k, 10k, 100k and 1M ops
+    .venv/bin/python bench/passes.py --sizes 1000,10000  # a quick run
+    .venv/bin/python bench/passes.py --no-gc             # without Python's cyclic GC, to see its share
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import platform
+import resource
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kiln.ir import Builder, Graph, Init, parse, print_graph, structural_hash, verify
+from kiln.passes import PassManager
+
+PIPELINE = "canonicalize,cse,dce"
+WIDTH = 16
+STAGES = ["build", "print", "parse", "verify", "hash", PIPELINE]
+
+
+def synthetic(n_ops: int) -> Graph:
+    """A chain of MLP-like blocks with what the passes look for: a duplicated matmul + bias (cse), a multiply
+    by a fresh constant one (canonicalize), double negation and transposes (canonicalize), and a dead op (dce).
+    Four weights, a bias and a dropout flag are shared by every block. Stops at `n_ops` ops or just past it."""
+    b = Builder(f"Synthetic{n_ops}")
+    weights = [b.param(f"layers.{i}.weight", (WIDTH, WIDTH), init=Init("kaiming_uniform", (("fan_in", WIDTH),)))
+               for i in range(4)]
+    bias = b.param("layers.bias", (WIDTH,), init=Init("zeros"))
+    train = b.flag("train", False, configured=True)
+    x = b.input("x", ((None, WIDTH), "f32"))
+    fn = b.fn
+    i = 0
+    while len(fn.ops) < n_ops:
+        w = weights[i % 4]
+        h = b.add(b.matmul(x, w), bias)
+        dup = b.add(b.matmul(x, w), bias)                          # the same expression again
+        y = b.relu(b.add(h, dup))
+        y = b.mul(y, b.constant(np.ones((), np.float32)))           # * 1
+        b.exp(y)                                                    # dead
+        if i % 2:
+            y = b.neg(b.neg(y))
+        else:
+            y = b.transpose(b.transpose(y))
+        if i % 8 == 7:
+            y = b.dropout(y, train, p=0.1, seed=i)                  # a dropout whose flag is off
+        x = y
+        i += 1
+    b.ret(x)
+    return b.build()
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """The result and the CPU seconds this process spent (steadier than wall time on a shared machine)."""
+    start = time.process_time()
+    result = fn()
+    return result, time.process_time() - start
+
+
+def measure_once(n_ops: int) -> dict[str, Any]:
+    gc.collect()
+    graph, t_build = timed(lambda: synthetic(n_ops))
+    ops = len(graph.functions["forward"].ops)
+    text, t_print = timed(lambda: print_graph(graph))
+    parsed, t_parse = timed(lambda: parse(text))
+    _, t_verify = timed(lambda: verify(parsed))
+    digest, t_hash = timed(lambda: structural_hash(parsed))
+    assert digest == structural_hash(graph)
+    out, t_pipeline = timed(lambda: PassManager.parse(PIPELINE).run(parsed))
+    verify(out)
+    times = dict(zip(STAGES, [t_build, t_print, t_parse, t_verify, t_hash, t_pipeline]))
+    return {"ops": ops, "after": len(out.functions["forward"].ops), "bytes": len(text), "times": times}
+
+
+def measure(n_ops: int, repeat: int) -> dict[str, Any]:
+    """The best of `repeat` runs for each stage, as microseconds per op."""
+    runs = [measure_once(n_ops) for _ in range(repeat)]
+    row = runs[0]
+    row["us_per_op"] = {k: 1e6 * min(r["times"][k] for r in runs) / row["ops"] for k in STAGES}
+    row["seconds"] = sum(sum(r["times"].values()) for r in runs)
+    row["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    row["repeat"] = repeat
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ["ops", *(f"{s} µs/op" for s in STAGES), "ops after", "text MiB", "runs", "peak RSS MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for r in rows:
+        cells = [f"{r['ops']:,}", *(f"{r['us_per_op'][s]:.2f}" for s in STAGES), f"{r['after']:,}",
+                 f"{r['bytes'] / 2**20:.1f}", str(r["repeat"]), f"{r['rss_mib']:,.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000,10000,100000,1000000",
+                        help="comma-separated op counts, run in increasing order (default: %(default)s)")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="runs per size, best taken (default: 5 up to 10k ops, 3 up to 100k, then 1)")
+    parser.add_argument("--no-gc", action="store_true",
+                        help="disable Python's cyclic garbage collector while timing, to see what it costs")
+    args = parser.parse_args(argv)
+    if args.no_gc:
+        gc.disable()  # measure_once still collects between runs
+    sizes = sorted(int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip())
+    rows = []
+    for n in sizes:
+        repeat = args.repeat or (5 if n <= 10_000 else 3 if n <= 100_000 else 1)
+        rows.append(measure(n, repeat))
+        print(f"{n:>9,} ops: {rows[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
+    print(f"Python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}"
+          f"{', cyclic GC off' if args.no_gc else ''}; CPU time per op, best of `runs`; peak RSS is the process's "
+          f"maximum so far (sizes run smallest first).\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
