@@ -15,6 +15,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 	$(PY) examples/transformer_demo.py
+	$(PY) examples/train_digits.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -24,6 +25,7 @@ test: lint
 
 bench: $(STAMP)
 	$(PY) bench/passes.py
+	$(PY) bench/train_step.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -3,14 +3,43 @@
 from kiln.passes.group import ParamGroup
 from kiln.runtime.record import DTypePolicy, ModuleRecord
 
-from . import nn
+from . import nn, optim
+from .compile import compile
 from .device import Device
+from .gradients import Gradients, GradientsParams
 from .module import Lora, Module, ModuleMapper, ModuleVisitor, Reparameterizer
+from .onnx import export_onnx
 from .param import Flag, Param, Reparam
 from .quantize import QLora, Quantizer, QuantScheme
+from .step import TrainStep, compile_step
 from .tensor import Tensor, tensor
 from .trace import trace
 
-__all__ = ["DTypePolicy", "Device", "Flag", "Lora", "Module", "ModuleMapper", "ModuleRecord", "ModuleVisitor",
-           "Param", "ParamGroup", "QLora", "QuantScheme", "Quantizer", "Reparam", "Reparameterizer", "Tensor", "nn",
-           "tensor", "trace"]
+__all__ = [
+    "DTypePolicy",
+    "Device",
+    "Flag",
+    "Gradients",
+    "GradientsParams",
+    "Lora",
+    "Module",
+    "ModuleMapper",
+    "ModuleRecord",
+    "ModuleVisitor",
+    "Param",
+    "ParamGroup",
+    "QLora",
+    "QuantScheme",
+    "Quantizer",
+    "Reparam",
+    "Reparameterizer",
+    "Tensor",
+    "TrainStep",
+    "compile",
+    "compile_step",
+    "export_onnx",
+    "nn",
+    "optim",
+    "tensor",
+    "trace",
+]

@@ -99,11 +99,17 @@ class Param:
         """A running-state buffer (e.g. batch-norm statistics): lazy, never requires gradients."""
         return Param.lazy(shape, init, device=device, require_grad=False).replace(buffer=True)
 
-    def update(self, value: np.ndarray) -> None:
-        """Overwrite a buffer's value in place, as Burn's RunningState does; clones sharing it see the update."""
+    def update(self, value: np.ndarray | Tensor) -> None:
+        """Overwrite a buffer's value in place, as Burn's RunningState does; clones sharing it see the update.
+        While tracing, the new value is recorded as the trace's update of this buffer instead."""
         if not self.buffer:
             raise ValueError("only running-state buffers are updated in place; parameters are values")
-        self.state.value = np.asarray(value, self.type.dtype.numpy)
+        trace = current_trace()
+        if trace is None:
+            self.state.value = np.asarray(value.numpy() if isinstance(value, Tensor) else value,
+                                          self.type.dtype.numpy)
+        elif id(self) in trace.paths:
+            trace.updates[trace.paths[id(self)]] = value
 
     @staticmethod
     def from_node(node: ParamNode) -> Param:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,6 +16,9 @@ from kiln.ir import DType, FunctionBuilder, Graph, TensorType, registry
 from kiln.runtime.backend import default_backend
 
 from .device import Device, as_device
+
+if TYPE_CHECKING:
+    from .gradients import Gradients
 
 _seeds = itertools.count(1)
 
@@ -64,7 +67,7 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """Realize the value (compiling the pending DAG through the default backend) and return it."""
-        if self.node.kind != "data":
+        if self.node.data is None:
             _realize(self.node)
         data = self.node.data
         assert data is not None
@@ -72,6 +75,11 @@ class Tensor:
 
     def item(self) -> Any:
         return self.numpy().item()
+
+    def backward(self) -> Gradients:
+        """The gradients of this scalar loss for every parameter that requires them, keyed by ParamId."""
+        from .autograd import backward
+        return backward(self)
 
     def __repr__(self) -> str:
         return f"Tensor({self.type}, device={self.device})"
@@ -192,5 +200,6 @@ def _realize(node: Node) -> None:
     results, feeds = lower(fb, outputs, data_as_inputs=True)
     graph = Graph("eager", functions={"forward": fb.finish(results)})
     outs = default_backend().run(graph, feeds, seed=next(_seeds))
-    node.kind, node.inputs, node.attrs = "data", (), {}
+    if not node.require_grad:  # a value gradients flow through keeps its recipe for backward
+        node.kind, node.inputs, node.attrs = "data", (), {}
     node.data = outs[0] if len(outs) == 1 else tuple(outs)

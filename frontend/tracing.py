@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
 class TraceContext:
     paths: dict[int, str]  # id(Param or Flag) -> module path
+    updates: dict[str, Any] = field(default_factory=dict)  # buffer path -> its new value (a Tensor)
 
 
 _current: contextvars.ContextVar[TraceContext | None] = contextvars.ContextVar("kiln_trace", default=None)

@@ -14,18 +14,17 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from kiln.ir import Graph, KilnError, RecordError, parse, print_graph, to_dot
+from kiln.ir import Graph, KilnError, RecordError, parse, parse_file, print_graph, to_dot
 from kiln.passes import PassManager, pass_names
 from kiln.runtime.burnpack import BurnpackFile
+from kiln.runtime.record import ModuleRecord
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_IO = 0, 1, 2, 3
 
 
 def read_graph(path: str) -> Graph:
-    if path == "-":
-        return parse(sys.stdin.read(), "<stdin>")
-    with open(path, encoding="utf-8") as f:
-        return parse(f.read(), path)
+    """A `.kir` file, or standard input for `-`."""
+    return parse(sys.stdin.read(), "<stdin>") if path == "-" else parse_file(path)
 
 
 def write_text(path: str | None, text: str) -> None:
@@ -64,6 +63,17 @@ def cmd_dot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile a .kir module through TVM and write the shared library with its sidecar."""
+    from kiln.runtime.compile import compile_graph  # TVM loads only for this command
+
+    graph = read_graph(args.input)
+    exe = compile_graph(graph, target=args.target, params=args.params, fast_math=not args.no_fast_math,
+                        functions=args.function)
+    exe.export_library(args.output)
+    return EXIT_OK
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Names, dtypes, shapes, ParamIds and sizes of a burnpack's tensors in file order, with totals."""
     try:
@@ -99,6 +109,20 @@ def _inspect_text(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cmd_export_onnx(args: argparse.Namespace) -> int:
+    """Write a .kir module's function, in valid mode, as an ONNX model (parameters as initializers by path)."""
+    from kiln.runtime.onnx_export import export_graph  # onnx loads only for this command
+
+    export_graph(read_graph(args.input), args.output, function=args.function)
+    return EXIT_OK
+
+
+def cmd_import_onnx(args: argparse.Namespace) -> int:
+    """Write an ONNX model's initializers, with the ParamIds kiln stored on them, as a burnpack record."""
+    ModuleRecord.from_onnx(args.input).save(args.output)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kiln", description=__doc__.split("\n\n")[0],
                                      epilog="exit codes: 0 ok, 1 bad input, 2 bad usage, 3 file error")
@@ -120,10 +144,29 @@ def build_parser() -> argparse.ArgumentParser:
     dot.add_argument("-f", "--function", default="forward", help="the function to draw (default: forward)")
     dot.add_argument("-o", "--output", help="where to write the DOT text (default: standard output)")
     dot.set_defaults(run=cmd_dot)
+    comp = sub.add_parser("compile", help="compile a .kir module through TVM to a shared library")
+    comp.add_argument("input", help="a .kir file, or - for standard input")
+    comp.add_argument("-o", "--output", required=True,
+                      help="the library to write (model.so); its sidecar goes to OUTPUT.kiln.json")
+    comp.add_argument("--target", choices=("llvm", "cuda"), default="llvm", help="code generator (default: llvm)")
+    comp.add_argument("--params", choices=("bound", "inputs"), default="bound",
+                      help="bake the parameters in as constants (default), or take them as inputs")
+    comp.add_argument("-f", "--function", action="append", help="a function to compile (repeatable; default: all)")
+    comp.add_argument("--no-fast-math", action="store_true", help="exact exp/erf/tanh/softmax instead of fast-math")
+    comp.set_defaults(run=cmd_compile)
     inspect = sub.add_parser("inspect", help="list the tensors of a burnpack (.bpk) record")
     inspect.add_argument("input", help="a .bpk file")
     inspect.add_argument("--json", action="store_true", help="print the listing as JSON")
     inspect.set_defaults(run=cmd_inspect)
+    export_onnx = sub.add_parser("export-onnx", help="write a .kir module's function as an ONNX model")
+    export_onnx.add_argument("input", help="a .kir file, or - for standard input")
+    export_onnx.add_argument("-o", "--output", required=True, help="the .onnx file to write")
+    export_onnx.add_argument("-f", "--function", default="forward", help="the function to export (default: forward)")
+    export_onnx.set_defaults(run=cmd_export_onnx)
+    import_onnx = sub.add_parser("import-onnx", help="write an ONNX model's initializers as a burnpack record")
+    import_onnx.add_argument("input", help="an .onnx file")
+    import_onnx.add_argument("-o", "--output", required=True, help="the .bpk file to write")
+    import_onnx.set_defaults(run=cmd_import_onnx)
     return parser
 
 

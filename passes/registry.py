@@ -14,6 +14,7 @@ _PASSES: dict[str, str] = {
     "dce": "kiln.passes.dce:DCE",
     "fold-constants": "kiln.passes.fold_constants:FoldConstants",
     "autodiff": "kiln.passes.autodiff:Autodiff",
+    "checkpoint": "kiln.passes.checkpoint:Checkpoint",
     "train": "kiln.passes.train:Train",
     "valid": "kiln.passes.valid:Valid",
     "set-require-grad": "kiln.passes.set_require_grad:SetRequireGrad",

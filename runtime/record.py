@@ -168,6 +168,15 @@ class ModuleRecord(Mapping[str, RecordEntry]):
         """The entries as burnpack tensors; providers stay deferred until the writer reaches them."""
         return [PackTensor(path, _burn_dtype_of(path, e), e.shape, e.param_id, e.data) for path, e in self.items()]
 
+    # onnx -------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_onnx(cls, path: str | os.PathLike[str]) -> ModuleRecord:
+        """An ONNX model's initializers by name, with the ParamIds kiln's exporter stored on them (else new ones);
+        data, inline or external, is read only when used."""
+        from .onnx_tensors import read_initializers  # onnx loads only when a model is read
+
+        return cls(read_initializers(path))
+
 
 def _burn_dtype_of(path: str, entry: RecordEntry) -> BurnDType:
     """The entry's Burn dtype, or a RecordError naming the tensor."""

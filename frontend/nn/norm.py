@@ -6,7 +6,6 @@ from kiln.frontend.device import Device
 from kiln.frontend.module import Module
 from kiln.frontend.param import Flag, Param
 from kiln.frontend.tensor import Tensor, apply
-from kiln.frontend.tracing import current_trace
 from kiln.ir import Init, ShapeError
 
 
@@ -53,9 +52,9 @@ class BatchNorm(Module):
             raise ShapeError(f"{type(self).__name__} expects rank-{self.rank} input, got {x.type}")
         y, mean, var = apply("batch_norm", x, self.gamma.val(), self.beta.val(), self.running_mean.val(),
                              self.running_var.val(), self.training.tensor(), eps=self.eps, momentum=self.momentum)
-        if self.training.value and current_trace() is None:
-            self.running_mean.update(mean.numpy())
-            self.running_var.update(var.numpy())
+        if self.training.value:
+            self.running_mean.update(mean)
+            self.running_var.update(var)
         return y
 
 

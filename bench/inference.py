@@ -1,0 +1,248 @@
+"""Inference benchmark: kiln's default build (`kiln.compile`, weights bound, fast-math) against onnxruntime (CPU EP),
+torch 2.13 eager and numpy, on four models built with kiln.nn and traced in valid mode; plus kiln's cold and
+cached compile times.
+
+Run from the repository root:
+
+    unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+    TVM_NUM_THREADS=$(nproc) OMP_NUM_THREADS=$(nproc) OPENBLAS_NUM_THREADS=$(nproc) \
+        .venv/bin/python bench/inference.py [--rounds 5]
+
+Every approach runs the same weights. onnxruntime runs the graph kiln exports (`kiln.runtime.onnx_export`),
+torch runs its own modules/functionals loaded with those weights, numpy the same math where it is simple. Every
+output is checked against kiln's interpreter first (rtol 3e-3). "kiln dyn" is the same build traced with a
+dynamic batch dim. Compile times: "cold" builds into an empty cache (and writes the entry), "cached" compiles again
+after dropping the in-memory cache, so the library comes from disk as in a new process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+import torch
+import torch.nn.functional as F
+from timing import Runner, interleaved  # bench/ is the script's directory
+
+import kiln
+from kiln import nn
+from kiln.frontend.module import Module
+from kiln.frontend.tensor import Tensor, apply
+from kiln.ir import Graph, interpret
+from kiln.runtime import compile_cache
+from kiln.runtime.compile import compile_graph
+from kiln.runtime.executable import Executable
+from kiln.runtime.onnx_export import to_onnx
+from kiln.runtime.tvm_target import configure_threads, cpu_count
+
+Weights = dict[str, np.ndarray]
+
+
+@dataclass
+class Workload:
+    """A kiln model, its input, and the other approaches' runners built from its weights."""
+
+    name: str
+    module: Module
+    shape: tuple[int, ...]
+    torch_fn: Callable[[Weights], Callable[[torch.Tensor], torch.Tensor]]
+    numpy_fn: Callable[[Weights, np.ndarray], np.ndarray] | None = None
+
+
+class SmallCNN(Module):
+    """Three conv-bn-relu stages (two max-pooled), global average pool, linear: a CIFAR-sized classifier."""
+
+    def __init__(self) -> None:
+        self.conv1, self.bn1 = nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32)
+        self.conv2, self.bn2 = nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64)
+        self.conv3, self.bn3 = nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128)
+        self.pool, self.gap, self.fc = nn.MaxPool2d(2, stride=2), nn.AdaptiveAvgPool2d(1), nn.Linear(128, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        relu = nn.functional.relu
+        x = self.pool(relu(self.bn1(self.conv1(x))))
+        x = self.pool(relu(self.bn2(self.conv2(x))))
+        x = relu(self.bn3(self.conv3(x)))
+        return self.fc(apply("reshape", self.gap(x), shape=(-1, 128)))
+
+
+def _t(w: Weights) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v) for k, v in w.items()}
+
+
+def _torch_mlp(w: Weights) -> Callable[[torch.Tensor], torch.Tensor]:
+    p = _t(w)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(torch.addmm(p["layers.0.bias"], x, p["layers.0.weight"]))
+        x = torch.relu(torch.addmm(p["layers.2.bias"], x, p["layers.2.weight"]))
+        return torch.addmm(p["layers.4.bias"], x, p["layers.4.weight"])
+    return run
+
+
+def _numpy_mlp(w: Weights, x: np.ndarray) -> np.ndarray:
+    x = np.maximum(x @ w["layers.0.weight"] + w["layers.0.bias"], 0)
+    x = np.maximum(x @ w["layers.2.weight"] + w["layers.2.bias"], 0)
+    return x @ w["layers.4.weight"] + w["layers.4.bias"]
+
+
+def _torch_transformer(w: Weights) -> Callable[[torch.Tensor], torch.Tensor]:
+    """torch's own TransformerEncoderLayer (eval + inference_mode takes its fused fast path) with kiln's weights."""
+    layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, activation="gelu", batch_first=True).eval()
+    p = _t(w)
+    with torch.no_grad():
+        a = "attention."
+        layer.self_attn.in_proj_weight.copy_(torch.cat([p[a + n + ".weight"].T for n in ("query", "key", "value")]))
+        layer.self_attn.in_proj_bias.copy_(torch.cat([p[a + n + ".bias"] for n in ("query", "key", "value")]))
+        layer.self_attn.out_proj.weight.copy_(p[a + "output.weight"].T)
+        layer.self_attn.out_proj.bias.copy_(p[a + "output.bias"])
+        layer.linear1.weight.copy_(p["ff_in.weight"].T)
+        layer.linear1.bias.copy_(p["ff_in.bias"])
+        layer.linear2.weight.copy_(p["ff_out.weight"].T)
+        layer.linear2.bias.copy_(p["ff_out.bias"])
+        for i in (1, 2):
+            getattr(layer, f"norm{i}").weight.copy_(p[f"norm{i}.gamma"])
+            getattr(layer, f"norm{i}").bias.copy_(p[f"norm{i}.beta"])
+    return layer
+
+
+def _torch_conv(w: Weights) -> Callable[[torch.Tensor], torch.Tensor]:
+    weight = torch.from_numpy(w["weight"])
+    return lambda x: F.conv2d(x, weight, padding=1)
+
+
+def _numpy_conv(w: Weights, x: np.ndarray) -> np.ndarray:
+    """3x3 conv with padding 1 as im2col and one matmul."""
+    n, c, h, wd = x.shape
+    cols = np.lib.stride_tricks.sliding_window_view(np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), axis=(2, 3))
+    out = cols.transpose(0, 2, 3, 1, 4, 5).reshape(n * h * wd, c * 9) @ w["weight"].reshape(w["weight"].shape[0], -1).T
+    return out.reshape(n, h, wd, -1).transpose(0, 3, 1, 2)
+
+
+def _torch_cnn(w: Weights) -> Callable[[torch.Tensor], torch.Tensor]:
+    p = _t(w)
+
+    def stage(x: torch.Tensor, i: int) -> torch.Tensor:
+        x = F.conv2d(x, p[f"conv{i}.weight"], p[f"conv{i}.bias"], padding=1)
+        x = F.batch_norm(x, p[f"bn{i}.running_mean"], p[f"bn{i}.running_var"], p[f"bn{i}.gamma"], p[f"bn{i}.beta"],
+                         training=False, eps=1e-5)
+        return torch.relu(x)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(stage(x, 1), 2)
+        x = F.max_pool2d(stage(x, 2), 2)
+        x = F.adaptive_avg_pool2d(stage(x, 3), 1).flatten(1)
+        return F.linear(x, p["fc.weight"].T, p["fc.bias"])
+    return run
+
+
+def workloads() -> list[Workload]:
+    mlp = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    return [
+        Workload("mlp 64x784-512-512-10", mlp, (64, 784), _torch_mlp, _numpy_mlp),
+        Workload("transformer b8 s128 d256 h4", nn.TransformerEncoderLayer(256, 4, 1024), (8, 128, 256),
+                 _torch_transformer),
+        Workload("conv2d 3x3 8x64x32x32->64", nn.Conv2d(64, 64, 3, padding=1, bias=False), (8, 64, 32, 32),
+                 _torch_conv, _numpy_conv),
+        Workload("small cnn 8x3x32x32", SmallCNN(), (8, 3, 32, 32), _torch_cnn),
+    ]
+
+
+def traced(module: Module, shape: tuple[int | None, ...], seed: int = 0) -> Graph:
+    """The module in valid mode, traced, with every weight drawn once (batch-norm statistics made non-trivial)."""
+    graph = kiln.trace(module.valid(), (shape, "f32"))
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, p in graph.params.items():
+        fan_in = math.prod(p.type.shape[1:]) if "conv" in name or name == "weight" else p.type.shape[0]
+        scale = 1 / math.sqrt(fan_in) if name.endswith("weight") else 0.1
+        wide = name.endswith(("var", "gamma"))
+        data = rng.uniform(0.5, 1.5, p.type.shape) if wide else rng.normal(0, scale, p.type.shape)
+        params[name] = p.replace(data=data.astype(np.float32))
+    return graph.replace(params=params)
+
+
+def _ort_session(graph: Graph, threads: int) -> tuple[ort.InferenceSession, float]:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    start = time.perf_counter()
+    sess = ort.InferenceSession(to_onnx(graph).SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess, time.perf_counter() - start
+
+
+def _timed_compile(graph: Graph) -> tuple[Executable, float, float]:
+    """(executable, cold seconds into an empty cache, seconds for a disk-cache hit)."""
+    start = time.perf_counter()
+    compile_graph(graph)
+    cold = time.perf_counter() - start
+    compile_cache.clear_memory()
+    start = time.perf_counter()
+    exe = compile_graph(graph)
+    return exe, cold, time.perf_counter() - start
+
+
+def runners(wl: Workload, threads: int) -> tuple[dict[str, Runner], dict[str, float]]:
+    """Every approach for a workload, each checked against the interpreter; and the compile/session times."""
+    graph = traced(wl.module, wl.shape)
+    dynamic = graph.replace(functions=kiln.trace(wl.module.valid(), ((None, *wl.shape[1:]), "f32")).functions)
+    weights = {n: p.data for n, p in graph.params.items()}
+    x = np.random.default_rng(1).standard_normal(wl.shape).astype(np.float32)
+    exe, cold, cached = _timed_compile(graph)
+    exe_dyn = compile_graph(dynamic)
+    sess, session_s = _ort_session(graph, threads)
+    feed = {sess.get_inputs()[0].name: x}
+    torch_fn, tx = wl.torch_fn(weights), torch.from_numpy(x)
+
+    def torch_run() -> np.ndarray:
+        with torch.inference_mode():
+            return torch_fn(tx).numpy()
+
+    out: dict[str, Runner] = {"kiln": lambda: exe(x), "kiln dyn": lambda: exe_dyn(x),
+                              "onnxruntime": lambda: sess.run(None, feed)[0], "torch": torch_run}
+    if wl.numpy_fn is not None:
+        out["numpy"] = lambda: wl.numpy_fn(weights, x)
+    want = interpret(graph, [x])[0]
+    for name, run in out.items():
+        np.testing.assert_allclose(run(), want, rtol=3e-3, atol=3e-3 * float(np.abs(want).max()), err_msg=name)
+    return out, {"cold": cold, "cached": cached, "ort session": session_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    os.environ[compile_cache.CACHE_ENV] = tempfile.mkdtemp(prefix="kiln-bench-cache-")  # every build starts cold
+    threads = cpu_count()
+    configure_threads()
+    torch.set_num_threads(threads)
+    rows, compiles = [], []
+    for wl in workloads():
+        print(f"{wl.name}:", flush=True)
+        runs, times = runners(wl, threads)
+        compiles.append((wl.name, times))
+        per_round = interleaved(runs, args.rounds)
+        for name, ms in per_round.items():
+            ratios = [t / o for t, o in zip(ms, per_round["onnxruntime"], strict=True)]
+            rows.append((wl.name, name, statistics.median(ms), min(ms), statistics.median(ratios)))
+    print(f"\n{threads} threads, {args.rounds} rounds; ms = median / best of per-round medians; "
+          "vs ORT = median of per-round ratios (lower is faster)\n")
+    print("| workload | approach | ms median | ms best | vs ORT |\n|---|---|---:|---:|---:|")
+    for wl_name, name, med, best, ratio in rows:
+        print(f"| {wl_name} | {name} | {med:.3f} | {best:.3f} | {ratio:.2f} |")
+    print("\n| workload | kiln compile, cold (s) | kiln compile, disk cache (s) | ORT session (s) |")
+    print("|---|---:|---:|---:|")
+    for wl_name, t in compiles:
+        print(f"| {wl_name} | {t['cold']:.2f} | {t['cached']:.3f} | {t['ort session']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Eager reverse mode: `Tensor.backward()` lowers the loss's lazy DAG into a graph whose parameter leaves are
+parameter nodes, runs the gradient pipeline (the same passes the captured step runs) and evaluates
+`forward_backward` through the default backend."""
+
+from __future__ import annotations
+
+import itertools
+
+from kiln.ir import FunctionBuilder, Graph, ParamNode
+from kiln.passes import PassManager
+from kiln.runtime.backend import default_backend
+
+from .gradients import Gradients
+from .tensor import Tensor, lower, topological
+
+GRADIENT_PIPELINE = "autodiff,cse,checkpoint,dce"
+_runs = itertools.count(1)
+
+
+def differentiate(graph: Graph) -> Graph:
+    """`graph` with `forward_backward` (loss first), checkpointed per its parameters' strategy."""
+    return PassManager.parse(GRADIENT_PIPELINE).run(graph)
+
+
+def backward(loss: Tensor) -> Gradients:
+    """d loss / d parameter for every parameter leaf of the loss that requires a gradient, by ParamId."""
+    if loss.type.rank != 0 or not loss.dtype.is_float:
+        raise ValueError(f"backward needs a scalar float loss, got {loss.type}")
+    params: dict[int, ParamNode] = {}
+    leaves = [n for n in topological([loss.node]) if n.kind == "data" and n.param_id is not None]
+    for node in leaves:
+        if node.param_id not in params:
+            assert node.data is not None and not isinstance(node.data, tuple)
+            params[node.param_id] = ParamNode(f"param{len(params)}", node.types[0], node.param_id, data=node.data,
+                                              grad=node.require_grad, configured_grad=node.require_grad,
+                                              autodiff=node.autodiff)
+    by_name = {p.name: p for p in params.values()}
+    fb = FunctionBuilder("forward", by_name.get)
+    bound = {id(n): (fb.sym(params[n.param_id].name),) for n in leaves}  # type: ignore[index]
+    results, feeds = lower(fb, [loss], data_as_inputs=True, bound=bound)
+    graph = differentiate(Graph("backward", params=by_name, functions={"forward": fb.finish(results)}))
+    outs = default_backend().run(graph, feeds, "forward_backward", seed=next(_runs))
+    if loss.node.data is None and len(loss.node.types) == 1:
+        loss.node.data = outs[0]
+    trainable = [p.id for p in by_name.values() if p.grad]
+    return Gradients(dict(zip(trainable, outs[1:])))

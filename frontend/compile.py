@@ -1,0 +1,48 @@
+"""kiln.compile: trace a module (or take a graph) and compile it through TVM into an `Executable`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from kiln.ir import Graph, KilnError
+
+from .module import Module
+from .trace import InputSpec, as_type, trace
+
+if TYPE_CHECKING:
+    from kiln.runtime.executable import Executable
+
+
+def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm", params: str = "bound",
+            fast_math: bool = True, functions: Sequence[str] | None = None) -> Executable:
+    """Compile a module traced on `input_specs` (`None` dims stay dynamic), or a graph as it is.
+
+    `params="bound"` bakes the weights in (deployment); `params="inputs"` passes them at run time. A graph's
+    input specs, if given, must be instances of its function's argument types; it compiles with its own types.
+    """
+    from kiln.runtime.compile import compile_graph
+
+    if isinstance(model, Module):
+        graph = trace(model, *input_specs)
+    else:
+        graph = model
+        _check_specs(graph, functions, input_specs)
+    return compile_graph(graph, target=target, params=params, fast_math=fast_math, functions=functions)
+
+
+def _check_specs(graph: Graph, functions: Sequence[str] | None, specs: Sequence[InputSpec]) -> None:
+    """Input specs given with a graph must agree with (or narrow) its first compiled function's argument types."""
+    if not specs:
+        return
+    names = list(functions or graph.functions)
+    name = names[0] if functions or "forward" not in names else "forward"
+    args = graph.functions[name].args
+    if len(specs) != len(args):
+        raise KilnError(f"@{name} takes {len(args)} inputs but {len(specs)} specs were given")
+    for arg, spec in zip(args, specs):
+        t = as_type(spec)
+        compatible = t.dtype is arg.type.dtype and t.rank == arg.type.rank and all(
+            a is None or a == b for a, b in zip(arg.type.shape, t.shape))
+        if not compatible:
+            raise KilnError(f"input spec {t} does not fit @{name} argument %{arg.name}: {arg.type}")

@@ -1,0 +1,201 @@
+"""The captured training step: forward, loss, backward and optimizer update traced once into ONE IR function.
+
+`compile_step(model, loss_fn, optimizer, *input_specs)` traces `loss_fn(model, *inputs)` (first result: the
+scalar loss), differentiates it with the gradient pipeline `Tensor.backward` runs, and emits the optimizer's
+update rules after the backward. The `step` function takes every parameter, the optimizer state, the learning
+rate and the inputs; it returns the loss (and loss_fn's other results), the new trainable parameters, the new
+optimizer state and the new running-state buffers (batch-norm statistics). Between steps those arrays stay
+resident in the TrainStep: no Module is rebuilt until `model()` asks for one.
+
+The step re-traces only when an input's shape or dtype leaves the traced type, or when `load_model` brings a
+module whose state differs (train/valid, freeze, require-grad, reparameterizations); each re-trace is counted in
+`retraces` and logged on the `kiln.step` logger with its reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.ir import DType, FunctionBuilder, Graph, Op, Operand, SymRef, TensorType, Value, verify
+from kiln.runtime.backend import default_backend
+
+from .autograd import differentiate
+from .module import Module
+from .optim.optimizer import Optimizer, lr_type, with_values
+from .param import Param
+from .tensor import Tensor
+from .trace import InputSpec, as_type, trace_function
+
+log = logging.getLogger("kiln.step")
+LossFn = Callable[..., Tensor | tuple[Tensor, ...]]
+
+
+def state_signature(model: Module) -> tuple:
+    """What the traced step depends on in a module's state: each parameter's type, gradient and buffer state and
+    checkpointing, each flag's value, each derivation (values and ParamIds excluded)."""
+    graph = model.state_graph()
+    return (tuple((p.name, p.type, p.grad, p.buffer, p.checkpointing) for p in graph.params.values()),
+            tuple((f.name, f.value) for f in graph.flags.values()),
+            tuple((r.name, r.kind, r.operands, tuple(sorted(r.attrs.items()))) for r in graph.reparams.values()))
+
+
+def _changes(old: tuple, new: tuple) -> str:
+    """The first few state entries that differ between two signatures, for the re-trace log line."""
+    before = {entry[0]: entry for part in old for entry in part}
+    after = {entry[0]: entry for part in new for entry in part}
+    changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+    more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
+    return "module state changed at " + ", ".join(changed[:6]) + more
+
+
+@dataclass(frozen=True)
+class StepProgram:
+    """The traced step: its graph and how its arguments and results line up with parameters and state."""
+
+    graph: Graph
+    param_ids: tuple[int, ...]  # every parameter, in argument order
+    trained: tuple[int, ...]  # indices into param_ids of the parameters the optimizer updates, in result order
+    state_names: tuple[tuple[str, ...], ...]  # per trained parameter
+    buffers: tuple[int, ...]  # indices into param_ids of the buffers the step updates, in result order
+    n_outputs: int  # loss_fn's results (the loss first)
+
+
+def build_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, input_types: Sequence[TensorType]
+               ) -> StepProgram:
+    """Trace, differentiate and append the optimizer update: the one `step` function."""
+    traced, updated = trace_function(model, lambda *xs: loss_fn(model, *xs), *input_types)
+    graph = differentiate(traced)
+    fwd, fn = graph.functions["forward"], graph.functions["forward_backward"]
+    n_forward = len(fwd.results)
+    n_outputs = n_forward - len(updated)
+    fb = FunctionBuilder("step", graph.symbol)
+    params = list(graph.params.values())
+    args = {p.name: fb.input(f"param.{p.name}", p.type) for p in params}
+    trainable = [p for p in params if p.grad]
+    states = []
+    for p in trainable:
+        init = optimizer.init_state(p.type)
+        states.append({n: fb.input(f"state.{p.name}.{n}", TensorType(a.shape, DType.from_numpy(a.dtype)))
+                       for n, a in init.items()})
+    lr = fb.input("lr", lr_type())
+    mapping: dict[int, Value] = {id(a): fb.input(a.name, a.type) for a in fn.args}
+    derived: dict[str, Value] = {}
+
+    def symbol(o: SymRef) -> Operand:
+        if o.name in args:
+            return args[o.name]
+        node = graph.reparams.get(o.name)
+        if node is None:
+            return o  # a flag stays a symbol of the step's graph
+        if o.name not in derived:
+            operands = tuple(symbol(SymRef(n, graph.symbol(n).type)) for n in node.operands)  # type: ignore[union-attr]
+            derived[o.name] = fb.append(node.kind, operands, dict(node.attrs))[0]
+        return derived[o.name]
+
+    def mapped(o: Operand) -> Operand:
+        return symbol(o) if isinstance(o, SymRef) else mapping[id(o)]
+
+    for op in fn.ops:
+        operands = tuple(mapped(o) for o in op.operands)
+        results = tuple(Value(r.type, r.name if r.name not in fb.taken else fb.fresh_name()) for r in op.results)
+        fb.ops.append(Op(op.kind, operands, dict(op.attrs), results))
+        fb.taken.update(r.name for r in results)
+        mapping.update((id(old), new) for old, new in zip(op.results, results))
+    out = [mapped(r) for r in fn.results]
+    grads = out[n_forward:]
+    updates = optimizer.emit_step(fb, [args[p.name] for p in trainable], grads, states, lr)  # type: ignore[arg-type]
+    new_params = [new for new, _ in updates]
+    new_states = [v for _, state in updates for v in state.values()]
+    step = fb.finish([*out[:n_outputs], *new_params, *new_states, *out[n_outputs:n_forward]])
+    index = {p.name: i for i, p in enumerate(params)}
+    return StepProgram(
+        verify(Graph(graph.name, flags=graph.flags, functions={"step": step})),
+        tuple(p.id for p in params), tuple(index[p.name] for p in trainable),
+        tuple(tuple(s) for s in states), tuple(index[path] for path in updated), n_outputs)
+
+
+class TrainStep:
+    """A compiled training step holding parameters and optimizer state as arrays between calls."""
+
+    def __init__(self, model: Module, loss_fn: LossFn, optimizer: Optimizer, input_specs: Sequence[InputSpec],
+                 seed: int = 0):
+        self.loss_fn, self.optimizer = loss_fn, optimizer
+        self.retraces = 0
+        self._types = tuple(as_type(s) for s in input_specs)
+        self._seeds = itertools.count(seed)
+        self._program: StepProgram | None = None
+        self._reason = ""
+        self._params: list[np.ndarray] = []  # resident, in the program's argument order
+        self._states: list[np.ndarray] = []
+        self._model, self._signature = model, state_signature(model)
+        self._values = {p.id: p.state.get() for _, p in model.leaves() if isinstance(p, Param)}
+
+    def load_model(self, model: Module) -> None:
+        """Continue from `model`'s parameters and state; re-traces on the next call if its state differs."""
+        signature = state_signature(model)
+        if signature != self._signature and self._program is not None:
+            self._reason, self._program = _changes(self._signature, signature), None
+        self._model, self._signature = model, signature
+        self._values = {p.id: p.state.get() for _, p in model.leaves() if isinstance(p, Param)}
+        if self._program is not None:
+            self._gather(self._program)
+
+    def __call__(self, lr: float, *inputs: np.ndarray | Tensor) -> float | tuple[Any, ...]:
+        """One step at learning rate `lr`: returns the loss (and loss_fn's other results, as arrays)."""
+        arrays = [x.numpy() if isinstance(x, Tensor) else np.asarray(x) for x in inputs]
+        if len(arrays) != len(self._types):
+            raise ValueError(f"the step takes {len(self._types)} inputs, got {len(arrays)}")
+        changed = [i for i, (t, a) in enumerate(zip(self._types, arrays))
+                   if not t.matches(a.shape) or a.dtype != t.dtype.numpy]
+        if changed:
+            self._reason = "; ".join(f"input {i} of shape {list(arrays[i].shape)} and dtype {arrays[i].dtype} is not "
+                                     f"a {self._types[i]}" for i in changed)
+            self._types = tuple(TensorType(a.shape, DType.from_numpy(a.dtype)) if i in changed else t
+                                for i, (t, a) in enumerate(zip(self._types, arrays)))
+            self._program = None
+        program = self._program or self._trace()
+        outs = default_backend().run(program.graph, [*self._params, *self._states, np.float64(lr), *arrays], "step",
+                                     seed=next(self._seeds))
+        n, k, b = program.n_outputs, len(program.trained), len(program.buffers)
+        for i, value in [*zip(program.trained, outs[n:n + k]), *zip(program.buffers, outs[len(outs) - b:])]:
+            self._params[i] = self._values[program.param_ids[i]] = value
+        self._states = list(outs[n + k:len(outs) - b])
+        states = iter(self._states)
+        for i, names in zip(program.trained, program.state_names):
+            self.optimizer.state[program.param_ids[i]] = {name: next(states) for name in names}
+        loss = float(outs[0])
+        return loss if n == 1 else (loss, *outs[1:n])
+
+    def _trace(self) -> StepProgram:
+        if self._reason:
+            self.retraces += 1
+            log.info("re-tracing the train step (%d): %s", self.retraces, self._reason)
+        program = build_step(self._model, self.loss_fn, self.optimizer, self._types)
+        self._gather(program)
+        self._program, self._reason = program, ""
+        return program
+
+    def _gather(self, program: StepProgram) -> None:
+        """Lay the current values and optimizer state out as the program's arguments."""
+        params = {p.id: (path, p) for path, p in self._model.leaves() if isinstance(p, Param)}
+        self._params = [self._values[pid] for pid in program.param_ids]
+        self._states = []
+        for i, names in zip(program.trained, program.state_names):
+            state = self.optimizer.state_for(*params[program.param_ids[i]])
+            self._states += [state[name] for name in names]
+
+    def model(self) -> Module:
+        """The trained module: parameters and buffers as the last step left them."""
+        return with_values(self._model, self._values)
+
+
+def compile_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, *input_specs: InputSpec, seed: int = 0
+                 ) -> TrainStep:
+    """Capture `loss_fn(model, *inputs)`'s forward, backward and `optimizer`'s update as one step function."""
+    return TrainStep(model, loss_fn, optimizer, input_specs, seed)

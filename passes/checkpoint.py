@@ -1,0 +1,137 @@
+"""checkpoint: trade memory for compute in `forward_backward` by recomputing forward values in the backward.
+
+`checkpoint{strategy=none|balanced|all}` rewrites `forward_backward` (the autodiff pass's output). Its forward ops
+are those the forward results (loss and the other results of `@forward`, the first results) depend on; the rest
+is the backward. Each forward value a backward op uses is either kept (the backward reads the forward's value,
+which so stays alive through the forward) or recomputed: its op, and recursively every operand it needs that is
+not kept, is copied (named `%<value>.recompute`) right before the first backward op that uses it.
+
+    none      keep every forward value (the identity).
+    balanced  recompute cheap, memory-bound ops (elementwise math and activations, dropout, data movement,
+              constants); keep compute-bound and reducing ones (matmul, linear, convolutions, pooling,
+              normalizations, softmax, reductions).
+    all       recompute everything inside regions and keep only the regions' inputs: the forward ops are cut
+              into regions of about sqrt(n) consecutive ops, and a value is kept only when a later region
+              (or the function's results) uses it.
+    auto      (the default) the strategy of the trainable parameters' `checkpointing` attribute, as a module built
+              on `Device("cpu").autodiff(checkpointing="balanced")` sets it; none when unset.
+
+dropout recomputes to the same mask (its mask depends on its seed, the run seed and the shape only), so results
+are unchanged. Run this after `cse`, which would merge the copies back into the values they recompute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from kiln.ir import Function, Graph, Op, Operand, PassError, Value, prune
+
+from .base import Pass
+
+MEMORY_BOUND = frozenset({
+    "neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "leaky_relu", "erf",
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "equal", "less", "greater", "where", "cast", "dropout",
+    "reshape", "transpose", "broadcast_to", "slice", "concat", "constant", "zeros", "ones", "full",
+})
+STRATEGIES = ("none", "balanced", "all")
+
+
+def strategy_of(graph: Graph) -> str:
+    """The checkpointing strategy the trainable parameters carry ("none" when they carry none)."""
+    found = {p.checkpointing for p in graph.params.values() if p.grad and p.checkpointing is not None}
+    if len(found) > 1:
+        raise PassError(f"checkpoint: trainable parameters disagree on checkpointing ({', '.join(sorted(found))})")
+    return found.pop() if found else "none"
+
+
+def forward_ops(fn: Function, n_forward: int) -> list[Op]:
+    """The ops the first `n_forward` results depend on, in order."""
+    needed = {id(r) for r in fn.results[:n_forward] if isinstance(r, Value)}
+    ops = []
+    for op in reversed(fn.ops):
+        if any(id(r) in needed for r in op.results):
+            ops.append(op)
+            needed.update(id(o) for o in op.operands if isinstance(o, Value))
+    return ops[::-1]
+
+
+def _kept(fn: Function, forward: list[Op], strategy: str) -> set[int]:
+    """ids of the forward values the backward reads as they are."""
+    returned = {id(r) for r in fn.results if isinstance(r, Value)}
+    if strategy == "none":
+        return {id(r) for op in forward for r in op.results}
+    if strategy == "balanced":
+        return {id(r) for op in forward for r in op.results if op.kind not in MEMORY_BOUND} | returned
+    size = max(1, math.isqrt(len(forward) - 1) + 1) if forward else 1
+    region = {id(r): i // size for i, op in enumerate(forward) for r in op.results}
+    kept = set(returned)
+    for i, op in enumerate(forward):
+        kept.update(id(o) for o in op.operands if id(o) in region and region[id(o)] < i // size)
+    return kept
+
+
+def checkpoint(fn: Function, n_forward: int, strategy: str) -> Function:
+    """fn with the forward values its backward uses recomputed there unless the strategy keeps them."""
+    forward = forward_ops(fn, n_forward)
+    kept = _kept(fn, forward, strategy)
+    forward_ids = {id(op) for op in forward}
+    made = {id(r) for op in forward for r in op.results}
+    taken = {a.name for a in fn.args} | {r.name for op in fn.ops for r in op.results}
+    ops: list[Op] = []
+    renamed: dict[int, Value] = {}  # backward results and recomputed forward values, by original id
+
+    def fresh(name: str) -> str:
+        new, k = f"{name}.recompute", 1
+        while new in taken:
+            new, k = f"{name}.recompute{k}", k + 1
+        taken.add(new)
+        return new
+
+    def backward_operand(o: Operand) -> Operand:
+        if not isinstance(o, Value) or id(o) in kept or id(o) not in made:
+            return renamed.get(id(o), o) if isinstance(o, Value) else o
+        if id(o) not in renamed:
+            op = o.owner
+            assert op is not None
+            copy = Op(op.kind, tuple(backward_operand(x) for x in op.operands), dict(op.attrs),
+                      tuple(Value(r.type, fresh(r.name)) for r in op.results))
+            ops.append(copy)
+            renamed.update((id(r), c) for r, c in zip(op.results, copy.results))
+        return renamed[id(o)]
+
+    for op in fn.ops:
+        if id(op) in forward_ids:
+            ops.append(op)
+            continue
+        operands = tuple(backward_operand(o) for o in op.operands)
+        if all(a is b for a, b in zip(operands, op.operands)):
+            ops.append(op)
+            continue
+        copy = Op(op.kind, operands, op.attrs, tuple(Value(r.type, r.name) for r in op.results))
+        ops.append(copy)
+        renamed.update((id(r), c) for r, c in zip(op.results, copy.results))
+    if len(ops) == len(fn.ops):
+        return fn
+    results = tuple(renamed.get(id(r), r) if isinstance(r, Value) and id(r) not in made else r for r in fn.results)
+    return prune(Function(fn.name, fn.args, tuple(ops), results))
+
+
+@dataclass(frozen=True)
+class Checkpoint(Pass):
+    """Recompute forward values in `output`'s backward instead of keeping them, per the strategy."""
+
+    name = "checkpoint"
+    strategy: Literal["auto", "none", "balanced", "all"] = "auto"
+    function: str = "forward"
+    output: str = "forward_backward"
+
+    def apply(self, graph: Graph) -> Graph:
+        fn, forward = graph.functions.get(self.output), graph.functions.get(self.function)
+        if fn is None or forward is None:
+            missing = self.output if fn is None else self.function
+            raise PassError(f"checkpoint: module @{graph.name} has no function @{missing} (run autodiff first)")
+        strategy = strategy_of(graph) if self.strategy == "auto" else self.strategy
+        new = checkpoint(fn, len(forward.results), strategy)
+        return graph if new is fn else graph.with_function(new)

@@ -1,0 +1,91 @@
+"""Compile a kiln graph to an `Executable`: lower to Relax, build with kiln's CPU or CUDA pipeline, and cache.
+
+The cache key is `structural_hash(graph, include_data=<params bound>)` plus the target, the options, and the
+versions of this lowering and of TVM. Bound builds also key on the seed (ParamId) and initializer of every
+parameter that has no data yet, since those decide the constants baked into the library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import tvm
+from tvm.target import Target
+
+from kiln.ir import Graph, KilnError, structural_hash
+from kiln.ir.interpreter import param_value
+
+from . import compile_cache
+from .artifact import Program
+from .executable import Executable
+from .lower_relax import PARAM_MODES, lower, used_params
+from .tvm_pipeline import cpu_pipeline, cuda_pipeline
+from .tvm_target import cpu_target, cuda_target
+
+LOWERING_VERSION = "1"  # bump when lowering or pipelines change what a key builds
+
+TargetLike = str | Target
+
+
+def resolve_target(target: TargetLike) -> Target:
+    """"llvm"/"cpu" -> this host's LLVM target, "cuda" -> CUDA (GPU 0's arch, else sm_80); a Target as is."""
+    if isinstance(target, Target):
+        return target
+    if target in ("llvm", "cpu"):
+        return cpu_target()
+    if target == "cuda":
+        return cuda_target()
+    raise KilnError(f"unknown target {target!r}: use 'llvm' or 'cuda' (or a tvm.target.Target)")
+
+
+def _device(target: Target) -> str:
+    return "cuda" if target.kind.name == "cuda" else "cpu"
+
+
+def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool) -> str:
+    """The compile-cache key of one build."""
+    h = hashlib.blake2b(digest_size=20)
+    parts = [structural_hash(graph, include_data=params == "bound"), tuple(functions), str(target), params,
+             fast_math, LOWERING_VERSION, tvm.__version__]
+    if params == "bound":
+        parts += [(p.name, p.id, repr(p.init)) for p in graph.params.values() if p.data is None]
+    h.update(repr(parts).encode())
+    return h.hexdigest()
+
+
+def build(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool) -> Program:
+    """Lower and build without the cache."""
+    lowered = lower(graph, params, functions)
+    pipeline = cuda_pipeline(target) if _device(target) == "cuda" else cpu_pipeline(target, fast_math)
+    try:
+        library = tvm.compile(lowered.module, target=target, relax_pipeline=pipeline)
+    except (RuntimeError, TypeError, ValueError) as e:  # what TVM raises on a failed build
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise KilnError(f"TVM could not build module @{graph.name} for {target.kind.name}: {first}") from e
+    return Program(library, lowered.signatures, str(target), _device(target), params)
+
+
+def compile_graph(graph: Graph, *, target: TargetLike = "llvm", params: str = "bound", fast_math: bool = True,
+                  functions: Sequence[str] | None = None, cache: bool = True) -> Executable:
+    """Compile `functions` (default: all) of `graph`; a cached build (memory, then disk) is reused.
+
+    `params="bound"` bakes the parameters in as constants (deployment); `params="inputs"` passes them at run time
+    (the executable holds the graph's current values), so one build serves any weights.
+    """
+    if params not in PARAM_MODES:
+        raise KilnError(f"params must be one of {', '.join(PARAM_MODES)}, not {params!r}")
+    names = tuple(functions) if functions is not None else tuple(graph.functions)
+    tgt = resolve_target(target)
+    key = cache_key(graph, names, tgt, params, fast_math)
+    hit = compile_cache.lookup(key) if cache else None
+    if hit is not None:
+        program, path = hit
+    else:
+        program, path = build(graph, names, tgt, params, fast_math), None
+        if cache:
+            compile_cache.store(key, program, program.library.export_library)
+    values = None
+    if params == "inputs":
+        values = {p.name: param_value(p) for name in names for p in used_params(graph, name)}
+    return Executable(program, values, library_path=path)

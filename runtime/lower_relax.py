@@ -1,0 +1,251 @@
+"""Lower kiln functions to Relax: one Relax function per kiln function, built op by op with a BlockBuilder.
+
+* Dynamic dims (`?`) of the inputs become TVM symbolic vars, one per input position, so one compiled function
+  serves every size. Positions that meet in a broadcast (say the batch dims of `x + y`) are unified into one
+  var: the first attempt that makes Relax lose a shape names the pair, and lowering restarts with them merged.
+* Stored parameters are Relax constants (`params="bound"`, for deployment: TVM folds and pre-computes with
+  them) or trailing function inputs (`params="inputs"`, for training: one build serves every weight value).
+* Derived parameters (reparam nodes such as `lora`) are computed inside the function from their stored bases.
+* Flags lower to constants of their effective value: rules such as `dropout` and `batch_norm` specialize on them.
+* f16 and bf16 arithmetic runs in f32 with results rounded to the declared dtype, as the interpreter does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from kiln.ir import DType, Graph, KilnError, Operand, ParamNode, SymRef, TensorType, Value, registry
+from kiln.ir.interpreter import param_value
+
+from . import relax_nn_ops, relax_ops, relax_quant_ops, relax_random, relax_shape_ops  # noqa: F401  (register rules)
+from .relax_rule import NeedsSeed, OpCall
+from .signature import FunctionSignature
+from .tvm_dtypes import to_storage, tvm_dtype
+
+PARAM_MODES = ("bound", "inputs")
+_LOW_PRECISION = (DType.f16, DType.bf16)
+_DATA_MOVEMENT = {"transpose", "reshape", "broadcast_to", "concat", "slice", "take", "gather", "cast", "where",
+                  "constant", "zeros", "ones", "full"}
+
+DimKey = tuple[int, int]  # (input index, axis)
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A Relax module with one function per lowered kiln function, and their calling conventions."""
+
+    module: tvm.IRModule
+    signatures: dict[str, FunctionSignature]
+
+
+class _Unify(Exception):
+    """Two input dims met in a broadcast; lowering restarts with them as one symbolic var."""
+
+    def __init__(self, a: DimKey, b: DimKey):
+        super().__init__(a, b)
+        self.pair = (a, b)
+
+
+@dataclass
+class _Plan:
+    """What earlier attempts learned: which input dims are one var, and whether the function needs a seed."""
+
+    parent: dict[DimKey, DimKey] = field(default_factory=dict)
+    seeded: bool = False
+
+    def find(self, key: DimKey) -> DimKey:
+        while self.parent.get(key, key) != key:
+            key = self.parent[key]
+        return key
+
+    def merge(self, a: DimKey, b: DimKey) -> None:
+        a, b = self.find(a), self.find(b)
+        if a != b:
+            self.parent[max(a, b)] = min(a, b)
+
+
+def _identifier(name: str) -> str:
+    return re.sub(r"\W", "_", name)
+
+
+def used_params(graph: Graph, function: str) -> list[ParamNode]:
+    """The stored parameters a function reads, directly or through derived parameters, in graph order."""
+    fn = graph.functions[function]
+    pending = [o.name for op in fn.ops for o in op.operands if isinstance(o, SymRef)]
+    pending += [r.name for r in fn.results if isinstance(r, SymRef)]
+    seen: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name not in seen:
+            seen.add(name)
+            reparam = graph.reparams.get(name)
+            pending.extend(reparam.operands if reparam is not None else ())
+    return [p for name, p in graph.params.items() if name in seen]
+
+
+class _FunctionLowering:
+    """One attempt at lowering one kiln function into a block builder."""
+
+    def __init__(self, graph: Graph, name: str, params: str, plan: _Plan):
+        self.graph, self.fn, self.params, self.plan = graph, graph.functions[name], params, plan
+        self.dims: dict[tirx.Var, DimKey] = {}
+        self.symbols: dict[str, tuple[relax.Expr, np.ndarray | None]] = {}
+        self.param_vars: dict[str, relax.Var] = {}
+        self.run_seed: relax.Var | None = None
+        self.opened = False  # whether the builder holds this function's (unfinished) scope
+
+    def _input_var(self, index: int, name: str, t: TensorType) -> relax.Var:
+        shape = []
+        for axis, d in enumerate(t.shape):
+            if d is not None:
+                shape.append(d)
+                continue
+            root = self.plan.find((index, axis))
+            var = next((v for v, k in self.dims.items() if self.plan.find(k) == root), None)
+            if var is None:
+                var = tirx.Var(f"{_identifier(self.fn.args[root[0]].name or 'x')}_{root[1]}", "int64")
+            self.dims.setdefault(var, root)
+            shape.append(var)
+        return relax.Var(_identifier(name), relax.TensorType(shape, tvm_dtype(t.dtype)))
+
+    def emit(self, bb: relax.BlockBuilder) -> FunctionSignature:
+        inputs = [self._input_var(i, a.name or f"x{i}", a.type) for i, a in enumerate(self.fn.args)]
+        stored = used_params(self.graph, self.fn.name) if self.params == "inputs" else []
+        for p in stored:
+            self.param_vars[p.name] = relax.Var("p_" + _identifier(p.name),
+                                                relax.TensorType(list(p.type.shape), tvm_dtype(p.type.dtype)))
+        extra: list[relax.Var] = list(self.param_vars.values())
+        if self.plan.seeded:
+            self.run_seed = relax.Var("seed", relax.TensorType([], "int64"))
+            extra.append(self.run_seed)
+        env: dict[int, tuple[relax.Expr, np.ndarray | None]] = {id(a): (v, None) for a, v in zip(self.fn.args, inputs)}
+        with bb.function(self.fn.name, [*inputs, *extra]):
+            self.opened = True
+            with bb.dataflow():
+                for op in self.fn.ops:
+                    operands = [self._operand(bb, o, env) for o in op.operands]
+                    outs = self.apply(bb, op.kind, operands, [o.type for o in op.operands], op.attrs,
+                                      [r.type for r in op.results])
+                    known = op.attrs["value"] if op.kind == "constant" else None
+                    env.update((id(r), (e, known)) for r, e in zip(op.results, outs))
+                results = [self._operand(bb, r, env)[0] for r in self.fn.results]
+                output = bb.emit_output(relax.Tuple(results))
+            bb.emit_func_output(output)
+        self.opened = False
+        return FunctionSignature(self.fn.name, tuple((a.name or f"x{i}", a.type) for i, a in enumerate(self.fn.args)),
+                                 tuple((p.name, p.type) for p in stored), self.fn.result_types, self.plan.seeded)
+
+    def _operand(self, bb: relax.BlockBuilder, o: Operand, env: dict) -> tuple[relax.Expr, np.ndarray | None]:
+        if isinstance(o, Value):
+            return env[id(o)]
+        return self._symbol(bb, o.name)
+
+    def _symbol(self, bb: relax.BlockBuilder, name: str) -> tuple[relax.Expr, np.ndarray | None]:
+        """A parameter (constant or input), a flag (constant of its effective value) or a derived parameter."""
+        if name not in self.symbols:
+            node = self.graph.symbol(name)
+            if isinstance(node, ParamNode):
+                value = self.param_vars.get(name)
+                if value is None:
+                    value = relax.const(to_storage(param_value(node), node.type.dtype), tvm_dtype(node.type.dtype))
+                self.symbols[name] = (value, None)
+            elif name in self.graph.flags:
+                flag = np.asarray(self.graph.flags[name].value)
+                self.symbols[name] = (relax.const(flag, "bool"), flag)
+            elif node is not None:
+                operands = [self._symbol(bb, o) for o in node.operands]
+                types = [self.graph.symbol(o).type for o in node.operands]
+                (value,) = self.apply(bb, node.kind, operands, types, node.attrs, [node.type])
+                self.symbols[name] = (value, None)
+            else:
+                raise KilnError(f"@{name} is not a symbol of module @{self.graph.name}")
+        return self.symbols[name]
+
+    def apply(self, bb: relax.BlockBuilder, kind: str, operands: Sequence[tuple[relax.Expr, np.ndarray | None]],
+              types: Sequence[TensorType], attrs: dict, results: Sequence[TensorType]) -> list[relax.Expr]:
+        """Run the op's Relax rule and emit its results, checked against (and cast to) the declared types."""
+        rule = registry.lookup(kind).rules.get("relax")
+        if rule is None:
+            raise KilnError(f"op {kind!r} has no Relax lowering")
+        args = [e for e, _ in operands]
+        if kind not in _DATA_MOVEMENT:
+            widened = [t.dtype in _LOW_PRECISION for t in types]
+            args = [bb.emit(relax.op.astype(a, "float32")) if w else a for a, w in zip(args, widened)]
+            types = [t.with_dtype(DType.f32) if w else t for t, w in zip(types, widened)]
+        call = OpCall(kind, bb, args, types, [k for _, k in operands], attrs, self.run_seed)
+        outs = rule(call)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        emitted = []
+        for expr, want in zip(outs, results):
+            if not isinstance(expr, relax.Var | tvm.ir.expr.Constant):
+                expr = bb.emit(expr)
+            if expr.ty.dtype != tvm_dtype(want.dtype):
+                expr = bb.emit(relax.op.astype(expr, tvm_dtype(want.dtype)))
+            self._check_shape(kind, expr, want, args)
+            emitted.append(expr)
+        return emitted
+
+    def _check_shape(self, kind: str, expr: relax.Expr, want: TensorType, args: Sequence[relax.Expr]) -> None:
+        """Relax must know the result's shape and agree with kiln's static dims; an unknown shape from two input
+        dims meeting in a broadcast asks for them to be unified."""
+        shape = expr.ty.shape
+        if isinstance(shape, relax.ShapeExpr):
+            got = list(shape.values)
+            if len(got) == want.rank and all(w is None or (isinstance(g, tirx.IntImm) and g.value == w)
+                                             for g, w in zip(got, want.shape)):
+                return
+            raise KilnError(f"{kind}: lowered to shape {got} but its type is {want}")
+        shapes = [a.ty.shape.values for a in args if isinstance(a.ty, relax.TensorType)
+                  and isinstance(a.ty.shape, relax.ShapeExpr)]
+        for offset in range(1, max((len(s) for s in shapes), default=0) + 1):
+            keys = {self.dims[d] for s in shapes if len(s) >= offset for d in [s[-offset]] if d in self.dims}
+            if len({self.plan.find(k) for k in keys}) > 1:
+                a, b = sorted(keys)[:2]
+                raise _Unify(a, b)
+        raise KilnError(f"{kind}: Relax cannot infer the result shape (type {want}) from operand shapes {shapes}")
+
+
+def _emit(graph: Graph, name: str, params: str, plan: _Plan, bb: relax.BlockBuilder) -> FunctionSignature:
+    """Lower one function into `bb`; on failure close the builder's open scope (it is not reused)."""
+    lowering = _FunctionLowering(graph, name, params, plan)
+    try:
+        return lowering.emit(bb)
+    except Exception:
+        if lowering.opened:
+            bb._end_block()
+            bb.end_scope()
+        raise
+
+
+def _lower_function(graph: Graph, name: str, params: str, bb: relax.BlockBuilder) -> FunctionSignature:
+    """Find the dim unification and seed the function needs with trial lowerings, then emit it into `bb`."""
+    plan = _Plan()
+    fn = graph.functions[name]
+    for _ in range(sum(a.type.shape.count(None) for a in fn.args) + 2):
+        try:
+            _emit(graph, name, params, plan, relax.BlockBuilder())
+            break
+        except _Unify as e:
+            plan.merge(*e.pair)
+        except NeedsSeed:
+            plan.seeded = True
+    return _emit(graph, name, params, plan, bb)
+
+
+def lower(graph: Graph, params: str = "bound", functions: Sequence[str] | None = None) -> Lowered:
+    """Lower `functions` (default: all) of `graph` into one Relax module."""
+    if params not in PARAM_MODES:
+        raise KilnError(f"params must be one of {', '.join(PARAM_MODES)}, not {params!r}")
+    names = list(functions) if functions is not None else list(graph.functions)
+    for name in names:
+        if name not in graph.functions:
+            raise KilnError(f"module @{graph.name} has no function @{name}")
+    bb = relax.BlockBuilder()
+    signatures = {name: _lower_function(graph, name, params, bb) for name in names}
+    return Lowered(bb.get(), signatures)

@@ -1,0 +1,153 @@
+"""Export one function of a kiln graph (by default `forward`) as an ONNX model, op by op through `rules["onnx"]`.
+
+* The graph is first put in valid state and simplified (`valid,materialize,canonicalize,dce`): flags turn false,
+  so dropout disappears and batch norm becomes an affine op on its running statistics, and derived parameters
+  such as LoRA fold into plain ones (a quantized weight stays codes and scales, dequantized inside the model).
+* Every stored parameter becomes an initializer named by its module path (`fc1.weight`) and tagged with its
+  ParamId (see `onnx_tensors`); flags fold into constants; kiln's literal constants become Constant nodes.
+* Dynamic dims (`?`) of the inputs become named dim params: "batch" at axis 0, `<input>_<axis>` elsewhere.
+* Models whose initializers pass `external_data_threshold` bytes (protobuf caps a model at 2 GiB) keep them in
+  external data beside the model, `<model file name>.data`.
+* Files are written to a temporary sibling directory, checked with `onnx.checker`, then renamed into place
+  (external data first), so a failed export leaves any existing model untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import GraphProto, ModelProto, ValueInfoProto, helper, numpy_helper
+
+from kiln.ir import FlagNode, Function, Graph, KilnError, Operand, SymRef, TensorType, Value, registry
+from kiln.ir.interpreter import param_value
+from kiln.passes import PassManager
+from kiln.passes.patterns import constant_of
+
+from . import onnx_nn_ops, onnx_ops, onnx_quant_ops, onnx_shape_ops  # noqa: F401  (register rules)
+from .onnx_rule import NodeSink, OnnxCall, as_names
+from .onnx_tensors import initializer, onnx_dtype
+
+DEFAULT_OPSET = 21
+OPSETS = range(20, 23)  # Gelu needs 20; IR version 10 covers up to 22
+IR_VERSION = 10  # onnxruntime 1.31 rejects onnx 1.23's default IR version (14)
+EXTERNAL_DATA_THRESHOLD = (1 << 31) - (64 << 20)  # 2 GiB, less headroom for the graph itself
+PREPARE = "valid,materialize,canonicalize,dce"
+
+
+class _Lowering:
+    """Builds the ONNX graph of one kiln function: initializers, then nodes op by op."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.initializers = [initializer(p.name, param_value(p), p.type.dtype, p.id) for p in graph.params.values()]
+        self.sink = NodeSink(graph.params)
+        self.symbols: dict[str, str] = {name: name for name in graph.params}
+        self.values: dict[int, str] = {}  # id(Value) -> ONNX name
+
+    def name(self, o: Operand) -> str:
+        return self.symbol(o.name) if isinstance(o, SymRef) else self.values[id(o)]
+
+    def symbol(self, name: str) -> str:
+        """A symbol's ONNX name: parameters are initializers; a flag becomes a constant and a derived parameter is
+        computed from its stored ones, each once."""
+        if name not in self.symbols:
+            node = self.graph.symbol(name)
+            if isinstance(node, FlagNode):
+                value = numpy_helper.from_array(np.asarray(node.value))
+                self.symbols[name] = self.sink.node("Constant", [], [self.sink.fresh(name)], value=value)[0]
+            else:
+                operands = [SymRef(o, self.graph.symbol(o).type) for o in node.operands]
+                self.symbols[name] = self.lower(node.kind, operands, node.attrs, [node.type])[0]
+        return self.symbols[name]
+
+    def known(self, o: Operand) -> np.ndarray | None:
+        """An operand's value at export time: a flag's or a constant's."""
+        node = self.graph.symbol(o.name) if isinstance(o, SymRef) else None
+        return np.asarray(node.value) if isinstance(node, FlagNode) else constant_of(o)
+
+    def lower(self, kind: str, operands: Sequence[Operand], attrs: dict, results: Sequence[TensorType]
+              ) -> tuple[str, ...]:
+        rule = registry.lookup(kind).rules.get("onnx")
+        if rule is None:
+            raise KilnError(f"{kind}: no ONNX lowering is registered")
+        call = OnnxCall(kind, self.sink, [self.name(o) for o in operands], [o.type for o in operands],
+                        [self.known(o) for o in operands], attrs, results)
+        return as_names(rule(call))
+
+    def function(self, fn: Function) -> GraphProto:
+        """The function's ONNX graph."""
+        inputs = self.inputs(fn.args)
+        for op in fn.ops:
+            names = self.lower(op.kind, op.operands, op.attrs, [r.type for r in op.results])
+            self.values.update((id(r), n) for r, n in zip(op.results, names))
+        outputs = self.outputs(fn.results)
+        return helper.make_graph(self.sink.nodes, self.graph.name, inputs, outputs, self.initializers)
+
+    def inputs(self, args: Sequence[Value]) -> list[ValueInfoProto]:
+        """Each argument under its own name (made unique), dynamic dims named."""
+        infos = []
+        for arg in args:
+            self.values[id(arg)] = name = self.sink.fresh(arg.name)
+            dims = [d if d is not None else "batch" if axis == 0 else f"{name}_{axis}"
+                    for axis, d in enumerate(arg.type.shape)]
+            infos.append(helper.make_tensor_value_info(name, onnx_dtype(arg.type.dtype), dims))
+        return infos
+
+    def outputs(self, results: Sequence[Operand]) -> list[ValueInfoProto]:
+        """Each result through an Identity named `output` (`output_<i>` for several); dynamic dims unnamed."""
+        infos = []
+        for i, r in enumerate(results):
+            name = self.sink.fresh("output" if len(results) == 1 else f"output_{i}")
+            self.sink.node("Identity", [self.name(r)], [name])
+            infos.append(helper.make_tensor_value_info(name, onnx_dtype(r.type.dtype), list(r.type.shape)))
+        return infos
+
+
+def prepare(graph: Graph) -> Graph:
+    """The graph as it exports: valid state, reparameterizations folded, dead training behaviour removed."""
+    return PassManager.parse(PREPARE).run(graph)
+
+
+def to_onnx(graph: Graph, function: str = "forward", opset: int = DEFAULT_OPSET) -> ModelProto:
+    """`function` of the prepared graph as an in-memory ONNX model."""
+    if opset not in OPSETS:
+        raise KilnError(f"ONNX opset {opset} is not supported (supported: {OPSETS.start} to {OPSETS.stop - 1})")
+    graph = prepare(graph)
+    fn = graph.functions.get(function)
+    if fn is None:
+        raise KilnError(f"module @{graph.name} has no function @{function}")
+    return helper.make_model(_Lowering(graph).function(fn), opset_imports=[helper.make_opsetid("", opset)],
+                             ir_version=IR_VERSION, producer_name="kiln")
+
+
+def export_graph(graph: Graph, path: str | os.PathLike[str], *, function: str = "forward",
+                 opset: int = DEFAULT_OPSET, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> Path:
+    """Write `function` of a (valid-mode) graph as a checked ONNX model at `path`, atomically; returns the path."""
+    model = to_onnx(graph, function, opset)
+    destination = Path(path)
+    external = sum(len(t.raw_data) for t in model.graph.initializer) > external_data_threshold
+    save_atomically(model, destination, f"{destination.name}.data" if external else None)
+    return destination
+
+
+def save_atomically(model: ModelProto, destination: Path, data_name: str | None) -> None:
+    """Save (initializers in `data_name` beside the model, when given), check, then rename into place."""
+    with tempfile.TemporaryDirectory(prefix=".kiln-", dir=destination.parent) as staging:
+        staged = Path(staging) / destination.name
+        onnx.save_model(model, staged, save_as_external_data=data_name is not None, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=0)
+        onnx.checker.check_model(str(staged))
+        files = [Path(staging) / data_name] if data_name else []
+        for f in [*files, staged]:
+            _fsync(f)
+            os.replace(f, destination.parent / f.name)
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())

@@ -1,0 +1,117 @@
+"""Relax lowerings of kiln's elementwise, matrix-product, reduction and constant-source ops."""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+from tvm.relax import op as R
+
+from kiln.ir import DType
+from kiln.ir.ops.common import norm_axes
+
+from .relax_rule import OpCall, RelaxResult, relax_rule
+from .tvm_dtypes import to_storage, tvm_dtype
+
+_UNARY = {"neg": R.negative, "abs": R.abs, "relu": R.nn.relu, "exp": R.exp, "log": R.log, "sqrt": R.sqrt,
+          "rsqrt": R.rsqrt, "tanh": R.tanh, "sigmoid": R.sigmoid, "silu": R.nn.silu, "erf": R.erf}
+_BINARY = {"add": R.add, "sub": R.subtract, "mul": R.multiply, "pow": R.power, "maximum": R.maximum,
+           "minimum": R.minimum, "equal": R.equal, "less": R.less, "greater": R.greater}
+_REDUCE = {"sum": R.sum, "mean": R.mean, "max": R.max, "min": R.min}
+
+
+@relax_rule(*_UNARY)
+def _unary(call: OpCall) -> RelaxResult:
+    return _UNARY[call.kind](call.args[0])
+
+
+@relax_rule("gelu")
+def _gelu(call: OpCall) -> RelaxResult:
+    return (R.nn.gelu_tanh if call.attrs["approximate"] == "tanh" else R.nn.gelu)(call.args[0])
+
+
+@relax_rule("leaky_relu")
+def _leaky_relu(call: OpCall) -> RelaxResult:
+    return R.nn.leakyrelu(call.args[0], call.attrs["alpha"])
+
+
+@relax_rule(*_BINARY)
+def _binary(call: OpCall) -> RelaxResult:
+    return _BINARY[call.kind](*call.args)
+
+
+@relax_rule("div")
+def _div(call: OpCall) -> RelaxResult:
+    """True division for floats; for integers the quotient truncated toward zero (TIR's `Div`), and x/0 = 0."""
+    a, b = call.args
+    if call.types[0].dtype.is_float:
+        return R.divide(a, b)
+    dtype = call.dtype()
+    zero = relax.const(0, dtype)
+    # b + (b == 0), not where(b == 0, 1, b): TVM's simplifier pushes a division into a select's arms, and the
+    # vectorized select then divides by zero in the arm it discards. (floor_divide is no way round: its
+    # vectorized LLVM codegen fails on a non-constant divisor.)
+    safe = call.emit(R.add(b, R.astype(R.equal(b, zero), dtype)))
+    return R.where(R.equal(b, zero), zero, R.divide(a, safe))
+
+
+@relax_rule("where")
+def _where(call: OpCall) -> RelaxResult:
+    return R.where(*call.args)
+
+
+@relax_rule("cast")
+def _cast(call: OpCall) -> RelaxResult:
+    """astype, except that a cast to bool tests for nonzero (astype would truncate 0.5 to false)."""
+    x, target = call.args[0], call.attrs["dtype"]
+    if target is DType.bool:
+        return R.not_equal(x, relax.const(0, call.dtype()))
+    return R.astype(x, tvm_dtype(target))
+
+
+@relax_rule("matmul")
+def _matmul(call: OpCall) -> RelaxResult:
+    return R.matmul(*call.args)
+
+
+@relax_rule("linear")
+def _linear(call: OpCall) -> RelaxResult:
+    """x @ weight (+ bias), weight stored [in, out]."""
+    y = R.matmul(call.args[0], call.args[1])
+    return y if len(call.args) == 2 else R.add(y, call.args[2])
+
+
+@relax_rule("lora")
+def _lora(call: OpCall) -> RelaxResult:
+    """base + scale * (a @ b)."""
+    base, a, b = call.args
+    return R.add(base, R.multiply(relax.const(call.attrs["scale"], call.dtype()), R.matmul(a, b)))
+
+
+@relax_rule(*_REDUCE)
+def _reduce(call: OpCall) -> RelaxResult:
+    axes = norm_axes(call.kind, call.attrs["axes"], call.types[0].rank)
+    if not axes:  # numpy reduces over no axis as the identity
+        return call.args[0]
+    return _REDUCE[call.kind](call.args[0], list(axes), call.attrs["keepdims"])
+
+
+@relax_rule("softmax", "log_softmax")
+def _softmax(call: OpCall) -> RelaxResult:
+    fn = R.nn.softmax if call.kind == "softmax" else R.nn.log_softmax
+    return fn(call.args[0], call.attrs["axis"])
+
+
+@relax_rule("constant")
+def _constant(call: OpCall) -> RelaxResult:
+    value = call.attrs["value"]
+    dtype = DType.from_numpy(value.dtype)
+    return relax.const(to_storage(value, dtype), tvm_dtype(dtype))
+
+
+@relax_rule("zeros", "ones", "full")
+def _filled(call: OpCall) -> RelaxResult:
+    """A tensor filled with the value the reference uses, converted to the dtype as numpy converts it."""
+    dtype: DType = call.attrs["dtype"]
+    fill = {"zeros": 0, "ones": 1}.get(call.kind, call.attrs.get("value"))
+    scalar = to_storage(np.full((), fill, dtype=dtype.numpy), dtype)
+    return R.full(call.attrs["shape"], relax.const(scalar, tvm_dtype(dtype)), tvm_dtype(dtype))

@@ -1,0 +1,127 @@
+"""Relax lowerings of kiln's data-movement ops: transpose, reshape, broadcast_to, concat, slice, take, gather."""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import te, tirx
+from tvm.relax import op as R
+
+from kiln.ir.ops.common import norm_axis
+from kiln.ir.ops.shape import _slices
+
+from .relax_rule import OpCall, RelaxResult, relax_rule
+
+
+@relax_rule("transpose")
+def _transpose(call: OpCall) -> RelaxResult:
+    perm = call.attrs["perm"]
+    return R.permute_dims(call.args[0], list(perm) if perm is not None else None)
+
+
+@relax_rule("reshape")
+def _reshape(call: OpCall) -> RelaxResult:
+    """The target shape with -1 resolved from the (possibly symbolic) element count."""
+    target = call.attrs["shape"]
+    if -1 in target:
+        known = math.prod(d for d in target if d != -1)
+        count = math.prod(call.shape(0), start=tirx.const(1, "int64"))
+        target = [tirx.floordiv(count, known) if d == -1 else d for d in target]
+    return R.reshape(call.args[0], list(target))
+
+
+@relax_rule("broadcast_to")
+def _broadcast_to(call: OpCall) -> RelaxResult:
+    """-1 in the target keeps the right-aligned input dim."""
+    target = call.attrs["shape"]
+    padded = [tirx.const(1, "int64")] * (len(target) - call.types[0].rank) + call.shape(0)
+    return R.broadcast_to(call.args[0], [p if d == -1 else d for d, p in zip(target, padded)])
+
+
+@relax_rule("concat")
+def _concat(call: OpCall) -> RelaxResult:
+    return R.concat(list(call.args), call.attrs["axis"])
+
+
+def _bounds(n: tirx.PrimExpr, cut: slice) -> tuple[tirx.PrimExpr, tirx.PrimExpr]:
+    """Python's `slice.indices` on a symbolic length: the first index and the element count."""
+    step = cut.step
+
+    def clamp(i: int | None, default: tirx.PrimExpr, lo: tirx.PrimExpr, hi: tirx.PrimExpr) -> tirx.PrimExpr:
+        if i is None:
+            return default
+        return tirx.max(tirx.min(n + i if i < 0 else tirx.const(i, "int64"), hi), lo)
+
+    if step > 0:
+        start = clamp(cut.start, tirx.const(0, "int64"), tirx.const(0, "int64"), n)
+        stop = clamp(cut.stop, n, tirx.const(0, "int64"), n)
+        count = tirx.max(tirx.floordiv(stop - start + step - 1, step), 0)
+    else:
+        start = clamp(cut.start, n - 1, tirx.const(-1, "int64"), n - 1)
+        stop = clamp(cut.stop, tirx.const(-1, "int64"), tirx.const(-1, "int64"), n - 1)
+        count = tirx.max(tirx.floordiv(start - stop - step - 1, -step), 0)
+    return start, count
+
+
+def _simplify(expr: tirx.PrimExpr, dims: list[tirx.PrimExpr]) -> tirx.PrimExpr:
+    """Simplify a length knowing that every symbolic dim is non-negative (so a full slice stays `n`)."""
+    analyzer = tvm.sym.Analyzer()
+    for d in dims:
+        if isinstance(d, tirx.Var):
+            analyzer.update(d, tvm.sym.ConstIntBound(0, tvm.sym.ConstIntBound.POS_INF))
+    return analyzer.simplify(expr)
+
+
+@relax_rule("slice")
+def _slice(call: OpCall) -> RelaxResult:
+    """numpy basic slicing: out[i] = x[start + i * step] along each cut axis, with clamped bounds."""
+    cuts = _slices("slice", call.types[0].rank, call.attrs)
+
+    def compute(x: te.Tensor) -> te.Tensor:
+        geometry = {axis: (*_bounds(x.shape[axis], cut), cut.step) for axis, cut in cuts.items()}
+        shape = [_simplify(geometry[a][1], x.shape) if a in geometry else d for a, d in enumerate(x.shape)]
+
+        def element(*i: tirx.PrimExpr) -> tirx.PrimExpr:
+            return x[tuple(geometry[a][0] + v * geometry[a][2] if a in geometry else v for a, v in enumerate(i))]
+        return te.compute(shape, element, name="slice")
+
+    return call.bb.call_te(compute, call.args[0], primfunc_name_hint="slice")
+
+
+def _index(i: tirx.PrimExpr, n: tirx.PrimExpr) -> tirx.PrimExpr:
+    """A numpy index (negative counts from the end) as an int64 offset."""
+    i = i.astype("int64")
+    return tirx.Select(i < 0, i + n, i)
+
+
+@relax_rule("take")
+def _take(call: OpCall) -> RelaxResult:
+    """numpy.take along an axis: the indices' dims replace that axis."""
+    axis = norm_axis("take", call.attrs["axis"], call.types[0].rank)
+    rank = call.types[1].rank
+
+    def compute(x: te.Tensor, indices: te.Tensor) -> te.Tensor:
+        shape = [*x.shape[:axis], *indices.shape, *x.shape[axis + 1:]]
+
+        def element(*i: tirx.PrimExpr) -> tirx.PrimExpr:
+            j = _index(indices[i[axis:axis + rank]], x.shape[axis])
+            return x[(*i[:axis], j, *i[axis + rank:])]
+        return te.compute(shape, element, name="take")
+
+    return call.bb.call_te(compute, *call.args, primfunc_name_hint="take")
+
+
+@relax_rule("gather")
+def _gather(call: OpCall) -> RelaxResult:
+    """torch.gather / numpy.take_along_axis: out[..i..] = x[..indices[..i..] at axis..]."""
+    axis = norm_axis("gather", call.attrs["axis"], call.types[0].rank)
+
+    def compute(x: te.Tensor, indices: te.Tensor) -> te.Tensor:
+        def element(*i: tirx.PrimExpr) -> tirx.PrimExpr:
+            return x[(*i[:axis], _index(indices[i], x.shape[axis]), *i[axis + 1:])]
+        return te.compute(indices.shape, element, name="gather")
+
+    return call.bb.call_te(compute, *call.args, primfunc_name_hint="gather")
+
+

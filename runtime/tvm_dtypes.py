@@ -1,0 +1,31 @@
+"""How kiln dtypes are stored in TVM tensors: sub-byte codes (i4, u4, nf4) travel one per byte as int8/uint8."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.ir import DType
+
+_TVM = {DType.f64: "float64", DType.f32: "float32", DType.f16: "float16", DType.bf16: "bfloat16",
+        DType.i64: "int64", DType.i32: "int32", DType.i16: "int16", DType.i8: "int8", DType.u8: "uint8",
+        DType.bool: "bool", DType.i4: "int8", DType.u4: "uint8", DType.nf4: "uint8"}
+
+
+def tvm_dtype(dtype: DType) -> str:
+    """The TVM dtype string holding one element of `dtype`."""
+    return _TVM[dtype]
+
+
+def storage_numpy(dtype: DType) -> np.dtype:
+    """The numpy dtype of the array TVM reads and writes for `dtype`."""
+    return np.dtype(np.int8) if dtype is DType.i4 else np.dtype(np.uint8) if dtype.is_packed else dtype.numpy
+
+
+def to_storage(array: np.ndarray, dtype: DType) -> np.ndarray:
+    """A C-contiguous array in TVM's storage dtype for `dtype` (sub-byte codes widened to a byte each)."""
+    return np.array(array, dtype=storage_numpy(dtype), order="C", copy=None)
+
+
+def from_storage(array: np.ndarray, dtype: DType) -> np.ndarray:
+    """The kiln-typed view of an array read back from TVM."""
+    return array if array.dtype == dtype.numpy else array.astype(dtype.numpy)

@@ -1,0 +1,198 @@
+"""The compile cache (memory and disk, atomic checksummed entries, damage detected and rebuilt) and exported
+libraries loaded by a fresh process, including one written by `kiln compile`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import nn
+from kiln.cli import main as cli_main
+from kiln.ir import Builder, Graph, Init, interpret, print_graph
+from kiln.runtime import compile_cache
+from kiln.runtime.artifact import SIDECAR, CorruptArtifact, file_digest, read_sidecar
+from kiln.runtime.compile import cache_key, compile_graph, resolve_target
+from kiln.runtime.executable import load_executable
+
+
+@pytest.fixture(autouse=True)
+def cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test gets an empty cache directory and an empty in-memory cache."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv(compile_cache.CACHE_ENV, str(root))
+    compile_cache.clear_memory()
+    yield root
+    compile_cache.clear_memory()
+
+
+def transformer_graph() -> Graph:
+    """A traced transformer block with fixed weights, so every process builds the same key."""
+    graph = kiln.trace(nn.TransformerEncoderLayer(64, 4, 128).valid(), ((None, 16, 64), "f32"))
+    rng = np.random.default_rng(0)
+    params = {n: p.replace(data=rng.normal(0, 0.2, p.type.shape).astype(np.float32)) for n, p in graph.params.items()}
+    return graph.replace(params=params)
+
+
+def small_graph() -> Graph:
+    b = Builder("Small")
+    x = b.input("x", ((None, 8), "f32"))
+    w = b.param("w", (8, 4), id=7, data=np.linspace(-1, 1, 32, dtype=np.float32).reshape(8, 4))
+    b.ret(b.softmax(b.linear(x, w)))
+    return b.build()
+
+
+def run_python(code: str, cache: Path) -> dict:
+    """Run `code` in a fresh interpreter with this cache; it prints one JSON object last."""
+    env = {**os.environ, compile_cache.CACHE_ENV: str(cache)}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def entry_files(cache: Path) -> list[str]:
+    return sorted(os.listdir(cache / "compile"))
+
+
+def test_a_second_process_loads_the_cached_build_in_well_under_a_second(tmp_path: Path, cache_root: Path) -> None:
+    graph = transformer_graph()
+    (tmp_path / "block.kir").write_text(print_graph(graph))
+    x = np.random.default_rng(1).standard_normal((2, 16, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    start = time.perf_counter()
+    compile_graph(graph)
+    cold = time.perf_counter() - start
+    report = run_python(f"""
+        import json, time
+        import numpy as np
+        import kiln.runtime.compile as compile_module
+        from kiln.ir import parse_file
+
+        def no_build(*args, **kwargs):
+            raise AssertionError("the cache missed: a build was attempted")
+
+        compile_module.build = no_build
+        graph = parse_file({str(tmp_path / "block.kir")!r})
+        start = time.perf_counter()
+        exe = compile_module.compile_graph(graph)
+        seconds = time.perf_counter() - start
+        np.save({str(tmp_path / "y.npy")!r}, exe(np.load({str(tmp_path / "x.npy")!r})))
+        print(json.dumps({{"seconds": seconds}}))
+    """, cache_root)
+    assert report["seconds"] < 0.5, (report, cold)
+    assert report["seconds"] < cold / 2
+    want = interpret(graph, [x])[0]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=3e-3, atol=3e-3 * float(np.abs(want).max()))
+
+
+def test_entries_are_written_atomically_with_checksums(cache_root: Path) -> None:
+    graph = small_graph()
+    compile_graph(graph)
+    key = cache_key(graph, ("forward",), resolve_target("llvm"), "bound", True)
+    assert entry_files(cache_root) == [f"{key}.so", f"{key}.so{SIDECAR}"]  # no temporary files left behind
+    sidecar = read_sidecar(str(cache_root / "compile" / f"{key}.so"))
+    assert sidecar["key"] == key
+    assert sidecar["library_sha256"] == file_digest(str(cache_root / "compile" / f"{key}.so"))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("victim", "damage"), [("library", _truncate), ("library", _flip_a_byte),
+                                                 ("sidecar", _truncate), ("sidecar", _flip_a_byte)],
+                         ids=["truncated-library", "altered-library", "truncated-sidecar", "altered-sidecar"])
+def test_a_damaged_entry_is_detected_rebuilt_and_replaced(cache_root: Path, victim: str, damage,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    graph = small_graph()
+    x = np.random.default_rng(2).standard_normal((3, 8)).astype(np.float32)
+    compile_graph(graph)
+    (library,) = (cache_root / "compile").glob("*.so")
+    before = library.read_bytes()
+    damage(library if victim == "library" else Path(str(library) + SIDECAR))
+    compile_cache.clear_memory()  # as a new process would: only the disk entry is left
+    with caplog.at_level(logging.WARNING, logger=compile_cache.__name__):
+        exe = compile_graph(graph)
+    assert "not using entry" in caplog.text
+    np.testing.assert_allclose(exe(x), interpret(graph, [x])[0], rtol=1e-5, atol=1e-6)
+    assert read_sidecar(str(library))["library_sha256"] == file_digest(str(library))  # replaced by a good entry
+    assert library.stat().st_size == len(before)
+    compile_cache.clear_memory()
+    with caplog.at_level(logging.WARNING, logger=compile_cache.__name__):
+        caplog.clear()
+        compile_graph(graph)
+    assert not caplog.text  # the replacement is used as it is
+
+
+def test_bound_builds_key_on_weights_and_input_builds_do_not() -> None:
+    graph = small_graph()
+    other = graph.replace(params={"w": graph.params["w"].replace(data=graph.params["w"].data * 2)})
+    lazy = graph.replace(params={"w": graph.params["w"].replace(data=None, init=Init("zeros"))})
+    relabeled = graph.replace(params={"w": lazy.params["w"].replace(id=8)})
+    target = resolve_target("llvm")
+
+    def key(g: Graph, params: str) -> str:
+        return cache_key(g, ("forward",), target, params, True)
+
+    assert key(graph, "bound") != key(other, "bound")
+    assert key(lazy, "bound") != key(relabeled, "bound")  # a lazy weight is seeded by its ParamId
+    assert key(graph, "inputs") == key(other, "inputs")
+    assert key(graph, "bound") != key(graph, "inputs")
+
+
+def test_exported_libraries_load_and_run_in_a_fresh_process(tmp_path: Path, cache_root: Path) -> None:
+    """A bound build, an inputs build (weights stored beside it) and one from `kiln compile` on a .kir file."""
+    rng = np.random.default_rng(3)
+    small = small_graph()
+    block = transformer_graph()
+    kir = tmp_path / "small.kir"
+    kir.write_text(print_graph(small))
+    compile_graph(small).export_library(str(tmp_path / "bound.so"))
+    compile_graph(block, params="inputs").export_library(str(tmp_path / "inputs.so"))
+    assert cli_main(["compile", str(kir), "--target", "llvm", "-o", str(tmp_path / "cli.so")]) == 0
+    cases = {"bound": (small, (5, 8)), "inputs": (block, (2, 16, 64)), "cli": (small, (1, 8))}
+    for name, (_, shape) in cases.items():
+        np.save(tmp_path / f"{name}-x.npy", rng.standard_normal(shape).astype(np.float32))
+    run_python(f"""
+        import json
+        import numpy as np
+        import kiln.runtime
+
+        for name in {list(cases)!r}:
+            exe = kiln.runtime.load_executable(f"{tmp_path}/{{name}}.so")
+            np.save(f"{tmp_path}/{{name}}-y.npy", exe(np.load(f"{tmp_path}/{{name}}-x.npy")))
+        print(json.dumps({{}}))
+    """, tmp_path / "unused-cache")
+    for name, (graph, _) in cases.items():
+        x = np.load(tmp_path / f"{name}-x.npy")
+        want = interpret(graph, [x])[0]
+        np.testing.assert_allclose(np.load(tmp_path / f"{name}-y.npy"), want, rtol=3e-3,
+                                   atol=3e-3 * float(np.abs(want).max()), err_msg=name)
+    assert (tmp_path / "inputs.so.params.npz").exists() and not (tmp_path / "bound.so.params.npz").exists()
+
+
+def test_loading_a_library_that_does_not_match_its_sidecar_fails_cleanly(tmp_path: Path) -> None:
+    path = tmp_path / "m.so"
+    compile_graph(small_graph()).export_library(str(path))
+    reloaded = load_executable(str(path))
+    reloaded.export_library(str(tmp_path / "copy.so"))  # a loaded library re-exports by copying its file
+    assert file_digest(str(tmp_path / "copy.so")) == file_digest(str(path))
+    _flip_a_byte(path)
+    with pytest.raises(CorruptArtifact, match="checksum mismatch"):
+        load_executable(str(path))
