@@ -90,9 +90,10 @@ def _slice(call: OpCall) -> RelaxResult:
 
 
 def _index(i: tirx.PrimExpr, n: tirx.PrimExpr) -> tirx.PrimExpr:
-    """A numpy index (negative counts from the end) as an int64 offset."""
+    """A numpy index (negative counts from the end) as an int64 offset, clamped into [0, n) so that an index out
+    of range (which the interpreter rejects) reads a wrong element rather than memory outside the tensor."""
     i = i.astype("int64")
-    return tirx.Select(i < 0, i + n, i)
+    return tirx.max(tirx.min(tirx.Select(i < 0, i + n, i), n - 1), 0)
 
 
 @relax_rule("take")

@@ -105,14 +105,22 @@ def test_entries_are_written_atomically_with_checksums(cache_root: Path) -> None
     assert sidecar["library_sha256"] == file_digest(str(cache_root / "compile" / f"{key}.so"))
 
 
+def _replace(path: Path, data: bytes) -> None:
+    """Put damaged bytes at `path` as a new file: rewriting a shared object this process has mapped in place
+    would corrupt its running code (a crash at exit), which is not the damage under test."""
+    tmp = path.with_suffix(path.suffix + ".damaged")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def _truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    _replace(path, path.read_bytes()[: path.stat().st_size // 2])
 
 
 def _flip_a_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
+    _replace(path, bytes(data))
 
 
 @pytest.mark.parametrize(("victim", "damage"), [("library", _truncate), ("library", _flip_a_byte),

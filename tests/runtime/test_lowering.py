@@ -209,6 +209,16 @@ def test_op_matches_interpreter(op_table: tuple[Graph, Executable], case: Case) 
         assert_close(g, w)
 
 
+def test_out_of_range_indices_are_clamped_not_read_out_of_bounds() -> None:
+    """The interpreter raises on them; compiled code has no bounds check, so it clamps instead of reading outside."""
+    b = Builder("Lookup")
+    table, idx = b.input("table", ((5, 3), "f32")), b.input("idx", ((3,), "i64"))
+    b.ret(b.take(table, idx))
+    table_data = f32(5, 3)
+    got = compile_graph(b.build())(table_data, np.array([7, -9, 2], np.int64))
+    np.testing.assert_array_equal(got, table_data[[4, 0, 2]])
+
+
 # --- dropout's hash RNG ------------------------------------------------------------------------------------
 
 
