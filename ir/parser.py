@@ -13,6 +13,7 @@ from . import init as initializers
 from .builder import FunctionBuilder
 from .dtypes import DType
 from .errors import IRParseError, KilnError
+from .gcpause import gc_paused
 from .graph import FlagNode, Graph, Init, Node, Operand, ParamNode, ReparamNode, SymRef, Value
 from .registry import infer
 from .types import TensorType
@@ -455,7 +456,8 @@ class Parser:
 def parse(text: str, source: str = "<kir>") -> Graph:
     """Parse `.kir` text into a Graph; `source` names the file in error messages."""
     try:
-        return Parser(text, source).parse_module()
+        with gc_paused():
+            return Parser(text, source).parse_module()
     except RecursionError:
         raise IRParseError("input nested too deeply", 1, 1, "", source) from None
 

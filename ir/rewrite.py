@@ -12,6 +12,7 @@ from typing import Any
 
 from .builder import FunctionBuilder, Operandish
 from .errors import PassError
+from .gcpause import gc_paused
 from .graph import Function, Graph, Op, Operand, SymRef, Value
 
 _MAX_DEPTH = 32
@@ -87,8 +88,9 @@ Rule = Callable[[Rewriter, Op], Sequence[Operand] | None]
 def rewrite(graph: Graph, make_rules: Callable[[], Sequence[Rule]]) -> Graph:
     """Apply fresh rules (from `make_rules`, so rule state is per function) to every function."""
     functions = {}
-    for name, fn in graph.functions.items():
-        functions[name] = Rewriter(graph, fn, make_rules()).run(fn)
+    with gc_paused():
+        for name, fn in graph.functions.items():
+            functions[name] = Rewriter(graph, fn, make_rules()).run(fn)
     if all(functions[n] is graph.functions[n] for n in functions):
         return graph
     return graph.replace(functions=functions)
