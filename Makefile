@@ -24,6 +24,7 @@ test: lint
 	$(VENV)/bin/pytest
 
 bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/passes.py
 	$(PY) bench/train_step.py
 

@@ -1,5 +1,6 @@
 """Benchmark of records: saving and loading a ~1 GiB record as a kiln burnpack against numpy's `.npy` files
-(and safetensors when it is installed), plus opening a 100k-tensor record and reading one tensor.
+(and safetensors when it is installed), plus opening a 100k-tensor record and reading one tensor, and loading
+a ~2 GiB record into a module of lazy Params (peak RSS against the record's size).
 
 Every case runs in a fresh subprocess (kiln and numpy already imported), so its peak RSS
 (`resource.getrusage`, which starts from the small driver's) is its own; "+RSS" is how far the peak rose
@@ -12,6 +13,7 @@ removed.
 
     .venv/bin/python bench/records.py              # 1 GiB as 64 tensors of 16 MiB, markdown on stdout
     .venv/bin/python bench/records.py --gib 0.125  # a quick run
+    .venv/bin/python bench/records.py --lazy-gib 0  # skip the lazy-module row
 """
 
 from __future__ import annotations
@@ -124,10 +126,28 @@ def open_many_pack(directory: Path, count: int) -> None:
         _read_all(pack.array(f"t.{count // 2}"))
 
 
+def load_lazy_module(directory: Path, count: int) -> None:
+    """Load the record into a module of lazy Params with the record's shapes, then read every parameter once."""
+    from kiln import Module, Param
+    from kiln.ir import Init
+
+    class Layer(Module):
+        def __init__(self) -> None:
+            self.weight = Param.lazy((TENSOR_BYTES // 4,), Init("zeros"), require_grad=False)
+
+    class Stack(Module):
+        def __init__(self) -> None:
+            self.layers = [Layer() for _ in range(count)]
+
+    module = Stack().load_record(ModuleRecord.load(directory / "model.bpk"))
+    for layer in module.layers:
+        _read_all(layer.weight.base().numpy())
+
+
 CASES: dict[str, Callable[[Path, int], None]] = {
     "save-kiln": save_kiln, "load-kiln": load_kiln, "save-numpy": save_numpy, "load-numpy": load_numpy,
     "save-safetensors": save_safetensors, "load-safetensors": load_safetensors, "open-many-kiln": open_many_kiln,
-    "open-many-pack": open_many_pack, "write-many": write_many,
+    "open-many-pack": open_many_pack, "write-many": write_many, "load-lazy-module": load_lazy_module,
 }
 
 
@@ -198,10 +218,26 @@ def many_tensors_rows(root: Path) -> list[str]:
     return rows
 
 
+def lazy_module_rows(root: Path, gib: float, repeat: int) -> list[str]:
+    """Load a `gib` record into a lazy module and read every tensor (warm cache): peak RSS / record size."""
+    count = max(1, round(gib * 2**30 / TENSOR_BYTES))
+    directory = root / "lazy"
+    directory.mkdir()
+    run("save-kiln", directory, count)
+    nbytes = count * TENSOR_BYTES
+    result = _median([run("load-lazy-module", directory, count) for _ in range(repeat)])
+    shutil.rmtree(directory)
+    ratio = result["peak_mib"] * 2**20 / nbytes
+    label = f"load {nbytes / 2**30:.2f} GiB into lazy module + read all (peak RSS / record = {ratio:.2f}x)"
+    return [_row(label, "kiln", result, nbytes)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=1.0, help="record size in GiB (default 1)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each case; the median is shown (default 3)")
+    parser.add_argument("--lazy-gib", type=float, default=2.0,
+                        help="record size for the lazy-module row in GiB (default 2; 0 skips it)")
     parser.add_argument("--child", choices=sorted(CASES), help=argparse.SUPPRESS)
     parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
@@ -213,6 +249,8 @@ def main() -> None:
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="kiln-bench-records-", dir="/tmp") as tmp:
         rows = throughput_rows(Path(tmp), count, args.repeat) + many_tensors_rows(Path(tmp))
+        if args.lazy_gib > 0:
+            rows += lazy_module_rows(Path(tmp), args.lazy_gib, args.repeat)
     command = " ".join(["bench/records.py", *sys.argv[1:]])
     machine = (f"{platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}, "
                f"{os.cpu_count()} CPUs at load average {load:.1f}, {platform.machine()}")

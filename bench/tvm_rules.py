@@ -15,7 +15,6 @@ kiln.runtime.schedules.fastmath.
 
 import argparse
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -27,12 +26,11 @@ import onnxruntime as ort
 import torch
 import tvm
 from onnx import TensorProto, helper
+from timing import Runner, interleaved  # bench/ is the script's directory
 from tvm import relax
 
 from kiln.runtime.tvm_pipeline import cpu_pipeline
 from kiln.runtime.tvm_target import configure_threads, cpu_count, cpu_target
-
-Runner = Callable[[], object]
 
 
 @dataclass
@@ -223,50 +221,6 @@ def _runners(wl: Workload, threads: int) -> dict[str, Runner]:
     return runners
 
 
-def _busy_ticks() -> tuple[int, int]:
-    """(CPU ticks used by the whole machine, ticks used by this process) so far."""
-    with open("/proc/stat") as f:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
-    with open("/proc/self/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return user + nice + system + irq + softirq + steal, int(fields[11]) + int(fields[12])
-
-
-def _others_load(since: tuple[int, int], seconds: float) -> float:
-    """Cores used by other processes since the `since` sample, `seconds` ago."""
-    now = _busy_ticks()
-    ticks = (now[0] - since[0]) - (now[1] - since[1])
-    return ticks / os.sysconf("SC_CLK_TCK") / seconds
-
-
-def _wait_quiet(limit: float = 0.05, patience_s: float = 60.0) -> None:
-    """Wait until other processes use under `limit` of a core (shared hosts add +-50% noise otherwise)."""
-    deadline = time.monotonic() + patience_s
-    while time.monotonic() < deadline:
-        before = _busy_ticks()
-        time.sleep(0.25)
-        if _others_load(before, 0.25) < limit:
-            return
-    print("  (host still busy after waiting; timing anyway)")
-
-
-def _time_block(run: Runner, warmup: int = 5, min_runs: int = 20, min_s: float = 0.2) -> float:
-    """Median ms per call over >= `min_runs` calls and `min_s` s, redone (up to 3x) if the host got busy."""
-    for _attempt in range(3):
-        _wait_quiet()
-        for _ in range(warmup):
-            run()
-        times: list[float] = []
-        before, start = _busy_ticks(), time.perf_counter()
-        while len(times) < min_runs or time.perf_counter() - start < min_s:
-            t0 = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - t0) * 1e3)
-        if _others_load(before, time.perf_counter() - start) < 0.08:
-            break
-    return statistics.median(times)
-
-
 def bench(rounds: int) -> None:
     """Time every workload and print one table of ms and ratios to onnxruntime."""
     threads = cpu_count()
@@ -277,13 +231,8 @@ def bench(rounds: int) -> None:
     for wl in (_mlp(rng), _conv(rng), _matmul_gelu(rng)):
         print(f"{wl.name}:")
         runners = _runners(wl, threads)
-        names = list(runners)
-        per_round: dict[str, list[float]] = {n: [] for n in names}
-        for r in range(rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            for name in order if r % 2 == 0 else order[::-1]:
-                per_round[name].append(_time_block(runners[name]))
-        for name in names:
+        per_round = interleaved(runners, rounds)
+        for name in runners:
             ratios = [t / o for t, o in zip(per_round[name], per_round["onnxruntime"], strict=True)]
             rows.append((wl.name, name, statistics.median(per_round[name]), min(per_round[name]), ratios))
     print(f"\n{threads} threads, {rounds} rounds; ms = median / best of per-round medians")

@@ -15,6 +15,7 @@ from kiln.ir import RecordError
 from kiln.ir import init as initializers
 from kiln.passes.group import ParamGroup
 from kiln.passes.load_record import LoadRecord
+from kiln.runtime.qfloat import QFloatScheme
 from kiln.runtime.record import ModuleRecord, RecordEntry
 
 from .param import Param
@@ -23,14 +24,30 @@ if TYPE_CHECKING:
     from .module import Module
 
 
-def _entry(param: Param) -> RecordEntry:
-    """A parameter's stored value as a record entry; a lazy one's provider computes its initial value when
-    the record is written (same seed, same value) without initializing or changing the parameter."""
+def _stored(param: Param):
+    """The stored value, or for a lazy parameter a provider computing its initial value when the record is
+    written (same seed, same value) without initializing or changing the parameter."""
     state = param.state
     if state.value is not None:
-        return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), state.value)
-    provider = functools.partial(initializers.evaluate, state.init, state.type, state.seed)
-    return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), provider)
+        return state.value
+    return functools.partial(initializers.evaluate, state.init, state.type, state.seed)
+
+
+def _scales(param: Param) -> Param | None:
+    """The scales factor of a quantized parameter (its first derivation dequantizes its codes), else None."""
+    chain = param.reparam.chain() if param.reparam is not None else []
+    return dict(chain[0].factors).get("scales") if chain and chain[0].kind == "dequantize" else None
+
+
+def _entry(param: Param) -> RecordEntry:
+    """A parameter's stored value as a record entry; a quantized one is a single QFloat entry holding its codes
+    and scales (Burn records a quantized tensor whole), its scales not recorded apart."""
+    scales = _scales(param)
+    if scales is None:
+        return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), _stored(param))
+    attrs = param.reparam.chain()[0].attrs
+    return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), _stored(param),
+                       QFloatScheme(attrs["value"], tuple(attrs["block"])), _stored(scales))
 
 
 class RecordMethods:
@@ -41,9 +58,12 @@ class RecordMethods:
         return self.into_record_group(ParamGroup.all())
 
     def into_record_group(self: Module, group: ParamGroup) -> ModuleRecord:
-        """Collect the tensor parameters `group` matches; the others are skipped before their data is read."""
-        return ModuleRecord({path: _entry(leaf) for path, leaf in self.leaves()
-                             if isinstance(leaf, Param) and group.matches(leaf.id, path, leaf)})
+        """Collect the tensor parameters `group` matches; the others are skipped before their data is read.
+        A quantized parameter's scales travel inside its QFloat entry, so they are not entries of their own."""
+        leaves = [(path, leaf) for path, leaf in self.leaves() if isinstance(leaf, Param)]
+        inside = {id(s) for _, leaf in leaves if (s := _scales(leaf)) is not None}
+        return ModuleRecord({path: _entry(leaf) for path, leaf in leaves
+                             if id(leaf) not in inside and group.matches(leaf.id, path, leaf)})
 
     def try_load_record(self: Module, record: ModuleRecord) -> Module:
         """The module with `record` applied, honoring its dtype policy and settings; raises RecordError."""

@@ -7,6 +7,10 @@ names (`w.lora.a`, `w.lora.b`). Problems are all collected and then reported in 
 Burn's order: apply errors (when validating), missing tensors (unless partial), unused tensors (unless
 allowed, names sorted). A record of another kind (float, int, bool) than its parameter is an apply error
 unless the dtype policy casts.
+
+A quantized tensor (Burn's QFloat; entries with a `scheme`) holds codes and scales together: loaded into a
+quantized parameter (codes node `w.codes`, scales `w.scales`, recorded at `w`) it replaces both and the
+dequantize's value kind and block take the record's; loaded into a plain float parameter it is dequantized.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from typing import Protocol
 
 import numpy as np
 
-from kiln.ir import DType, Graph, ParamNode, RecordError, TensorType
+from kiln.ir import DType, Graph, ParamNode, RecordError, ReparamNode, TensorType
+from kiln.ir.ops.quant import dequantize
 
 from .param_state import StatePass
 
@@ -61,6 +66,35 @@ class RecordLike(Protocol):
     def settings(self) -> LoadSettings: ...
     def keys(self) -> Iterable[str]: ...
     def get(self, path: str) -> RecordEntryLike | None: ...
+
+
+@dataclass(frozen=True)
+class _Dequantized:
+    """A quantized entry read as the f32 values it stands for (for a plain float parameter)."""
+
+    entry: RecordEntryLike
+
+    @property
+    def param_id(self) -> int:
+        return self.entry.param_id
+
+    @property
+    def dtype(self) -> DType:
+        return DType.f32
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.entry.shape)
+
+    def array(self) -> np.ndarray:
+        scheme = self.entry.scheme  # type: ignore[attr-defined]
+        return dequantize(self.entry.array(), self.entry.scale_array(),  # type: ignore[attr-defined]
+                          scheme.value, scheme.block, DType.f32)
+
+
+def _scheme(entry: RecordEntryLike | None) -> object | None:
+    """The QFloat scheme of a quantized entry (value, block), else None."""
+    return getattr(entry, "scheme", None)
 
 
 def _kind(dtype: DType) -> str:
@@ -112,18 +146,44 @@ class LoadRecord(StatePass):
         errors: list[str] = []
         missing: list[str] = []
         used: set[str] = set()
+        quantized: dict[str, ReparamNode] = {}  # codes node -> its dequantize
+        for name, r in graph.reparams.items():
+            if r.kind == "dequantize":
+                record_paths[r.operands[0]] = name.removesuffix(".base")
+                quantized[r.operands[0]] = r
+        inside = {r.operands[1]: codes for codes, r in quantized.items()  # scales taken from a QFloat entry
+                  if _scheme(self.record.get(record_paths[codes])) is not None}
+        reparams = dict(graph.reparams)
         for name, node in graph.params.items():
+            params.setdefault(name, node)
+            if name in inside:
+                continue
             path = record_paths.get(name, name)
             entry = self.record.get(path)
-            params[name] = node
             if entry is None:
                 missing.append(path)
                 continue
             used.add(path)
+            if _scheme(entry) is not None and name not in quantized:
+                entry = _Dequantized(entry)
             problem = _mismatch(path, node, entry, policy)
             if problem is not None:
                 errors.append(problem)
                 continue
+            if name in quantized and _scheme(entry) is not None:
+                r = quantized[name]
+                params[name] = _take(node, entry, DTypePolicy.FROM_RECORD)  # codes stay in their code dtype
+                params[r.operands[1]] = _take_scales(graph.params[r.operands[1]], entry, policy)
+                scheme = entry.scheme  # type: ignore[attr-defined]
+                reparams[r.name] = r.replace(attrs={**r.attrs, "value": scheme.value, "block": scheme.block})
+                continue
             params[name] = _take(node, entry, policy)
         _check(self.record.settings, errors, missing, [p for p in self.record.keys() if p not in used])
-        return graph.replace(params=params)
+        return graph.replace(params=params, reparams=reparams)
+
+
+def _take_scales(node: ParamNode, entry: RecordEntryLike, policy: DTypePolicy) -> ParamNode:
+    """The scales node holding a QFloat entry's scales (f32, or the module's float dtype when casting)."""
+    data = entry.scale_array()  # type: ignore[attr-defined]
+    dtype = node.type.dtype if policy is DTypePolicy.CAST_TO_MODULE else DType.f32
+    return node.replace(type=TensorType(tuple(data.shape), dtype), init=None, data=data.astype(dtype.numpy))

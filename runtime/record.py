@@ -20,7 +20,9 @@ import numpy as np
 from kiln.ir import DType, RecordError, new_param_id
 from kiln.passes.load_record import DTypePolicy, LoadSettings
 
+from . import qfloat
 from .burnpack import BurnDType, BurnpackFile, PackTensor, TensorEntry, to_bytes, write_burnpack
+from .qfloat import QFloatScheme
 
 __all__ = ["DTypePolicy", "LoadSettings", "ModuleRecord", "RecordEntry", "burn_dtype", "kiln_dtype"]
 
@@ -64,12 +66,18 @@ def kiln_dtype(dtype: BurnDType) -> DType:
 
 @dataclass(frozen=True, eq=False, slots=True)
 class RecordEntry:
-    """One recorded tensor: ParamId, kiln dtype, shape, and its data or a zero-argument provider of it."""
+    """One recorded tensor: ParamId, kiln dtype, shape, and its data or a zero-argument provider of it.
+
+    A quantized tensor (Burn's QFloat) has a `scheme`: its data are the integer codes (dtype i8 or i4) and
+    `scales` (data or provider) its f32 scales; it is stored as one QFloat tensor holding both.
+    """
 
     param_id: int
     dtype: DType
     shape: tuple[int, ...]
     data: np.ndarray | Callable[[], np.ndarray]
+    scheme: QFloatScheme | None = None
+    scales: np.ndarray | Callable[[], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         """Normalise the shape so entries compare against TensorType shapes."""
@@ -78,6 +86,17 @@ class RecordEntry:
     def array(self) -> np.ndarray:
         """The data, running the provider if there is one; nothing is cached, so a provider's result isn't kept."""
         return self.data() if callable(self.data) else self.data
+
+    def scale_array(self) -> np.ndarray:
+        """A quantized entry's f32 scales (shaped as `quantize` returns them); a RecordError for others."""
+        if self.scheme is None or self.scales is None:
+            raise RecordError("tensor is not quantized: it has no scales")
+        return self.scales() if callable(self.scales) else self.scales
+
+    def packed(self) -> np.ndarray:
+        """A quantized entry's QFloat bytes: packed codes then scales (burn-notes §1.4)."""
+        assert self.scheme is not None
+        return qfloat.encode(self.array(), self.scale_array(), self.scheme)
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,18 +174,28 @@ class ModuleRecord(Mapping[str, RecordEntry]):
     def _from_pack(cls, pack: BurnpackFile) -> ModuleRecord:
         """Entries in the pack's data order (the writer's visit order); a tensor without an id gets a new one."""
         named = {e.dtype: e.name for e in pack.entries.values()}  # a tensor of each dtype, to name in errors
-        dtypes = {dtype: _kiln_dtype_of(pack, name, dtype) for dtype, name in named.items()}
+        schemes = {dtype: _scheme_of(pack, name, dtype) for dtype, name in named.items() if dtype.kind == "QFloat"}
+        dtypes = {dtype: _kiln_dtype_of(pack, name, dtype) for dtype, name in named.items() if dtype not in schemes}
         entries = {}
         for entry in sorted(pack.entries.values(), key=_data_start):
-            dtype = dtypes[entry.dtype]
             param_id = new_param_id() if entry.param_id is None else entry.param_id
+            scheme = schemes.get(entry.dtype)
+            if scheme is not None:
+                _check_qfloat_length(pack, entry, scheme)
+                entries[entry.name] = RecordEntry(
+                    param_id, scheme.code_dtype, entry.shape,
+                    functools.partial(_read_qfloat, qfloat.decode_codes, pack, entry.name, entry.shape, scheme),
+                    scheme, functools.partial(_read_qfloat, qfloat.decode_scales, pack, entry.name, entry.shape,
+                                              scheme))
+                continue
+            dtype = dtypes[entry.dtype]
             entries[entry.name] = RecordEntry(param_id, dtype, entry.shape, functools.partial(_read, pack, entry.name,
                                                                                               dtype.numpy))
         return cls(entries)
 
     def _pack_tensors(self) -> list[PackTensor]:
         """The entries as burnpack tensors; providers stay deferred until the writer reaches them."""
-        return [PackTensor(path, _burn_dtype_of(path, e), e.shape, e.param_id, e.data) for path, e in self.items()]
+        return [_pack_tensor(path, e) for path, e in self.items()]
 
     # onnx -------------------------------------------------------------------------------------------------
     @classmethod
@@ -176,6 +205,40 @@ class ModuleRecord(Mapping[str, RecordEntry]):
         from .onnx_tensors import read_initializers  # onnx loads only when a model is read
 
         return cls(read_initializers(path))
+
+
+def _pack_tensor(path: str, entry: RecordEntry) -> PackTensor:
+    """A burnpack tensor; a quantized entry is one QFloat tensor packed when the writer reaches it."""
+    if entry.scheme is None:
+        return PackTensor(path, _burn_dtype_of(path, entry), entry.shape, entry.param_id, entry.data)
+    return PackTensor(path, BurnDType.qfloat(entry.scheme.to_burn()), entry.shape, entry.param_id, entry.packed,
+                      qfloat.nbytes(entry.shape, entry.scheme))
+
+
+def _scheme_of(pack: BurnpackFile, name: str, dtype: BurnDType) -> QFloatScheme:
+    """kiln's scheme for a pack's QFloat dtype, or a RecordError naming the file and tensor."""
+    try:
+        return QFloatScheme.from_burn(dtype.scheme_value)
+    except RecordError as error:
+        raise RecordError(f"{pack.path}: tensor {name!r}: {error}") from None
+
+
+def _check_qfloat_length(pack: BurnpackFile, entry: TensorEntry, scheme: QFloatScheme) -> None:
+    """Refuse a QFloat tensor whose byte length does not match its shape and scheme when the record is read."""
+    start, end = entry.data_offsets
+    try:
+        expected = qfloat.nbytes(entry.shape, scheme)
+    except Exception as error:  # a block that does not divide the shape
+        raise RecordError(f"{pack.path}: tensor {entry.name!r}: {error}") from None
+    if end - start != expected:
+        raise RecordError(f"{pack.path}: tensor {entry.name!r} has {end - start} bytes; QFloat {scheme.value} "
+                          f"{list(entry.shape)} with block {list(scheme.block)} needs {expected}")
+
+
+def _read_qfloat(decode: Callable, pack: BurnpackFile, name: str, shape: tuple[int, ...],
+                 scheme: QFloatScheme) -> np.ndarray:
+    """Codes or scales of a QFloat tensor, decoded from the pack's bytes."""
+    return decode(pack.tensor_bytes(name), shape, scheme)
 
 
 def _burn_dtype_of(path: str, entry: RecordEntry) -> BurnDType:
