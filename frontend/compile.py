@@ -15,11 +15,13 @@ if TYPE_CHECKING:
 
 
 def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm", params: str = "bound",
-            fast_math: bool = True, functions: Sequence[str] | None = None) -> Executable:
+            fast_math: bool = True, functions: Sequence[str] | None = None, tune: int = 0) -> Executable:
     """Compile a module traced on `input_specs` (`None` dims stay dynamic), or a graph as it is.
 
     `params="bound"` bakes the weights in (deployment); `params="inputs"` passes them at run time. A graph's
     input specs, if given, must be instances of its function's argument types; it compiles with its own types.
+    `tune=N` (CPU only) first tunes the kernels with MetaSchedule for N trials, unless a tuning database for this
+    graph, target and options exists already; builds use an existing database either way.
     """
     from kiln.runtime.compile import compile_graph
 
@@ -28,6 +30,13 @@ def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm"
     else:
         graph = model
         _check_specs(graph, functions, input_specs)
+    if tune:
+        from kiln.runtime.compile import resolve_target
+        from kiln.runtime.tune import find_database, tune_graph
+
+        tgt = resolve_target(target)
+        if find_database(graph, tgt, params, fast_math) is None:
+            tune_graph(graph, target=tgt, trials=tune, fast_math=fast_math, params=params)
     return compile_graph(graph, target=target, params=params, fast_math=fast_math, functions=functions)
 
 

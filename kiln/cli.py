@@ -74,6 +74,19 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Tune a .kir module's kernels with MetaSchedule; later builds of it (kiln compile, kiln.compile) use them."""
+    from kiln.runtime.tune import tune_graph  # TVM and MetaSchedule load only for this command
+
+    if args.trials < 1:
+        raise KilnError(f"--trials must be at least 1, not {args.trials}")
+    path = tune_graph(read_graph(args.input), target=args.target, trials=args.trials,
+                      trials_per_task=args.trials_per_task, progress=not args.quiet,
+                      fast_math=not args.no_fast_math, params=args.params)
+    print(path)
+    return EXIT_OK
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Names, dtypes, shapes, ParamIds and sizes of a burnpack's tensors in file order, with totals."""
     try:
@@ -154,6 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("-f", "--function", action="append", help="a function to compile (repeatable; default: all)")
     comp.add_argument("--no-fast-math", action="store_true", help="exact exp/erf/tanh/softmax instead of fast-math")
     comp.set_defaults(run=cmd_compile)
+    tune = sub.add_parser("tune", help="auto-tune a .kir module's kernels (MetaSchedule); compile then uses them")
+    tune.add_argument("input", help="a .kir file with static input shapes, or - for standard input")
+    tune.add_argument("--trials", type=int, default=64, help="measured schedule candidates in all (default: 64)")
+    tune.add_argument("--trials-per-task", type=int, help="the most per kernel (default: an even share)")
+    tune.add_argument("--target", choices=("llvm",), default="llvm", help="code generator (default: llvm)")
+    tune.add_argument("--params", choices=("bound", "inputs"), default="bound",
+                      help="tune for builds with the parameters bound (default) or taken as inputs")
+    tune.add_argument("--no-fast-math", action="store_true", help="tune for builds compiled with --no-fast-math")
+    tune.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    tune.set_defaults(run=cmd_tune)
     inspect = sub.add_parser("inspect", help="list the tensors of a burnpack (.bpk) record")
     inspect.add_argument("input", help="a .bpk file")
     inspect.add_argument("--json", action="store_true", help="print the listing as JSON")

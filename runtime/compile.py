@@ -3,12 +3,17 @@
 The cache key is `structural_hash(graph, include_data=<params bound>)` plus the target, the options, and the
 versions of this lowering and of TVM. Bound builds also key on the seed (ParamId) and initializer of every
 parameter that has no data yet, since those decide the constants baked into the library.
+
+A CPU build whose graph, target and options have a tuning database (`kiln tune`, `tune.py`) applies it before
+kiln's schedule rules, which stay the fallback; the database's digest joins the key, so tuned and untuned builds
+(and builds from successive tunings) are cached apart.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from pathlib import Path
 
 import tvm
 from tvm.target import Target
@@ -20,6 +25,7 @@ from . import compile_cache
 from .artifact import Program
 from .executable import Executable
 from .lower_relax import PARAM_MODES, lower, used_params
+from .tune import apply_database_pass, database_digest, find_database
 from .tvm_pipeline import cpu_pipeline, cuda_pipeline
 from .tvm_target import cpu_target, cuda_target
 
@@ -43,21 +49,29 @@ def _device(target: Target) -> str:
     return "cuda" if target.kind.name == "cuda" else "cpu"
 
 
-def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool) -> str:
-    """The compile-cache key of one build."""
+def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool,
+              tuning: str | None = None) -> str:
+    """The compile-cache key of one build; `tuning` is the digest of the tuning database it applies, if any."""
     h = hashlib.blake2b(digest_size=20)
     parts = [structural_hash(graph, include_data=params == "bound"), tuple(functions), str(target), params,
              fast_math, LOWERING_VERSION, tvm.__version__]
     if params == "bound":
         parts += [(p.name, p.id, repr(p.init)) for p in graph.params.values() if p.data is None]
+    if tuning is not None:
+        parts.append(("tuning", tuning))
     h.update(repr(parts).encode())
     return h.hexdigest()
 
 
-def build(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool) -> Program:
-    """Lower and build without the cache."""
+def build(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool,
+          tuning_dir: Path | None = None) -> Program:
+    """Lower and build without the cache, applying the tuning database in `tuning_dir` (CPU only) if given."""
     lowered = lower(graph, params, functions)
-    pipeline = cuda_pipeline(target) if _device(target) == "cuda" else cpu_pipeline(target, fast_math)
+    if _device(target) == "cuda":
+        pipeline = cuda_pipeline(target)
+    else:
+        extra = (apply_database_pass(tuning_dir, target),) if tuning_dir is not None else ()
+        pipeline = cpu_pipeline(target, fast_math, extra_schedule_passes=extra)
     try:
         library = tvm.compile(lowered.module, target=target, relax_pipeline=pipeline)
     except (RuntimeError, TypeError, ValueError) as e:  # what TVM raises on a failed build
@@ -77,12 +91,13 @@ def compile_graph(graph: Graph, *, target: TargetLike = "llvm", params: str = "b
         raise KilnError(f"params must be one of {', '.join(PARAM_MODES)}, not {params!r}")
     names = tuple(functions) if functions is not None else tuple(graph.functions)
     tgt = resolve_target(target)
-    key = cache_key(graph, names, tgt, params, fast_math)
+    tuned = find_database(graph, tgt, params, fast_math)
+    key = cache_key(graph, names, tgt, params, fast_math, database_digest(tuned) if tuned is not None else None)
     hit = compile_cache.lookup(key) if cache else None
     if hit is not None:
         program, path = hit
     else:
-        program, path = build(graph, names, tgt, params, fast_math), None
+        program, path = build(graph, names, tgt, params, fast_math, tuned), None
         if cache:
             compile_cache.store(key, program, program.library.export_library)
     values = None

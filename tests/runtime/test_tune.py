@@ -1,0 +1,165 @@
+"""`kiln tune`: tuning databases under the cache dir, applied automatically (and only) to builds of the same graph,
+target and options, with kiln's rules as the fallback.
+
+The fast tests write a small MetaSchedule database by hand (a real JSONDatabase with a real schedule trace for
+the graph's fused kernel), since a real tuning run costs ~45 s here (~20-30 s of it TVM importing its tensor
+intrinsics). The end-to-end tuning tests run with KILN_SLOW_TESTS=1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+import kiln
+from kiln.cli import main as cli_main
+from kiln.ir import Builder, Graph, KilnError, interpret, print_graph
+from kiln.runtime import compile_cache
+from kiln.runtime.compile import compile_graph, resolve_target
+from kiln.runtime.tune import RECORD_FILE, WORKLOAD_FILE, find_database, fused_module, tune_graph, tuning_dir
+
+slow = pytest.mark.skipif(os.environ.get("KILN_SLOW_TESTS") != "1", reason="real tuning runs; KILN_SLOW_TESTS=1")
+
+
+@pytest.fixture(autouse=True)
+def cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test gets an empty cache directory and an empty in-memory cache."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv(compile_cache.CACHE_ENV, str(root))
+    compile_cache.clear_memory()
+    yield root
+    compile_cache.clear_memory()
+
+
+def matmul_relu(n: int = 32, seed: int = 0) -> Graph:
+    b = Builder("Tiny")
+    x = b.input("x", ((32, 64), "f32"))
+    w = b.param("w", (64, n), id=7, data=np.random.default_rng(seed).normal(size=(64, n)).astype(np.float32))
+    b.ret(b.relu(b.matmul(x, w)))
+    return b.build()
+
+
+def write_database(graph: Graph) -> Path:
+    """A database with one hand-made record per kernel (parallel outer loop), where tuning would put it."""
+    target = resolve_target("llvm")
+    path = tuning_dir(graph, target)
+    path.mkdir(parents=True)
+    db = ms.database.JSONDatabase(path_workload=str(path / WORKLOAD_FILE), path_tuning_record=str(path / RECORD_FILE))
+    for task in ms.relax_integration.extract_tasks(fused_module(graph, target), target):
+        mod = task.dispatched[0]
+        sch = tvm.s_tir.Schedule(mod)
+        first = sch.get_child_blocks(sch.get_sblock("root"))[0]
+        sch.parallel(sch.get_loops(first)[0])
+        workload = db.commit_workload(mod)
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, run_secs=[1e-6], target=target))
+    return path
+
+
+def applied(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if hasattr(r, "kiln_tuned_kernels")]
+
+
+def check_matches_interpreter(graph: Graph, exe) -> None:
+    x = np.random.default_rng(1).normal(size=(32, 64)).astype(np.float32)
+    (want,) = interpret(graph, [x])
+    np.testing.assert_allclose(exe(x), want, rtol=1e-4, atol=1e-4)
+
+
+def test_database_applies_to_same_graph_only(cache_root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    graph = matmul_relu()
+    path = write_database(graph)
+    assert path.parent == cache_root / "tuning"
+    assert find_database(graph, resolve_target("llvm")) == path
+    caplog.set_level(logging.INFO, logger="kiln.runtime.tune")
+    exe = compile_graph(graph)
+    (record,) = applied(caplog)
+    assert record.kiln_tuned_kernels == 1 and record.kiln_tuning_dir == str(path)
+    check_matches_interpreter(graph, exe)
+
+    caplog.clear()
+    other = matmul_relu(n=16)  # another shape: another key, and its kernel is not in the database anyway
+    assert find_database(other, resolve_target("llvm")) is None
+    check_matches_interpreter(other, compile_graph(other))
+    assert applied(caplog) == []
+    # options are part of the key: an exact-math build does not use the fast-math database
+    assert find_database(graph, resolve_target("llvm"), fast_math=False) is None
+    assert find_database(graph, resolve_target("llvm"), params="inputs") is None
+
+
+def test_new_weights_keep_their_tuning() -> None:
+    graph = matmul_relu()
+    path = write_database(graph)
+    assert find_database(matmul_relu(seed=5), resolve_target("llvm")) == path
+
+
+def test_tuned_build_is_not_served_from_untuned_cache(caplog: pytest.LogCaptureFixture) -> None:
+    graph = matmul_relu()
+    caplog.set_level(logging.INFO, logger="kiln.runtime.tune")
+    compile_graph(graph)  # untuned, cached in memory and on disk
+    assert applied(caplog) == []
+    write_database(graph)
+    exe = compile_graph(graph)  # must rebuild with the database, not hit the untuned entry
+    assert [r.kiln_tuned_kernels for r in applied(caplog)] == [1]
+    check_matches_interpreter(graph, exe)
+    caplog.clear()
+    compile_graph(graph)  # now a cache hit of the tuned build
+    assert applied(caplog) == []
+    compile_cache.clear_memory()
+    check_matches_interpreter(graph, compile_graph(graph))  # the tuned disk entry
+    assert applied(caplog) == []
+
+
+def test_tune_rejects_what_it_cannot_tune(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    b = Builder("Dyn")
+    x = b.input("x", ((None, 8), "f32"))
+    b.ret(b.relu(x))
+    dynamic = b.build()
+    with pytest.raises(KilnError, match="static shapes"):
+        tune_graph(dynamic, trials=1)
+    with pytest.raises(KilnError, match="LLVM"):
+        tune_graph(matmul_relu(), target="cuda", trials=1)
+    with pytest.raises(KilnError, match="trials"):
+        tune_graph(matmul_relu(), trials=0)
+    src = tmp_path / "dyn.kir"
+    src.write_text(print_graph(dynamic))
+    assert cli_main(["tune", str(src), "--trials", "2"]) == 1
+    assert "static shapes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["tune", str(src), "--target", "cuda"])
+
+
+@slow
+def test_tune_graph_end_to_end(cache_root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    graph = matmul_relu()
+    path = tune_graph(graph, trials=4, progress=False)
+    assert path.parent == cache_root / "tuning"
+    assert (path / WORKLOAD_FILE).stat().st_size > 0 and (path / RECORD_FILE).stat().st_size > 0
+    caplog.set_level(logging.INFO, logger="kiln.runtime.tune")
+    exe = compile_graph(graph)
+    assert [r.kiln_tuned_kernels for r in applied(caplog)] == [1]
+    check_matches_interpreter(graph, exe)
+    caplog.clear()
+    other = matmul_relu(n=16)
+    check_matches_interpreter(other, compile_graph(other))
+    assert applied(caplog) == []
+
+
+@slow
+def test_cli_tune_and_compile_option(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                     caplog: pytest.LogCaptureFixture) -> None:
+    graph = matmul_relu()
+    src = tmp_path / "tiny.kir"
+    src.write_text(print_graph(graph))
+    assert cli_main(["tune", str(src), "--trials", "2", "-q"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert (path / RECORD_FILE).is_file()
+    caplog.set_level(logging.INFO, logger="kiln.runtime.tune")
+    exe = kiln.compile(graph, tune=2)  # a database exists: no second tuning run, and the build applies it
+    assert [r.kiln_tuned_kernels for r in applied(caplog)] == [1]
+    check_matches_interpreter(graph, exe)
