@@ -9,7 +9,8 @@ import importlib
 from typing import Any
 
 _LAZY = {"compile_graph": "compile", "Executable": "executable", "load_executable": "executable",
-         "TVMBackend": "tvm_backend"}
+         "TVMBackend": "tvm_backend", "set_default_backend": "backend", "default_backend": "backend",
+         "InterpreterBackend": "backend"}
 
 
 def __getattr__(name: str) -> Any:
