@@ -24,15 +24,7 @@ from kiln.runtime.artifact import SIDECAR, CorruptArtifact, file_digest, read_si
 from kiln.runtime.compile import cache_key, compile_graph, resolve_target
 from kiln.runtime.executable import load_executable
 
-
-@pytest.fixture(autouse=True)
-def cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test gets an empty cache directory and an empty in-memory cache."""
-    root = tmp_path / "cache"
-    monkeypatch.setenv(compile_cache.CACHE_ENV, str(root))
-    compile_cache.clear_memory()
-    yield root
-    compile_cache.clear_memory()
+pytestmark = pytest.mark.usefixtures("cache_root")  # every test gets an empty compile cache
 
 
 def transformer_graph() -> Graph:

@@ -27,14 +27,7 @@ from kiln.runtime.tune import RECORD_FILE, WORKLOAD_FILE, find_database, fused_m
 slow = pytest.mark.skipif(os.environ.get("KILN_SLOW_TESTS") != "1", reason="real tuning runs; KILN_SLOW_TESTS=1")
 
 
-@pytest.fixture(autouse=True)
-def cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test gets an empty cache directory and an empty in-memory cache."""
-    root = tmp_path / "cache"
-    monkeypatch.setenv(compile_cache.CACHE_ENV, str(root))
-    compile_cache.clear_memory()
-    yield root
-    compile_cache.clear_memory()
+pytestmark = pytest.mark.usefixtures("cache_root")  # every test gets an empty compile cache
 
 
 def matmul_relu(n: int = 32, seed: int = 0) -> Graph:
