@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -86,8 +86,15 @@ class Init:
         return dict(self.args)
 
 
+class _Replaceable:
+    """Nodes are immutable; `replace` gives a copy with some fields changed."""
+
+    def replace(self, **changes: Any) -> Self:
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
 @dataclass(frozen=True)
-class ParamNode:
+class ParamNode(_Replaceable):
     """A parameter: its path, type, Burn ParamId, lazy initializer or data, and gradient state.
 
     `grad` is the effective require-grad state; `configured_grad` is what `train` restores. `autodiff`
@@ -106,12 +113,10 @@ class ParamNode:
     checkpointing: str | None = None
     buffer: bool = False  # running state (batch-norm statistics): recorded, never requires gradients
 
-    def replace(self, **changes: Any) -> ParamNode:
-        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
-class FlagNode:
+class FlagNode(_Replaceable):
     """A module-owned control flag (dropout, batch-norm statistics): effective and configured value."""
 
     name: str
@@ -123,12 +128,10 @@ class FlagNode:
     def type(self) -> TensorType:
         return FLAG_TYPE
 
-    def replace(self, **changes: Any) -> FlagNode:
-        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
-class ReparamNode:
+class ReparamNode(_Replaceable):
     """A derived parameter: a registered op kind applied to stored parameters (e.g. LoRA, dequantize)."""
 
     name: str
@@ -137,8 +140,6 @@ class ReparamNode:
     operands: tuple[str, ...]
     attrs: Mapping[str, Any] = field(default_factory=dict)
 
-    def replace(self, **changes: Any) -> ReparamNode:
-        return dataclasses.replace(self, **changes)
 
 
 Node = ParamNode | FlagNode | ReparamNode
