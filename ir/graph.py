@@ -87,7 +87,7 @@ class Init:
 
 
 class _Replaceable:
-    """Nodes are immutable; `replace` gives a copy with some fields changed."""
+    """Nodes and graphs are immutable; `replace` gives a copy with some fields changed."""
 
     def replace(self, **changes: Any) -> Self:
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
@@ -146,7 +146,7 @@ Node = ParamNode | FlagNode | ReparamNode
 
 
 @dataclass(frozen=True)
-class Graph:
+class Graph(_Replaceable):
     """One module: its parameter, flag and derived-parameter nodes (one symbol namespace) and functions."""
 
     name: str
@@ -163,9 +163,6 @@ class Graph:
         yield from self.params.values()
         yield from self.flags.values()
         yield from self.reparams.values()
-
-    def replace(self, **changes: Any) -> Graph:
-        return dataclasses.replace(self, **changes)
 
     def with_function(self, fn: Function) -> Graph:
         return self.replace(functions={**self.functions, fn.name: fn})
