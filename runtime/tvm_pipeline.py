@@ -39,6 +39,23 @@ def _run_in_target(target: Target, passes: list[tvm.transform.Pass], name: str) 
     return _pipeline
 
 
+@tvm.transform.module_pass(opt_level=0, name="KilnNoAliasShapeFuncs")
+def _noalias_shape_funcs(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+    """Mark the VM's shape functions `tirx.noalias` (they take one buffer, the shape heap).
+
+    `VMShapeLower` adds a `shape_func` PrimFunc whenever a shape is symbolic, without that attribute. With
+    one such function in the module, TVM 0.27's LLVM build no longer emits the kernels' noalias, 64-byte
+    aligned `*_compute_` bodies, so LLVM must assume every store may alias the inputs and spills the
+    register tiles of the matmul/conv kernels: dynamic-batch builds ran 2-2.5x slower than static ones.
+    """
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    for gvar, func in mod.functions_items():
+        attrs = func.attrs if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None else {}
+        if "tirx.is_host_func" in attrs and "tirx.noalias" not in attrs and len(func.params) <= 1:
+            out[gvar] = func.with_attr("tirx.noalias", True)
+    return out
+
+
 def cpu_pipeline(
     target: Target,
     fast_math: bool = True,
@@ -59,6 +76,7 @@ def cpu_pipeline(
         dl.ApplyDefaultSchedule(*default_cpu_rules()),
         *cpu_passes.dataflow_lower_passes(target),
         *cpu_passes.finalize_passes(target),
+        _noalias_shape_funcs,
     ]
     return _run_in_target(target, passes, "KilnCPUPipeline")
 

@@ -6,7 +6,7 @@ from tvm import ir, s_tir, sym, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .injective import loop_extent, schedule_elementwise, split_factor, uses_var
+from .injective import loop_extent, schedule_elementwise, split_factor, static_extent, uses_var
 
 
 @dataclass(frozen=True)
@@ -20,9 +20,12 @@ class _Contraction:
 
 
 def _load(expr: tirx.Expr) -> ir.TensorLoad | None:
-    """The buffer load under an optional cast."""
+    """The buffer load under an optional cast, or in the `then` branch of a padding guard
+    (`if_then_else(i < n, A[i, k], 0)`, which `pad_einsum` leaves once its producer is inlined)."""
     if isinstance(expr, tirx.Cast):
         expr = expr.value
+    if isinstance(expr, ir.Call) and getattr(expr.op, "name", "") == "prim.if_then_else":
+        expr = expr.args[1]
     return expr if isinstance(expr, ir.TensorLoad) else None
 
 
@@ -135,13 +138,45 @@ class CPUMatmul(dl.ScheduleRule):
         roles = _match(sch, reductions[0])
         if roles is None:
             return None
+        padded = self._pad_symbolic_rows(sch, reductions[0], roles)
+        if padded:
+            infos = dl.normalize_prim_func(sch)
+            reductions = [info for info in infos or [] if info.is_reduction()]
+            roles = _match(sch, reductions[0]) if len(reductions) == 1 else None
+            if roles is None:
+                return None
         main = reductions[0].block_rv
         producers = sch.get_producers(main)
         epilogue = self._inline_side_blocks(sch, infos, main, producers)
-        self._block_contraction(sch, main, roles, epilogue)
+        self._block_contraction(sch, main, roles, epilogue, padded)
         for block in producers:
             schedule_elementwise(sch, block)
         return sch
+
+    def _pad_symbolic_rows(self, sch: s_tir.Schedule, info: dl.SBlockInfo, roles: _Contraction) -> bool:
+        """Pad a symbolic row extent (a dynamic batch) to a multiple of `mr`; True if it was padded.
+
+        Splitting the symbolic loop directly guards the tail with a predicate on every block of the
+        tile, and TVM's buffer compaction then cannot shrink the accumulator below the whole symbolic
+        extent (an `(n, nr)` local buffer in memory instead of an `mr x nr` register tile). Padding the
+        iteration domain instead makes the split exact: the padding producer is inlined as a guarded
+        load of the input row, and only the epilogue that writes the real output keeps a predicate.
+        """
+        if roles.row is None or static_extent(loop_extent(sch, roles.row)) is not None:
+            return False
+        padding = [self.mr if it.loop_rv.same_as(roles.row) else 1 for it in info.iters]
+        if padding.count(self.mr) != 1:
+            return False
+        main = info.block_rv
+        before = {sch.get(b).name_hint for b in sch.get_producers(main)}
+        try:
+            sch.pad_einsum(main, padding)
+        except s_tir.ScheduleError:
+            return False
+        for block in sch.get_producers(main):
+            if sch.get(block).name_hint not in before:
+                sch.compute_inline(block)
+        return True
 
     @staticmethod
     def _inline_side_blocks(
@@ -174,6 +209,7 @@ class CPUMatmul(dl.ScheduleRule):
         main: s_tir.schedule.SBlockRV,
         roles: _Contraction,
         epilogue: list[s_tir.schedule.SBlockRV],
+        padded: bool = False,
     ) -> None:
         """Tile, reorder, cache the accumulator in registers, fuse the epilogue and annotate loops."""
         vec_o, vec_i = sch.split(
@@ -191,9 +227,19 @@ class CPUMatmul(dl.ScheduleRule):
         store = sch.cache_write(main, 0, "local")
         sch.reverse_compute_at(store, vec_o, preserve_unit_loops=True)
         result = sch.get(store).writes[0].source
-        for block in epilogue:
-            if not _fuse_into_store(sch, block, result):
+        if padded:
+            # The epilogue covers only the real rows: compute it at the tile (with the tail predicate)
+            # and let it read the accumulator directly, so the padded result is never materialized.
+            *others, last = epilogue
+            for block in others:
                 schedule_elementwise(sch, block)
+            sch.reverse_compute_at(last, vec_o, preserve_unit_loops=True)
+            sch.compute_inline(store)
+            store = last
+        else:
+            for block in epilogue:
+                if not _fuse_into_store(sch, block, result):
+                    schedule_elementwise(sch, block)
 
         sch.parallel(sch.fuse(*roles.spatial, *row_tile, vec_o))
         for loop in [k_i, *row_inner]:
