@@ -28,14 +28,13 @@ import time
 from pathlib import Path
 
 import tvm
-from tvm.relax.backend.cpu_generic import pipeline as cpu_passes
 from tvm.target import Target
 
 from kiln.ir import Graph, KilnError, structural_hash
 
 from . import compile_cache
 from .lower_relax import PARAM_MODES, lower
-from .schedules.fastmath import fast_math_passes
+from .tvm_pipeline import cpu_fusion_passes
 
 TUNING_VERSION = "1"  # bump when the fused prefix or the database layout changes
 WORKLOAD_FILE = "database_workload.json"
@@ -104,12 +103,10 @@ def apply_database_pass(path: Path, target: Target) -> tvm.transform.Pass:
 
 
 def fused_module(graph: Graph, target: Target, params: str = "bound", fast_math: bool = True) -> tvm.IRModule:
-    """The graph's Relax module after `cpu_pipeline`'s passes up to fusion (keep the two in step)."""
-    passes = [*(fast_math_passes() if fast_math else []), *cpu_passes.library_dispatch_passes(target),
-              *cpu_passes.legalize_passes(target)]
+    """The graph's Relax module after `cpu_pipeline`'s passes up to fusion, the module MetaSchedule tunes."""
     mod = lower(graph, params).module
     with target:
-        return tvm.transform.Sequential(passes)(mod)
+        return tvm.transform.Sequential(cpu_fusion_passes(target, fast_math))(mod)
 
 
 def fast_build(mod: tvm.IRModule, target: Target, _params: object) -> tvm.runtime.Module:

@@ -56,6 +56,12 @@ def _noalias_shape_funcs(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> 
     return out
 
 
+def cpu_fusion_passes(target: Target, fast_math: bool = True) -> list[tvm.transform.Pass]:
+    """The CPU pipeline up to fusion: what MetaSchedule tunes, so its database keys match the build's kernels."""
+    return [*(fast_math_passes() if fast_math else []), *cpu_passes.library_dispatch_passes(target),
+            *cpu_passes.legalize_passes(target)]
+
+
 def cpu_pipeline(
     target: Target,
     fast_math: bool = True,
@@ -69,9 +75,7 @@ def cpu_pipeline(
     """
     configure_threads()
     passes = [
-        *(fast_math_passes() if fast_math else []),
-        *cpu_passes.library_dispatch_passes(target),
-        *cpu_passes.legalize_passes(target),
+        *cpu_fusion_passes(target, fast_math),
         *extra_schedule_passes,
         dl.ApplyDefaultSchedule(*default_cpu_rules()),
         *cpu_passes.dataflow_lower_passes(target),
