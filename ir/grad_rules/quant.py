@@ -14,21 +14,14 @@ from ..builder import FunctionBuilder
 from ..dtypes import DType
 from ..gradients import emit, gradient, is_float, reshape_to, scalar, wanted
 from ..graph import Op, Operand, Value
-from ..ops.quant import VALUE_RANGES
+from ..ops.quant import VALUE_RANGES, block_dims
 
 Grads = tuple[Value | None, ...]
 
 
-def _block_dims(shape, block) -> tuple:
-    """The block's extent along every dim: the whole shape when per-tensor, trailing-aligned otherwise."""
-    if not block:
-        return tuple(shape)
-    return (1,) * (len(shape) - len(block)) + tuple(block)
-
-
 def _views(shape, block):
     """(blocked shape [n0, b0, n1, b1, ...], within-block axes, per-block kept shape [n0, 1, n1, 1, ...])."""
-    dims = _block_dims(shape, block)
+    dims = block_dims("quantize", shape, block)  # the op's own layout rule (already checked at inference)
     counts = [None if d is None else (d // b if b else 1) for d, b in zip(shape, dims)]
     blocked = tuple(s for n, b in zip(counts, dims) for s in (n, b))
     inner = tuple(range(1, 2 * len(shape), 2))
