@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -9,18 +10,37 @@ import numpy as np
 from kiln.ir import Graph
 
 from .compile import TargetLike, compile_graph
+from .executable import Executable
+
+_RECENT = 64  # graphs remembered by identity (a captured training step reruns one graph every step)
 
 
 class TVMBackend:
     """Runs a function of a graph through TVM: compiled once per structure (the compile cache) with the
-    parameters as inputs, so a graph whose weights change reuses its build."""
+    parameters as inputs, so a graph whose weights change reuses its build.
+
+    Graphs are immutable, so the executable of a graph seen recently is found by identity, skipping the
+    structural hash (milliseconds for a training step's graph) on every run.
+    """
 
     def __init__(self, target: TargetLike = "llvm", fast_math: bool = True):
         self.target, self.fast_math = target, fast_math
         self.name = f"tvm-{target}"
+        self._recent: OrderedDict[tuple[int, str], tuple[Graph, Executable]] = OrderedDict()
+
+    def executable(self, graph: Graph, function: str) -> Executable:
+        key = (id(graph), function)
+        hit = self._recent.get(key)
+        if hit is not None and hit[0] is graph:
+            self._recent.move_to_end(key)
+            return hit[1]
+        exe = compile_graph(graph, target=self.target, params="inputs", fast_math=self.fast_math,
+                            functions=(function,))
+        self._recent[key] = (graph, exe)  # holding the graph keeps its id from being reused
+        if len(self._recent) > _RECENT:
+            self._recent.popitem(last=False)
+        return exe
 
     def run(self, graph: Graph, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0
             ) -> tuple[np.ndarray, ...]:
-        exe = compile_graph(graph, target=self.target, params="inputs", fast_math=self.fast_math,
-                            functions=(function,))
-        return exe.run(*inputs, function=function, seed=seed)
+        return self.executable(graph, function).run(*inputs, function=function, seed=seed)

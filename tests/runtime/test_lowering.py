@@ -434,3 +434,23 @@ def test_gelu_is_within_fast_math_tolerance_of_the_exact_build() -> None:
     assert_close(exact, interpret(graph, [x])[0], rtol=1e-5, atol=1e-6)
     assert_close(fast, exact, rtol=3e-3, atol=1e-5)
     assert math.isclose(float(fast[-1]), 6.0, rel_tol=1e-6)
+
+
+def test_tvm_backend_finds_a_recent_graph_without_rehashing(monkeypatch):
+    from kiln.runtime import compile as compile_module
+    from kiln.runtime import tvm_backend
+
+    b = Builder("Recent")
+    x = b.input("x", ((None, 4), "f32"))
+    b.ret(b.relu(x))
+    graph = b.build()
+    backend = tvm_backend.TVMBackend()
+    arr = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    first = backend.run(graph, [arr])
+    calls = []
+    real = compile_module.compile_graph
+    monkeypatch.setattr(tvm_backend, "compile_graph", lambda *a, **k: calls.append(a) or real(*a, **k))
+    np.testing.assert_array_equal(backend.run(graph, [arr])[0], first[0])
+    assert calls == []  # the same graph object: no compile_graph call, so no structural hash
+    backend.run(graph.replace(name="Other"), [arr])
+    assert len(calls) == 1
