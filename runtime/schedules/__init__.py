@@ -5,15 +5,18 @@ from tvm.s_tir import dlight as dl
 from .injective import CPUInjective
 from .matmul import CPUMatmul
 from .reduction import CPUReductionFallback
+from .row_reduction import CPURowReduction
 from .safe import Safe
 
-__all__ = ["CPUInjective", "CPUMatmul", "CPUReductionFallback", "Safe", "default_cpu_rules"]
+__all__ = ["CPUInjective", "CPUMatmul", "CPUReductionFallback", "CPURowReduction", "Safe", "default_cpu_rules"]
 
 
 def default_cpu_rules() -> list[dl.ScheduleRule]:
-    """Matmul/conv first, stock softmax/norm reductions, injective, then the reduction fallback."""
+    """Matmul/conv first, row reductions (kiln's, then dlight's stock rule), injective, then the reduction
+    fallback."""
     return [
         Safe(CPUMatmul()),
+        Safe(CPURowReduction()),
         Safe(dl.cpu.Reduction()),
         Safe(CPUInjective()),
         Safe(CPUReductionFallback()),

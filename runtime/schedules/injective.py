@@ -51,6 +51,18 @@ def _worth_parallel(sch: s_tir.Schedule, loops: list[s_tir.schedule.LoopRV]) -> 
     return total >= _MIN_PARALLEL_ELEMS
 
 
+def vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int = VECTOR_LANES
+                    ) -> list[s_tir.schedule.LoopRV]:
+    """Vectorize the block's innermost loop (split to a divisor near `lanes`); returns the loops outside it."""
+    *outer, inner = sch.get_loops(block)
+    factor = split_factor(loop_extent(sch, inner), lanes, minimum=4)
+    if static_extent(loop_extent(sch, inner)) != factor:
+        inner_o, inner = sch.split(inner, [None, factor])
+        outer.append(inner_o)
+    sch.vectorize(inner)
+    return outer
+
+
 def schedule_elementwise(
     sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int = VECTOR_LANES
 ) -> None:
@@ -59,14 +71,9 @@ def schedule_elementwise(
     if not loops:
         return
     parallel = _worth_parallel(sch, loops)
-    *outer, inner = loops
-    factor = split_factor(loop_extent(sch, inner), lanes, minimum=4)
-    if static_extent(loop_extent(sch, inner)) != factor:
-        inner_o, inner = sch.split(inner, [None, factor])
-        outer.append(inner_o)
+    outer = vectorize_inner(sch, block, lanes)
     if outer and parallel:
         sch.parallel(sch.fuse(*outer))
-    sch.vectorize(inner)
 
 
 def _transposed_axis(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:

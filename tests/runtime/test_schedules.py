@@ -15,6 +15,7 @@ from kiln.runtime.schedules import (
     CPUInjective,
     CPUMatmul,
     CPUReductionFallback,
+    CPURowReduction,
     Safe,
     default_cpu_rules,
 )
@@ -251,25 +252,71 @@ def test_transpose(shape: tuple[int, int]) -> None:
     assert sch is not None and "T.vectorized" in sch.mod["main"].script()
 
 
-@pytest.mark.parametrize(("fast_math", "rtol"), [(False, EXACT), (True, FAST)], ids=["exact", "fast-math"])
-def test_softmax(fast_math: bool, rtol: float) -> None:
-    mod = relax_module([(6, 100)], lambda x: relax.op.nn.softmax(x, axis=-1))
-    x = rand(6, 100) * 4
+def softmax_ref(x: np.ndarray) -> np.ndarray:
     (xd,) = f64(x)
     e = np.exp(xd - xd.max(-1, keepdims=True))
-    check(run(mod, x, fast_math=fast_math), e / e.sum(-1, keepdims=True), rtol)
-    assert all(dl.cpu.Reduction().apply(f, TARGET, False) for f in fused_prim_funcs(mod, fast_math))
+    return e / e.sum(-1, keepdims=True)
 
 
-def test_layer_norm() -> None:
+def assert_row_rule(funcs: list[tirx.PrimFunc], partial: bool) -> None:
+    """CPURowReduction schedules every kernel: rows in parallel and, when `partial`, vector partial results."""
+    for func in funcs:
+        sch = CPURowReduction().apply(func, TARGET, False)
+        assert sch is not None
+        lines = sch.mod["main"].script().splitlines()
+        updates = [i for i, line in enumerate(lines) if '_rf_update")' in line]
+        assert any("T.parallel" in line for line in lines) and bool(updates) == partial
+        for i in updates:  # the loop right around each partial update runs over vector lanes
+            assert "T.vectorized" in next(line for line in reversed(lines[:i]) if line.lstrip().startswith("for "))
+
+
+@pytest.mark.parametrize(("fast_math", "rtol"), [(False, EXACT), (True, FAST)], ids=["exact", "fast-math"])
+@pytest.mark.parametrize(("rows", "width", "partial"), [(6, 128, True), (6, 100, False), (3, 16, False)],
+                         ids=["lanes-multiple", "odd-width", "one-vector"])
+def test_softmax(fast_math: bool, rtol: float, rows: int, width: int, partial: bool) -> None:
+    mod = relax_module([(rows, width)], lambda x: relax.op.nn.softmax(x, axis=-1))
+    x = rand(rows, width) * 4
+    check(run(mod, x, fast_math=fast_math), softmax_ref(x), rtol)
+    assert_row_rule(fused_prim_funcs(mod, fast_math), partial)
+
+
+@pytest.mark.parametrize(("width", "partial"), [(48, True), (50, False)], ids=["lanes-multiple", "odd-width"])
+def test_layer_norm(width: int, partial: bool) -> None:
     mod = relax_module(
-        [(5, 7, 48), (48,), (48,)], lambda x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1], epsilon=1e-5)
+        [(5, 7, width), (width,), (width,)],
+        lambda x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1], epsilon=1e-5),
     )
-    x, g, b = rand(5, 7, 48) * 3 + 1, rand(48, seed=1), rand(48, seed=2)
+    x, g, b = rand(5, 7, width) * 3 + 1, rand(width, seed=1), rand(width, seed=2)
     xd, gd, bd = f64(x, g, b)
     mean, var = xd.mean(-1, keepdims=True), xd.var(-1, keepdims=True)
     check(run(mod, x, g, b), (xd - mean) / np.sqrt(var + 1e-5) * gd + bd, EXACT)
-    assert all(dl.cpu.Reduction().apply(f, TARGET, False) for f in fused_prim_funcs(mod))
+    assert_row_rule(fused_prim_funcs(mod), partial)
+
+
+def test_rms_norm_over_a_dynamic_row_count() -> None:
+    n = tirx.Var("n", "int64")
+    mod = relax_module([(n, 64), (64,)], lambda x, g: relax.op.nn.rms_norm(x, g, axes=[-1], epsilon=1e-6))
+    assert_row_rule(fused_prim_funcs(mod), partial=True)
+    g = rand(64, seed=3)
+    for rows in (1, 5):
+        x = rand(rows, 64)
+        xd, gd = f64(x, g)
+        check(run(mod, x, g), xd / np.sqrt((xd * xd).mean(-1, keepdims=True) + 1e-6) * gd, EXACT)
+
+
+def test_row_mean_has_no_lanes_after_its_rows() -> None:
+    mod = relax_module([(6, 128)], lambda x: relax.op.mean(x, axis=[-1]))
+    assert_row_rule(fused_prim_funcs(mod), partial=True)
+    x = rand(6, 128)
+    check(run(mod, x), x.astype(np.float64).mean(-1), EXACT)
+
+
+def test_softmax_over_a_middle_axis_keeps_whole_reductions() -> None:
+    """Reducing a non-innermost axis has no contiguous lanes to split (they would be a gather)."""
+    mod = relax_module([(4, 32, 16)], lambda x: relax.op.nn.softmax(x, axis=1))
+    assert_row_rule(fused_prim_funcs(mod), partial=False)
+    x = rand(4, 32, 16)
+    check(run(mod, x), softmax_ref(x.transpose(0, 2, 1)).transpose(0, 2, 1), EXACT)
 
 
 def test_column_sum_takes_the_reduction_fallback() -> None:
@@ -309,9 +356,11 @@ def test_each_rule_declines_what_it_does_not_handle() -> None:
     )
     assert all(CPUInjective().apply(f, TARGET, False) is None for f in (matmul, row_sum, softmax))
     assert CPUReductionFallback().apply(elementwise, TARGET, False) is None
+    assert all(CPURowReduction().apply(f, TARGET, False) is None for f in (elementwise, matmul, row_sum))
     gpu = cuda_target("sm_80")
-    for rule in (CPUMatmul(), CPUInjective(), CPUReductionFallback()):
-        assert rule.apply(matmul if isinstance(rule, CPUMatmul) else elementwise, gpu, False) is None
+    for rule in (CPUMatmul(), CPUInjective(), CPUReductionFallback(), CPURowReduction()):
+        picked = {CPUMatmul: matmul, CPURowReduction: softmax}.get(type(rule), elementwise)
+        assert rule.apply(picked, gpu, False) is None
     assert CPUReductionFallback().apply(row_sum, TARGET, False) is not None
 
 
@@ -338,7 +387,7 @@ def test_safe_reraises_in_debug_mode() -> None:
 
 def test_default_rules_order() -> None:
     kinds = [type(rule.rule) for rule in default_cpu_rules()]
-    assert kinds == [CPUMatmul, dl.cpu.Reduction, CPUInjective, CPUReductionFallback]
+    assert kinds == [CPUMatmul, CPURowReduction, dl.cpu.Reduction, CPUInjective, CPUReductionFallback]
 
 
 # --- targets, threads and the CUDA pipeline -----------------------------------------------------
