@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compile", help="compile a .kir module through TVM to a shared library")
     comp.add_argument("input", help="a .kir file, or - for standard input")
     comp.add_argument("-o", "--output", required=True,
-                      help="the library to write (model.so); its sidecar goes to OUTPUT.kiln.json")
+                      help="the library to write (model.so); its sidecar goes to OUTPUT.kiln.json and, with "
+                           "--params inputs, its weights to the burnpack OUTPUT.bpk")
     comp.add_argument("--target", choices=("llvm", "cuda"), default="llvm", help="code generator (default: llvm)")
     comp.add_argument("--params", choices=("bound", "inputs"), default="bound",
                       help="bake the parameters in as constants (default), or take them as inputs")

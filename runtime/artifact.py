@@ -1,9 +1,11 @@
 """Compiled programs on disk: a shared library plus a JSON sidecar (`<lib>.kiln.json`) holding the signatures and
-the library's SHA-256, and, for `params="inputs"` builds that carry weights, `<lib>.params.npz`.
+the library's SHA-256, and, for `params="inputs"` builds that carry weights, a burnpack `<lib>.bpk` of them (named as
+the signatures name them, in TVM storage dtypes; `kiln inspect` and Rust Burn read it) with its SHA-256.
 
 Every file is written to a temporary sibling and renamed into place, the sidecar last, so a reader sees either a
-complete artifact or none. Reading verifies the sidecar's own digest and the library's checksum before anything
-is loaded: a truncated or altered artifact raises `CorruptArtifact` and is never handed to the dynamic loader.
+complete artifact or none. Reading verifies the sidecar's own digest and format and the other files' checksums
+before anything is loaded: a truncated, altered or older-format artifact raises `CorruptArtifact` and is never
+handed to the dynamic loader.
 """
 
 from __future__ import annotations
@@ -15,18 +17,21 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tvm
 
-from kiln.ir import KilnError
+from kiln.ir import DType, KilnError, RecordError, TensorType
 
+from .burnpack import BurnDType, BurnpackFile, PackTensor, write_burnpack
+from .record import burn_dtype
 from .signature import FunctionSignature
 from .tvm_dtypes import storage_numpy
 
-FORMAT = "kiln-executable/1"
-SIDECAR, PARAMS = ".kiln.json", ".params.npz"
+FORMAT = "kiln-executable/2"  # /2: weights in a burnpack (/1 used .params.npz)
+SIDECAR, PARAMS = ".kiln.json", ".bpk"
 
 
 class CorruptArtifact(KilnError):
@@ -72,20 +77,34 @@ def _payload_digest(payload: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+def _param_types(signatures: Mapping[str, FunctionSignature]) -> dict[str, TensorType]:
+    """Every stored parameter the functions take, by name."""
+    return {n: t for s in signatures.values() for n, t in s.params}
+
+
+def _pack_dtype(name: str, t: TensorType) -> BurnDType:
+    """The burnpack dtype of parameter `name`'s TVM storage (i4 codes are I8, u4/nf4 U8), or a KilnError naming
+    both when burnpack has none (never a reinterpretation)."""
+    storage = storage_numpy(t.dtype)
+    try:
+        return burn_dtype(DType.from_numpy(storage))
+    except (ValueError, RecordError):
+        raise KilnError(f"param @{name}: storage dtype {storage} (of {t.dtype.value}) has no burnpack dtype") from None
+
+
 def write_artifact(path: str, program: Program, export: Callable[[str], None],
                    param_values: Mapping[str, np.ndarray] | None = None, **extra: Any) -> None:
-    """Write the library (through `export(tmp_path)`), the optional weights (in TVM storage dtypes), then the
-    sidecar naming them."""
+    """Write the library (through `export(tmp_path)`), the optional weights (arrays in TVM storage dtypes) as a
+    burnpack, then the sidecar holding their checksums."""
     with atomic_path(path, ".so") as tmp:
         export(tmp)
         library_sha = file_digest(tmp)
     payload = {**program.meta(), **extra, "library_sha256": library_sha}
     if param_values is not None:
-        with atomic_path(path + PARAMS, ".npz") as tmp:
-            with open(tmp, "wb") as f:
-                # raw unsigned views: numpy cannot describe bf16 in .npy headers; readers view them back
-                np.savez(f, **{f"p{i}": a.view(f"u{a.dtype.itemsize}") for i, a in enumerate(param_values.values())})
-            payload["param_names"] = list(param_values)
+        types = _param_types(program.signatures)
+        tensors = [PackTensor(n, _pack_dtype(n, types[n]), a.shape, None, a) for n, a in param_values.items()]
+        with atomic_path(path + PARAMS, PARAMS) as tmp:
+            write_burnpack(tmp, tensors)
             payload["params_sha256"] = file_digest(tmp)
     with atomic_path(path + SIDECAR, ".json") as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -100,8 +119,11 @@ def read_sidecar(path: str) -> dict[str, Any]:
         digest = payload.pop("sidecar_sha256")
     except (OSError, ValueError, KeyError, AttributeError) as e:
         raise CorruptArtifact(f"{path}{SIDECAR}: unreadable sidecar ({e})") from None
-    if digest != _payload_digest(payload) or payload.get("format") != FORMAT:
-        raise CorruptArtifact(f"{path}{SIDECAR}: sidecar does not match its digest or format")
+    if digest != _payload_digest(payload):
+        raise CorruptArtifact(f"{path}{SIDECAR}: sidecar does not match its digest")
+    if payload.get("format") != FORMAT:
+        raise CorruptArtifact(f"{path}{SIDECAR}: artifact format {payload.get('format')!r}, but this kiln reads "
+                              f"{FORMAT!r}; rebuild or re-export it")
     try:
         library_sha = file_digest(path)
     except OSError as e:
@@ -113,14 +135,29 @@ def read_sidecar(path: str) -> dict[str, Any]:
 
 def read_params(path: str, payload: Mapping[str, Any], signatures: Mapping[str, FunctionSignature]
                 ) -> dict[str, np.ndarray] | None:
-    """The weights stored beside a `params="inputs"` library, checksummed, in TVM storage dtypes."""
-    if "param_names" not in payload:
+    """The weights stored beside a `params="inputs"` library, in TVM storage dtypes: the burnpack is read into
+    memory once and checksummed, and the read-only arrays view those bytes (no file stays open or mapped)."""
+    if "params_sha256" not in payload:
         return None
-    if file_digest(path + PARAMS) != payload["params_sha256"]:
-        raise CorruptArtifact(f"{path}{PARAMS}: checksum mismatch")
-    types = {n: t for s in signatures.values() for n, t in s.params}
-    with np.load(path + PARAMS, allow_pickle=False) as data:
-        return {n: data[f"p{i}"].view(storage_numpy(types[n].dtype)) for i, n in enumerate(payload["param_names"])}
+    source = path + PARAMS
+    try:
+        data = Path(source).read_bytes()
+    except OSError as e:
+        raise CorruptArtifact(f"{source}: unreadable weights ({e.strerror or e})") from None
+    if hashlib.sha256(data).hexdigest() != payload["params_sha256"]:
+        raise CorruptArtifact(f"{source}: checksum mismatch (truncated or altered)")
+    types = _param_types(signatures)
+    try:
+        with BurnpackFile.from_bytes(data, source) as pack:
+            values = {name: pack.array(name) for name in pack.entries}
+    except RecordError as e:
+        raise CorruptArtifact(str(e)) from None
+    for name, value in values.items():
+        t = types.get(name)
+        if t is None or value.dtype != storage_numpy(t.dtype) or not t.matches(value.shape):
+            raise CorruptArtifact(f"{source}: tensor {name!r} ({value.dtype} {list(value.shape)}) is not a "
+                                  "parameter of the library's signatures")
+    return values
 
 
 def load_program(path: str) -> tuple[Program, dict[str, Any]]:

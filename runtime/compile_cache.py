@@ -2,8 +2,8 @@
 `~/.cache/kiln`).
 
 A disk entry is an artifact (`artifact.py`): the library and a checksummed sidecar, each written atomically. An
-entry whose sidecar or library fails its checksum is reported as a miss (and logged), so the caller rebuilds it
-and `store` replaces it; a damaged file is never loaded.
+entry whose sidecar or library fails its checksum, or whose sidecar names an older artifact format, is reported as
+a miss (and logged), so the caller rebuilds it and `store` replaces it; a damaged file is never loaded.
 """
 
 from __future__ import annotations

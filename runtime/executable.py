@@ -154,7 +154,8 @@ class Executable:
 
     def export_library(self, path: str) -> None:
         """Write a shared library loadable by `load_executable` in a fresh process (no tracing, no graph), with
-        its sidecar; a `params="inputs"` build also stores its current parameter values beside it."""
+        its sidecar; a `params="inputs"` build also stores its current parameter values in the burnpack
+        `<path>.bpk`."""
         def export(tmp: str) -> None:
             if self._library_path is not None:
                 shutil.copyfile(self._library_path, tmp)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from kiln.runtime import compile_cache
+from kiln.runtime import artifact, compile_cache
 
 
 @pytest.fixture
@@ -17,3 +19,18 @@ def cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     compile_cache.clear_memory()
     yield root
     compile_cache.clear_memory()
+
+
+def _restamp(library: Path, fmt: str) -> None:
+    """Rewrite `library`'s sidecar as another kiln version would have: format `fmt`, with a valid digest."""
+    sidecar = Path(f"{library}{artifact.SIDECAR}")
+    payload = json.loads(sidecar.read_text())
+    del payload["sidecar_sha256"]
+    payload["format"] = fmt
+    sidecar.write_text(json.dumps({**payload, "sidecar_sha256": artifact._payload_digest(payload)}))
+
+
+@pytest.fixture
+def restamp_sidecar() -> Callable[[Path, str], None]:
+    """`restamp(library, format)`: make an intact artifact claim another artifact format."""
+    return _restamp

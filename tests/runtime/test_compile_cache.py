@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +20,8 @@ import kiln
 from kiln import nn
 from kiln.cli import main as cli_main
 from kiln.ir import Builder, Graph, Init, interpret, print_graph
-from kiln.runtime import compile_cache
-from kiln.runtime.artifact import SIDECAR, CorruptArtifact, file_digest, read_sidecar
+from kiln.runtime import artifact, compile_cache
+from kiln.runtime.artifact import PARAMS, SIDECAR, CorruptArtifact, file_digest, read_sidecar
 from kiln.runtime.compile import cache_key, compile_graph, resolve_target
 from kiln.runtime.executable import load_executable
 
@@ -140,6 +141,22 @@ def test_a_damaged_entry_is_detected_rebuilt_and_replaced(cache_root: Path, vict
     assert not caplog.text  # the replacement is used as it is
 
 
+def test_an_entry_of_an_older_artifact_format_is_rebuilt_not_trusted(
+        cache_root: Path, caplog: pytest.LogCaptureFixture, restamp_sidecar: Callable[[Path, str], None]) -> None:
+    """An entry whose sidecar is intact but names an older format (same key: the lowering did not change)."""
+    graph = small_graph()
+    compile_graph(graph)
+    (library,) = (cache_root / "compile").glob("*.so")
+    restamp_sidecar(library, "kiln-executable/1")
+    compile_cache.clear_memory()
+    with caplog.at_level(logging.WARNING, logger=compile_cache.__name__):
+        exe = compile_graph(graph)
+    assert "format 'kiln-executable/1'" in caplog.text
+    x = np.random.default_rng(4).standard_normal((2, 8)).astype(np.float32)
+    np.testing.assert_allclose(exe(x), interpret(graph, [x])[0], rtol=1e-5, atol=1e-6)
+    assert read_sidecar(str(library))["format"] == artifact.FORMAT  # replaced by an entry of the current format
+
+
 def test_bound_builds_key_on_weights_and_input_builds_do_not() -> None:
     graph = small_graph()
     other = graph.replace(params={"w": graph.params["w"].replace(data=graph.params["w"].data * 2)})
@@ -184,7 +201,7 @@ def test_exported_libraries_load_and_run_in_a_fresh_process(tmp_path: Path, cach
         want = interpret(graph, [x])[0]
         np.testing.assert_allclose(np.load(tmp_path / f"{name}-y.npy"), want, rtol=3e-3,
                                    atol=3e-3 * float(np.abs(want).max()), err_msg=name)
-    assert (tmp_path / "inputs.so.params.npz").exists() and not (tmp_path / "bound.so.params.npz").exists()
+    assert (tmp_path / f"inputs.so{PARAMS}").exists() and not (tmp_path / f"bound.so{PARAMS}").exists()
 
 
 def test_loading_a_library_that_does_not_match_its_sidecar_fails_cleanly(tmp_path: Path) -> None:
