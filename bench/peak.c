@@ -1,0 +1,53 @@
+/* Peak float32 FMA throughput of this CPU: every thread runs 16 independent chains of vector FMAs that stay in
+ * registers, so nothing but the FMA units limits it. Built and run by bench/roofline.py with -march=native.
+ * Usage: peak THREADS -> prints GFLOP/s (best of 5 runs). */
+#include <immintrin.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#if defined(__AVX512F__)
+typedef __m512 vec;
+#define LANES 16
+#define SET1 _mm512_set1_ps
+#define STOREU _mm512_storeu_ps
+#define FMA _mm512_fmadd_ps
+#elif defined(__AVX2__) && defined(__FMA__)
+typedef __m256 vec;
+#define LANES 8
+#define SET1 _mm256_set1_ps
+#define STOREU _mm256_storeu_ps
+#define FMA _mm256_fmadd_ps
+#else
+#error "needs AVX2+FMA or AVX-512"
+#endif
+#define CHAINS 16
+
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 1;
+    long iters = 50000000;
+    double best = 0;
+    float sink = 0;
+    omp_set_num_threads(threads);
+    for (int run = 0; run < 5; run++) {
+        double start = omp_get_wtime();
+#pragma omp parallel reduction(+ : sink)
+        {
+            vec acc[CHAINS], b = SET1(0.999999f), c = SET1(1e-7f);
+            for (int i = 0; i < CHAINS; i++) acc[i] = SET1((float)i);
+            for (long it = 0; it < iters; it++) {
+#pragma GCC unroll 16
+                for (int i = 0; i < CHAINS; i++) acc[i] = FMA(acc[i], b, c);
+            }
+            float lanes[LANES];
+            for (int i = 0; i < CHAINS; i++) {
+                STOREU(lanes, acc[i]);
+                for (int l = 0; l < LANES; l++) sink += lanes[l];
+            }
+        }
+        double gflops = (double)iters * threads * CHAINS * LANES * 2 / (omp_get_wtime() - start) / 1e9;
+        if (gflops > best) best = gflops;
+    }
+    printf("%.1f\n", best + 0 * sink);
+    return 0;
+}

@@ -1,0 +1,52 @@
+"""Roofline context for the benchmarks: this CPU's measured float32 FMA peak, and a graph's matmul/conv FLOPs.
+
+A time is only as good as the work it does: `GFLOP/s = graph_flops / time`, and against the peak it says how much
+any runtime could still gain. Run alone it prints the peak for 1 and all cores:
+
+    .venv/bin/python bench/roofline.py
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+
+from kiln.ir import Graph
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peak.c")
+_CONTRACTIONS = {"matmul", "linear", "conv1d", "conv2d"}
+
+
+def peak_gflops(threads: int) -> float | None:
+    """The FMA peak in GFLOP/s on `threads` cores, measured by bench/peak.c; None without a C compiler or AVX2."""
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="kiln-peak-") as tmp:
+        binary = os.path.join(tmp, "peak")
+        build = subprocess.run([compiler, "-O2", "-march=native", "-fopenmp", _SOURCE, "-o", binary],
+                               capture_output=True, text=True)
+        if build.returncode != 0:
+            return None
+        run = subprocess.run([binary, str(threads)], capture_output=True, text=True, check=True)
+    return float(run.stdout)
+
+
+def graph_flops(graph: Graph, function: str = "forward") -> int:
+    """2 x the multiply-adds of the function's matmuls, linears and convolutions (the bulk of these models)."""
+    total = 0
+    for op in graph.functions[function].ops:
+        if op.kind in _CONTRACTIONS:
+            out, (lhs, rhs) = op.results[0].type.shape, (o.type.shape for o in op.operands[:2])
+            # per output element: K, or (Cin / groups) x kernel size
+            per_output = lhs[-1] if op.kind in ("matmul", "linear") else math.prod(rhs[1:])
+            total += 2 * math.prod(out) * per_output
+    return total
+
+
+if __name__ == "__main__":
+    for n in sorted({1, os.cpu_count() or 1}):
+        print(f"{n} thread(s): {peak_gflops(n)} GFLOP/s")
