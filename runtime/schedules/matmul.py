@@ -1,5 +1,6 @@
 """Register-blocked CPU schedule for matmul, batch matmul and NCHW conv2d, with fused epilogues."""
 
+import math
 from dataclasses import dataclass
 
 from tvm import ir, s_tir, sym, tirx
@@ -7,6 +8,8 @@ from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
 from .injective import loop_extent, schedule_elementwise, split_factor, static_extent, uses_var
+
+MIN_PANEL_ROWS = 256  # fewer rows than this stream the vector operand whole (see `CPUMatmul._column_panels`)
 
 
 @dataclass(frozen=True)
@@ -122,8 +125,8 @@ class CPUMatmul(dl.ScheduleRule):
     ones. Inputs computed in the same kernel (conv padding) are materialized and scheduled separately.
     """
 
-    def __init__(self, mr: int = 8, nr: int = 32, k_unroll: int = 4) -> None:
-        self.mr, self.nr, self.k_unroll = mr, nr, k_unroll
+    def __init__(self, mr: int = 8, nr: int = 32, k_unroll: int = 4, panel_bytes: int = 128 * 1024) -> None:
+        self.mr, self.nr, self.k_unroll, self.panel_bytes = mr, nr, k_unroll, panel_bytes
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
@@ -215,6 +218,7 @@ class CPUMatmul(dl.ScheduleRule):
         vec_o, vec_i = sch.split(
             roles.vector, [None, split_factor(loop_extent(sch, roles.vector), self.nr, 8)]
         )
+        panel, vec_o = self._column_panels(sch, main, roles, vec_o, vec_i) if roles.row is not None else ([], vec_o)
         row_tile: list[s_tir.schedule.LoopRV] = []
         row_inner: list[s_tir.schedule.LoopRV] = []
         if roles.row is not None:
@@ -222,7 +226,7 @@ class CPUMatmul(dl.ScheduleRule):
             row_tile, row_inner = [row_o], [row_i]
         *red_outer, red_last = roles.reduction
         k_o, k_i = sch.split(red_last, [None, split_factor(loop_extent(sch, red_last), self.k_unroll)])
-        sch.reorder(*roles.spatial, *row_tile, vec_o, *red_outer, k_o, k_i, *row_inner, vec_i)
+        sch.reorder(*roles.spatial, *panel, *row_tile, vec_o, *red_outer, k_o, k_i, *row_inner, vec_i)
 
         store = sch.cache_write(main, 0, "local")
         sch.reverse_compute_at(store, vec_o, preserve_unit_loops=True)
@@ -241,10 +245,34 @@ class CPUMatmul(dl.ScheduleRule):
                 if not _fuse_into_store(sch, block, result):
                     schedule_elementwise(sch, block)
 
-        sch.parallel(sch.fuse(*roles.spatial, *row_tile, vec_o))
+        sch.parallel(sch.fuse(*roles.spatial, *panel, *row_tile, vec_o))
         for loop in [k_i, *row_inner]:
             sch.unroll(loop)
         sch.vectorize(vec_i)
         sch.vectorize(sch.get_loops(store)[-1])
         init = sch.decompose_reduction(main, red_outer[0] if red_outer else k_o)
         sch.vectorize(sch.get_loops(init)[-1])
+
+    def _column_panels(self, sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, roles: _Contraction,
+                       vec_o: s_tir.schedule.LoopRV, vec_i: s_tir.schedule.LoopRV
+                       ) -> tuple[list[s_tir.schedule.LoopRV], s_tir.schedule.LoopRV]:
+        """Group the column tiles into panels whose slab of the vector operand (all of K for those columns) fits
+        `panel_bytes` of L2, so that every row tile reuses a cached slab: ([panel loop], tile loop), or
+        ([], vec_o) when the operand fits, an extent is symbolic, or too few rows (batch dims included; under
+        `MIN_PANEL_ROWS`) would reuse a panel to pay for the extra passes over the other operand. The panel
+        loop goes outermost.
+
+        Without panels each row tile streams the whole operand: with a 256x1024 float32 weight (1 MiB, the
+        size of an L2) the transformer's FFN matmul ran at 170-176 GFLOP/s, with 128 KiB panels at 206
+        (215 with a 256x256 weight). The 64-row MLP layers were 4% slower with panels.
+        """
+        rows = [static_extent(loop_extent(sch, loop)) for loop in [*roles.spatial, roles.row]]
+        extents = [static_extent(loop_extent(sch, loop)) for loop in [*roles.reduction, vec_o, vec_i]]
+        if None in extents + rows or math.prod(rows) < MIN_PANEL_ROWS:
+            return [], vec_o
+        *depths, tiles, tile = extents
+        tile_bytes = math.prod(depths) * tile * sch.get(main).writes[0].source.dtype.bits // 8
+        if tile_bytes * tiles <= self.panel_bytes:
+            return [], vec_o
+        panel, vec_o = sch.split(vec_o, [None, max(1, self.panel_bytes // tile_bytes)])
+        return [panel], vec_o

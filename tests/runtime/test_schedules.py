@@ -115,6 +115,28 @@ def test_matmul(m: int, k: int, n: int) -> None:
     assert_matmul_rule_applies(mod)
 
 
+def _splits(sch: s_tir.Schedule) -> int:
+    return sum(inst.kind.name == "Split" for inst in sch.trace.insts)
+
+
+@pytest.mark.parametrize(
+    ("shape", "panels"),
+    [((1024, 256, 1024), True), ((300, 200, 1000), True), ((2, 150, 256, 512), True), ((64, 784, 512), False)],
+    ids=["ffn-1024x256x1024", "ragged-panels", "batch-dims-count-as-rows", "few-rows"],
+)
+def test_matmul_groups_column_tiles_into_cached_panels(shape: tuple[int, ...], panels: bool) -> None:
+    """A weight too big for L2 is walked in panels (one more split) once enough rows reuse each panel."""
+    *lead, k, n = shape
+    mod = relax_module([(*lead, k), (k, n), (n,)], lambda x, w, b: relax.op.nn.relu(relax.op.matmul(x, w) + b))
+    (func,) = fused_prim_funcs(mod)
+    extra = _splits(CPUMatmul().apply(func, TARGET, False)) - _splits(CPUMatmul(panel_bytes=1 << 40).apply(
+        func, TARGET, False))
+    assert extra == int(panels)
+    x, w, b = rand(*lead, k), rand(k, n, seed=1), rand(n, seed=2)
+    xd, wd, bd = f64(x, w, b)
+    check(run(mod, x, w, b), np.maximum(xd @ wd + bd, 0), EXACT)
+
+
 def test_batched_matmul_broadcasts_batch_dims() -> None:
     mod = relax_module([(2, 1, 5, 7), (3, 7, 9)], relax.op.matmul)
     a, b = rand(2, 1, 5, 7), rand(3, 7, 9, seed=1)
