@@ -7,15 +7,25 @@ from .matmul import CPUMatmul
 from .reduction import CPUReductionFallback
 from .row_reduction import CPURowReduction
 from .safe import Safe
+from .window import CPUWindowReduction
 
-__all__ = ["CPUInjective", "CPUMatmul", "CPUReductionFallback", "CPURowReduction", "Safe", "default_cpu_rules"]
+__all__ = [
+    "CPUInjective",
+    "CPUMatmul",
+    "CPUReductionFallback",
+    "CPURowReduction",
+    "CPUWindowReduction",
+    "Safe",
+    "default_cpu_rules",
+]
 
 
 def default_cpu_rules() -> list[dl.ScheduleRule]:
-    """Matmul/conv first, row reductions (kiln's, then dlight's stock rule), injective, then the reduction
-    fallback."""
+    """Matmul/conv first, pooling windows, row reductions (kiln's, then dlight's stock rule), injective, then the
+    reduction fallback."""
     return [
         Safe(CPUMatmul()),
+        Safe(CPUWindowReduction()),
         Safe(CPURowReduction()),
         Safe(dl.cpu.Reduction()),
         Safe(CPUInjective()),

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+import torch
 import tvm
 from tvm import relax, s_tir, te, tirx
 from tvm.s_tir import dlight as dl
@@ -16,6 +17,7 @@ from kiln.runtime.schedules import (
     CPUMatmul,
     CPUReductionFallback,
     CPURowReduction,
+    CPUWindowReduction,
     Safe,
     default_cpu_rules,
 )
@@ -350,6 +352,47 @@ def test_column_sum_takes_the_reduction_fallback() -> None:
     check(run(mod, x), x.astype(np.float64).sum(0), EXACT)
 
 
+def assert_window_rule(mod: tvm.IRModule) -> None:
+    """CPUWindowReduction takes the pool: outputs in parallel and vectorized, window loops unrolled around them."""
+    (func,) = [f for f in fused_prim_funcs(mod) if not _injective(f)]
+    sch = CPUWindowReduction().apply(func, TARGET, False)
+    assert sch is not None
+    lines = sch.mod["main"].script().splitlines()
+    update = next(i for i, line in enumerate(lines) if '_update")' in line)
+    loops = [line.strip() for line in lines[:update] if line.lstrip().startswith("for ")]
+    assert "T.vectorized" in loops[-1] and "T.unroll" in loops[-2] and "T.parallel" in loops[0]
+
+
+def _injective(func: tirx.PrimFunc) -> bool:
+    return all(info.is_injective() for info in dl.normalize_prim_func(s_tir.Schedule(func)))
+
+
+@pytest.mark.parametrize(
+    ("shape", "kernel", "stride", "pad"),
+    [((8, 32, 32, 32), 2, 2, 0), ((2, 3, 15, 15), 3, 2, 1), ((1, 4, 9, 7), 3, 1, 1)],
+    ids=["2x2-stride2", "odd-3x3-stride2-pad1", "3x3-stride1-pad1-batch1"],
+)
+@pytest.mark.parametrize("kind", ["max", "avg"])
+def test_pooling(kind: str, shape: tuple[int, ...], kernel: int, stride: int, pad: int) -> None:
+    pool = {"max": relax.op.nn.max_pool2d, "avg": relax.op.nn.avg_pool2d}[kind]
+    extra = {"count_include_pad": True} if kind == "avg" else {}
+    mod = relax_module([shape], lambda x: pool(x, kernel, stride, pad, **extra))
+    x = rand(*shape)
+    reference = {"max": torch.nn.functional.max_pool2d, "avg": torch.nn.functional.avg_pool2d}[kind]
+    want = reference(torch.from_numpy(x).double(), kernel, stride, pad).numpy()
+    check(run(mod, x), want, EXACT)
+    assert_window_rule(mod)
+
+
+def test_pooling_over_a_dynamic_batch() -> None:
+    n = tirx.Var("n", "int64")
+    mod = relax_module([(n, 16, 8, 8)], lambda x: relax.op.nn.max_pool2d(x, 2, 2))
+    assert_window_rule(mod)
+    for batch in (1, 3):
+        x = rand(batch, 16, 8, 8)
+        check(run(mod, x), torch.nn.functional.max_pool2d(torch.from_numpy(x), 2).numpy(), EXACT)
+
+
 # --- rule applicability and the Safe wrapper ----------------------------------------------------
 
 
@@ -379,8 +422,9 @@ def test_each_rule_declines_what_it_does_not_handle() -> None:
     assert all(CPUInjective().apply(f, TARGET, False) is None for f in (matmul, row_sum, softmax))
     assert CPUReductionFallback().apply(elementwise, TARGET, False) is None
     assert all(CPURowReduction().apply(f, TARGET, False) is None for f in (elementwise, matmul, row_sum))
+    assert all(CPUWindowReduction().apply(f, TARGET, False) is None for f in (elementwise, matmul, row_sum, softmax))
     gpu = cuda_target("sm_80")
-    for rule in (CPUMatmul(), CPUInjective(), CPUReductionFallback(), CPURowReduction()):
+    for rule in (CPUMatmul(), CPUInjective(), CPUReductionFallback(), CPURowReduction(), CPUWindowReduction()):
         picked = {CPUMatmul: matmul, CPURowReduction: softmax}.get(type(rule), elementwise)
         assert rule.apply(picked, gpu, False) is None
     assert CPUReductionFallback().apply(row_sum, TARGET, False) is not None
@@ -409,7 +453,8 @@ def test_safe_reraises_in_debug_mode() -> None:
 
 def test_default_rules_order() -> None:
     kinds = [type(rule.rule) for rule in default_cpu_rules()]
-    assert kinds == [CPUMatmul, CPURowReduction, dl.cpu.Reduction, CPUInjective, CPUReductionFallback]
+    assert kinds == [CPUMatmul, CPUWindowReduction, CPURowReduction, dl.cpu.Reduction, CPUInjective,
+                     CPUReductionFallback]
 
 
 # --- targets, threads and the CUDA pipeline -----------------------------------------------------
