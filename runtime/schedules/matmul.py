@@ -7,8 +7,9 @@ from tvm import ir, s_tir, sym, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .injective import loop_extent, schedule_elementwise, split_factor, static_extent, uses_var
+from .injective import VECTOR_LANES, loop_extent, schedule_elementwise, split_factor, static_extent, uses_var
 
+ACCUMULATORS = 16  # vector registers a register tile may hold (of 32), leaving room for operands
 MIN_PANEL_ROWS = 256  # fewer rows than this stream the vector operand whole (see `CPUMatmul._column_panels`)
 
 
@@ -20,6 +21,7 @@ class _Contraction:
     row: s_tir.schedule.LoopRV | None  # innermost other C index the vector operand ignores
     spatial: list[s_tir.schedule.LoopRV]  # remaining spatial loops, outermost first
     reduction: list[s_tir.schedule.LoopRV]
+    line: s_tir.schedule.LoopRV | None = None  # innermost of `spatial` only the vector operand walks (a conv's rows)
 
 
 def _load(expr: tirx.Expr) -> ir.TensorLoad | None:
@@ -107,11 +109,15 @@ def _match(sch: s_tir.Schedule, info: dl.SBlockInfo) -> _Contraction | None:
         ),
         None,
     )
+    rest = [it for it in spatial if it is not vec and it is not row]
+    line = next((it for it in reversed(rest) if any(uses_var(e, it.var) for e in vec_op.indices)
+                 and not any(uses_var(e, it.var) for e in other.indices)), None)
     return _Contraction(
         vector=vec.loop_rv,
         row=None if row is None else row.loop_rv,
-        spatial=[it.loop_rv for it in spatial if it is not vec and it is not row],
+        spatial=[it.loop_rv for it in rest],
         reduction=[it.loop_rv for it in info.iters if it.kind == "R"],
+        line=None if line is None else line.loop_rv,
     )
 
 
@@ -224,9 +230,10 @@ class CPUMatmul(dl.ScheduleRule):
         if roles.row is not None:
             row_o, row_i = sch.split(roles.row, [None, split_factor(loop_extent(sch, roles.row), self.mr, 4)])
             row_tile, row_inner = [row_o], [row_i]
+        spatial, line_inner = self._block_lines(sch, roles, vec_i, len(row_inner) and self.mr)
         *red_outer, red_last = roles.reduction
         k_o, k_i = sch.split(red_last, [None, split_factor(loop_extent(sch, red_last), self.k_unroll)])
-        sch.reorder(*roles.spatial, *panel, *row_tile, vec_o, *red_outer, k_o, k_i, *row_inner, vec_i)
+        sch.reorder(*spatial, *panel, *row_tile, vec_o, *red_outer, k_o, k_i, *row_inner, *line_inner, vec_i)
 
         store = sch.cache_write(main, 0, "local")
         sch.reverse_compute_at(store, vec_o, preserve_unit_loops=True)
@@ -245,13 +252,31 @@ class CPUMatmul(dl.ScheduleRule):
                 if not _fuse_into_store(sch, block, result):
                     schedule_elementwise(sch, block)
 
-        sch.parallel(sch.fuse(*roles.spatial, *panel, *row_tile, vec_o))
-        for loop in [k_i, *row_inner]:
+        sch.parallel(sch.fuse(*spatial, *panel, *row_tile, vec_o))
+        for loop in [k_i, *row_inner, *line_inner]:
             sch.unroll(loop)
         sch.vectorize(vec_i)
         sch.vectorize(sch.get_loops(store)[-1])
         init = sch.decompose_reduction(main, red_outer[0] if red_outer else k_o)
         sch.vectorize(sch.get_loops(init)[-1])
+
+    def _block_lines(self, sch: s_tir.Schedule, roles: _Contraction, vec_i: s_tir.schedule.LoopRV, rows: int
+                     ) -> tuple[list[s_tir.schedule.LoopRV], list[s_tir.schedule.LoopRV]]:
+        """When the vector axis is shorter than `nr` (a conv on a 16- or 8-wide map), widen the register tile
+        with a few output rows of the vector operand (its `line` loop): (spatial loops, [lines in the tile]).
+
+        A tile of 8 channels x one 16-wide row does 8 FMAs per vector load; two rows double that. The tile
+        keeps at most `ACCUMULATORS` vector registers.
+        """
+        width = static_extent(loop_extent(sch, vec_i))
+        if roles.line is None or width is None or width >= self.nr:
+            return roles.spatial, []
+        vectors = max(1, rows) * -(-width // VECTOR_LANES)
+        lines = split_factor(loop_extent(sch, roles.line), max(1, min(self.nr // width, ACCUMULATORS // vectors)))
+        if lines == 1:
+            return roles.spatial, []
+        line_o, line_i = sch.split(roles.line, [None, lines])
+        return [line_o if loop is roles.line else loop for loop in roles.spatial], [line_i]
 
     def _column_panels(self, sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, roles: _Contraction,
                        vec_o: s_tir.schedule.LoopRV, vec_i: s_tir.schedule.LoopRV

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -253,14 +254,22 @@ def conv2d_nchw(x: np.ndarray, w: np.ndarray, pad: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("x_shape", "cout"), [((2, 16, 12, 12), 8), ((1, 3, 9, 7), 5)], ids=["2x16x12x12->8", "odd-1x3x9x7->5"]
+    ("x_shape", "cout", "lines"),
+    [((2, 16, 12, 12), 8, 2), ((1, 3, 9, 7), 5, 1), ((2, 8, 16, 16), 16, 2), ((1, 4, 32, 32), 8, 1)],
+    ids=["2x16x12x12->8", "odd-1x3x9x7->5", "16-wide-map", "32-wide-map"],
 )
-def test_conv2d_3x3_padded(x_shape: tuple[int, ...], cout: int) -> None:
+def test_conv2d_3x3_padded(x_shape: tuple[int, ...], cout: int, lines: int) -> None:
+    """Maps narrower than the 32-lane tile put `lines` output rows into the register tile (an unrolled loop)."""
     w_shape = (cout, x_shape[1], 3, 3)
     mod = relax_module([x_shape, w_shape], lambda x, w: relax.op.nn.conv2d(x, w, padding=1))
     x, w = rand(*x_shape), rand(*w_shape, seed=1)
     check(run(mod, x, w), conv2d_nchw(*f64(x, w), pad=1), EXACT)
     assert_matmul_rule_applies(mod, extra_blocks=1)
+    (func,) = [f for f in fused_prim_funcs(mod) if _has_reduction(f)]
+    text = CPUMatmul().apply(func, TARGET, False).mod["main"].script()
+    tile = text[:text.index('"conv2d_nchw_update"')].rsplit("T.grid", 1)[1]  # the loops inside the reduction
+    unrolled = re.findall(r"T\.unroll\(T\.int64\((\d+)\)\)", tile)  # kernel width, channel rows, [lines]
+    assert len(unrolled) == 2 + (lines > 1) and (lines == 1 or unrolled[-1] == str(lines))
 
 
 # --- injective and reductions -------------------------------------------------------------------
