@@ -1,6 +1,6 @@
 """CPU schedule rule for injective PrimFuncs (elementwise, broadcast, reshape, transpose)."""
 
-from tvm import s_tir, tirx
+from tvm import s_tir, sym, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
@@ -38,6 +38,12 @@ def loop_extent(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> tirx.Expr:
 def uses_var(expr: tirx.Expr, var: tirx.Var) -> bool:
     """Whether `var` occurs in `expr`."""
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
+
+
+def unit_stride(expr: tirx.Expr, var: tirx.Var) -> bool:
+    """Whether `expr` is `var + c` with c independent of `var`."""
+    coeffs = sym.detect_linear_equation(expr, [var])
+    return len(coeffs) == 2 and isinstance(coeffs[0], tirx.IntImm) and int(coeffs[0].value) == 1
 
 
 def _worth_parallel(sch: s_tir.Schedule, loops: list[s_tir.schedule.LoopRV]) -> bool:
@@ -79,8 +85,9 @@ def schedule_elementwise(
 def _transposed_axis(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
     """Position of the loop that indexes the last dimension of a transposed read, if any.
 
-    A read is transposed when its last index walks an outer loop while the innermost loop indexes one
-    of its other dimensions: vectorizing the innermost loop alone would then stride through memory.
+    A read is transposed when its last index walks an outer loop with stride 1 (`v` or `h * 64 + v` after a
+    reshape) while the innermost loop indexes one of its other dimensions: vectorizing the innermost loop alone
+    would then stride through memory.
     """
     stmt = sch.get(block)
     iter_vars = [iv.var for iv in stmt.iter_vars]
@@ -89,7 +96,7 @@ def _transposed_axis(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int
     innermost = iter_vars[-1]
     for read in stmt.reads:
         *lead, last = (r.min for r in read.region)
-        outer = [i for i, v in enumerate(iter_vars[:-1]) if v.same_as(last)]
+        outer = [i for i, v in enumerate(iter_vars[:-1]) if unit_stride(last, v)]
         if outer and any(uses_var(e, innermost) for e in lead):
             return outer[0]
     return None

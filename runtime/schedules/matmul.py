@@ -3,11 +3,19 @@
 import math
 from dataclasses import dataclass
 
-from tvm import ir, s_tir, sym, tirx
+from tvm import ir, s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .injective import VECTOR_LANES, loop_extent, schedule_elementwise, split_factor, static_extent, uses_var
+from .injective import (
+    VECTOR_LANES,
+    loop_extent,
+    schedule_elementwise,
+    split_factor,
+    static_extent,
+    unit_stride,
+    uses_var,
+)
 
 ACCUMULATORS = 16  # vector registers a register tile may hold (of 32), leaving room for operands
 MIN_PANEL_ROWS = 256  # fewer rows than this stream the vector operand whole (see `CPUMatmul._column_panels`)
@@ -32,12 +40,6 @@ def _load(expr: tirx.Expr) -> ir.TensorLoad | None:
     if isinstance(expr, ir.Call) and getattr(expr.op, "name", "") == "prim.if_then_else":
         expr = expr.args[1]
     return expr if isinstance(expr, ir.TensorLoad) else None
-
-
-def _unit_stride(expr: tirx.Expr, var: tirx.Var) -> bool:
-    """Whether `expr` is `var + c` with c independent of `var`."""
-    coeffs = sym.detect_linear_equation(expr, [var])
-    return len(coeffs) == 2 and isinstance(coeffs[0], tirx.IntImm) and int(coeffs[0].value) == 1
 
 
 def _operands(stmt: s_tir.SBlock) -> tuple[tirx.BufferStore, ir.TensorLoad, ir.TensorLoad] | None:
@@ -94,7 +96,7 @@ def _match(sch: s_tir.Schedule, info: dl.SBlockInfo) -> _Contraction | None:
     if vec is None:
         return None
     for vec_op, other in ((lhs, rhs), (rhs, lhs)):
-        if _unit_stride(vec_op.indices[-1], vec.var) and not any(uses_var(e, vec.var) for e in other.indices):
+        if unit_stride(vec_op.indices[-1], vec.var) and not any(uses_var(e, vec.var) for e in other.indices):
             break
     else:
         return None

@@ -303,6 +303,19 @@ def assert_row_rule(funcs: list[tirx.PrimFunc], partial: bool) -> None:
             assert "T.vectorized" in next(line for line in reversed(lines[:i]) if line.lstrip().startswith("for "))
 
 
+def test_transpose_after_a_reshape_is_tiled() -> None:
+    """Splitting heads reads `x[b, s, h * 64 + d]`: the last index walks `d` with stride 1 inside an expression,
+    and the kernel still gets 16x16 tiles (a loop of 16 rows around 16 vector lanes), not a strided gather."""
+    mod = relax_module([(2, 32, 128)], lambda x: relax.op.permute_dims(relax.op.reshape(x, (2, 32, 4, 32)),
+                                                                          [0, 2, 3, 1]))
+    x = rand(2, 32, 128)
+    np.testing.assert_array_equal(run(mod, x), x.reshape(2, 32, 4, 32).transpose(0, 2, 3, 1))
+    (func,) = fused_prim_funcs(mod)
+    lines = CPUInjective().apply(func, TARGET, False).mod["main"].script().splitlines()
+    loops = [line.strip() for line in lines if line.lstrip().startswith("for ")]
+    assert loops[-2].endswith("in range(T.int64(16)):") and "T.vectorized(T.int64(16))" in loops[-1]
+
+
 @pytest.mark.parametrize(("fast_math", "rtol"), [(False, EXACT), (True, FAST)], ids=["exact", "fast-math"])
 @pytest.mark.parametrize(("rows", "width", "partial"), [(6, 128, True), (6, 100, False), (3, 16, False)],
                          ids=["lanes-multiple", "odd-width", "one-vector"])
