@@ -13,11 +13,21 @@ torch runs its own modules/functionals loaded with those weights, numpy the same
 output is checked against kiln's interpreter first (rtol 3e-3). "kiln dyn" is the same build traced with a
 dynamic batch dim. Compile times: "cold" builds into an empty cache (and writes the entry), "cached" compiles again
 after dropping the in-memory cache, so the library comes from disk as in a new process.
+
+`--device cuda` (on a GPU machine; docs/gpu.md) compares kiln's CUDA build (`target="cuda"`, TVM's GPU rules) with
+torch eager on CUDA and, when `ort.get_available_providers()` offers it, onnxruntime's CUDA execution provider
+(otherwise onnxruntime is left out, with a note); numpy is CPU-only and left out. Every approach is timed the same
+way, host numpy in and host numpy out: each call copies the input to the GPU, runs the kernels and copies the result
+back, and that copy waits for the kernels, so no asynchronous launch is timed as finished. torch runs with TF32 off,
+in f32 like kiln. Ratios there are against torch, and blocks are timed without waiting for a quiet host.
+
+    python3 bench/inference.py --device cuda --rounds 3 --json out.json --markdown out.md
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -30,6 +40,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 import torch.nn.functional as F
+import tvm
 from timing import Runner, interleaved  # bench/ is the script's directory
 
 import kiln
@@ -44,6 +55,9 @@ from kiln.runtime.onnx_export import to_onnx
 from kiln.runtime.tvm_target import configure_threads, cpu_count
 
 Weights = dict[str, np.ndarray]
+TorchFn = Callable[[torch.Tensor], torch.Tensor]
+ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+BASELINE = {"cpu": ("onnxruntime", "ORT"), "cuda": ("torch", "torch")}  # the ratio column's approach and label
 
 
 @dataclass
@@ -53,7 +67,7 @@ class Workload:
     name: str
     module: Module
     shape: tuple[int, ...]
-    torch_fn: Callable[[Weights], Callable[[torch.Tensor], torch.Tensor]]
+    torch_fn: Callable[[Weights, str], TorchFn]  # (weights, torch device) -> the model
     numpy_fn: Callable[[Weights, np.ndarray], np.ndarray] | None = None
 
 
@@ -74,12 +88,12 @@ class SmallCNN(Module):
         return self.fc(apply("reshape", self.gap(x), shape=(-1, 128)))
 
 
-def _t(w: Weights) -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(v) for k, v in w.items()}
+def _t(w: Weights, device: str = "cpu") -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v).to(device) for k, v in w.items()}
 
 
-def _torch_mlp(w: Weights) -> Callable[[torch.Tensor], torch.Tensor]:
-    p = _t(w)
+def _torch_mlp(w: Weights, device: str) -> TorchFn:
+    p = _t(w, device)
 
     def run(x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(torch.addmm(p["layers.0.bias"], x, p["layers.0.weight"]))
@@ -94,7 +108,7 @@ def _numpy_mlp(w: Weights, x: np.ndarray) -> np.ndarray:
     return x @ w["layers.4.weight"] + w["layers.4.bias"]
 
 
-def _torch_transformer(w: Weights) -> Callable[[torch.Tensor], torch.Tensor]:
+def _torch_transformer(w: Weights, device: str) -> TorchFn:
     """torch's own TransformerEncoderLayer (eval + inference_mode takes its fused fast path) with kiln's weights."""
     layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, activation="gelu", batch_first=True).eval()
     p = _t(w)
@@ -111,11 +125,11 @@ def _torch_transformer(w: Weights) -> Callable[[torch.Tensor], torch.Tensor]:
         for i in (1, 2):
             getattr(layer, f"norm{i}").weight.copy_(p[f"norm{i}.gamma"])
             getattr(layer, f"norm{i}").bias.copy_(p[f"norm{i}.beta"])
-    return layer
+    return layer.to(device)
 
 
-def _torch_conv(w: Weights) -> Callable[[torch.Tensor], torch.Tensor]:
-    weight = torch.from_numpy(w["weight"])
+def _torch_conv(w: Weights, device: str) -> TorchFn:
+    weight = torch.from_numpy(w["weight"]).to(device)
     return lambda x: F.conv2d(x, weight, padding=1)
 
 
@@ -127,8 +141,8 @@ def _numpy_conv(w: Weights, x: np.ndarray) -> np.ndarray:
     return out.reshape(n, h, wd, -1).transpose(0, 3, 1, 2)
 
 
-def _torch_cnn(w: Weights) -> Callable[[torch.Tensor], torch.Tensor]:
-    p = _t(w)
+def _torch_cnn(w: Weights, device: str) -> TorchFn:
+    p = _t(w, device)
 
     def stage(x: torch.Tensor, i: int) -> torch.Tensor:
         x = F.conv2d(x, p[f"conv{i}.weight"], p[f"conv{i}.bias"], padding=1)
@@ -170,45 +184,65 @@ def traced(module: Module, shape: tuple[int | None, ...], seed: int = 0) -> Grap
     return graph.replace(params=params)
 
 
-def _ort_session(graph: Graph, threads: int) -> tuple[ort.InferenceSession, float]:
+def _ort_runner(graph: Graph, x: np.ndarray, threads: int, provider: str, notes: set[str]
+                ) -> tuple[Runner | None, float | None]:
+    """onnxruntime on `provider`, and the seconds its session took to create; (None, None) and a note in `notes`
+    where onnxruntime cannot run there."""
+    available = ort.get_available_providers()
+    if provider not in available:
+        notes.add(f"onnxruntime {ort.__version__} offers no {provider} here (only {', '.join(available)}); left out")
+        return None, None
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     start = time.perf_counter()
-    sess = ort.InferenceSession(to_onnx(graph).SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return sess, time.perf_counter() - start
+    sess = ort.InferenceSession(to_onnx(graph).SerializeToString(), opts, providers=[provider])
+    seconds = time.perf_counter() - start
+    if sess.get_providers()[0] != provider:  # it could not start the provider and fell back to another
+        notes.add(f"onnxruntime {ort.__version__} could not start {provider}; left out")
+        return None, None
+    feed = {sess.get_inputs()[0].name: x}
+    return (lambda: sess.run(None, feed)[0]), seconds
 
 
-def _timed_compile(graph: Graph) -> tuple[Executable, float, float]:
+def _timed_compile(graph: Graph, target: str) -> tuple[Executable, float, float]:
     """(executable, cold seconds into an empty cache, seconds for a disk-cache hit)."""
     start = time.perf_counter()
-    compile_graph(graph)
+    compile_graph(graph, target=target)
     cold = time.perf_counter() - start
     compile_cache.clear_memory()
     start = time.perf_counter()
-    exe = compile_graph(graph)
+    exe = compile_graph(graph, target=target)
     return exe, cold, time.perf_counter() - start
 
 
-def runners(wl: Workload, threads: int) -> tuple[dict[str, Runner], dict[str, float]]:
-    """Every approach for a workload, each checked against the interpreter; and the compile/session times."""
+def runners(wl: Workload, threads: int, device: str, notes: set[str]
+            ) -> tuple[dict[str, Runner], dict[str, float | None]]:
+    """Every approach for a workload on `device`, each checked against the interpreter; and the compile/session
+    times. Why an approach is left out goes to `notes`."""
     graph = traced(wl.module, wl.shape)
     dynamic = graph.replace(functions=kiln.trace(wl.module.valid(), ((None, *wl.shape[1:]), "f32")).functions)
     weights = {n: p.data for n, p in graph.params.items()}
     x = np.random.default_rng(1).standard_normal(wl.shape).astype(np.float32)
-    exe, cold, cached = _timed_compile(graph)
-    exe_dyn = compile_graph(dynamic)
-    sess, session_s = _ort_session(graph, threads)
-    feed = {sess.get_inputs()[0].name: x}
-    torch_fn, tx = wl.torch_fn(weights), torch.from_numpy(x)
+    target = "cuda" if device == "cuda" else "llvm"
+    exe, cold, cached = _timed_compile(graph, target)
+    exe_dyn = compile_graph(dynamic, target=target)
+    out: dict[str, Runner] = {"kiln": lambda: exe(x), "kiln dyn": lambda: exe_dyn(x)}
+    ort_run, session_s = _ort_runner(graph, x, threads, ORT_PROVIDERS[device], notes)
+    if ort_run is not None:
+        out["onnxruntime"] = ort_run
+    torch_fn, tx = wl.torch_fn(weights, device), torch.from_numpy(x)
 
     def torch_run() -> np.ndarray:
         with torch.inference_mode():
             return torch_fn(tx).numpy()
 
-    out: dict[str, Runner] = {"kiln": lambda: exe(x), "kiln dyn": lambda: exe_dyn(x),
-                              "onnxruntime": lambda: sess.run(None, feed)[0], "torch": torch_run}
-    if wl.numpy_fn is not None:
+    def torch_cuda_run() -> np.ndarray:
+        with torch.inference_mode():
+            return torch_fn(tx.cuda()).cpu().numpy()  # `.cpu()` waits for the kernels
+
+    out["torch"] = torch_cuda_run if device == "cuda" else torch_run
+    if wl.numpy_fn is not None and device == "cpu":
         out["numpy"] = lambda: wl.numpy_fn(weights, x)
     want = interpret(graph, [x])[0]
     for name, run in out.items():
@@ -216,32 +250,67 @@ def runners(wl: Workload, threads: int) -> tuple[dict[str, Runner], dict[str, fl
     return out, {"cold": cold, "cached": cached, "ort session": session_s}
 
 
+Row = tuple[str, str, float, float, float]  # workload, approach, ms median, ms best, ratio to the baseline
+
+
+def report(where: str, rounds: int, label: str, rows: list[Row], compiles: list[tuple[str, dict[str, float | None]]],
+           notes: set[str]) -> list[str]:
+    """The figures as markdown lines (after a blank line), then the notes."""
+    lines = ["", f"{where}, {rounds} rounds; ms = median / best of per-round medians; "
+             f"vs {label} = median of per-round ratios (lower is faster)", "",
+             f"| workload | approach | ms median | ms best | vs {label} |", "|---|---|---:|---:|---:|"]
+    for wl_name, name, med, best, ratio in rows:
+        lines.append(f"| {wl_name} | {name} | {med:.3f} | {best:.3f} | {ratio:.2f} |")
+    lines += ["", "| workload | kiln compile, cold (s) | kiln compile, disk cache (s) | ORT session (s) |",
+              "|---|---:|---:|---:|"]
+    for wl_name, t in compiles:
+        session = "-" if t["ort session"] is None else f"{t['ort session']:.2f}"
+        lines.append(f"| {wl_name} | {t['cold']:.2f} | {t['cached']:.3f} | {session} |")
+    return lines + ([""] + [f"Note: {note}" for note in sorted(notes)] if notes else [])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--device", choices=sorted(ORT_PROVIDERS), default="cpu")
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument("--markdown", help="also write the tables to this markdown file")
     args = parser.parse_args()
+    if args.device == "cuda" and not (torch.cuda.is_available() and tvm.cuda(0).exist):
+        parser.error("--device cuda needs a GPU that both torch and TVM see")
     os.environ[compile_cache.CACHE_ENV] = tempfile.mkdtemp(prefix="kiln-bench-cache-")  # every build starts cold
     threads = cpu_count()
     configure_threads()
     torch.set_num_threads(threads)
-    rows, compiles = [], []
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    baseline, label = BASELINE[args.device]
+    rows: list[Row] = []
+    compiles: list[tuple[str, dict[str, float | None]]] = []
+    notes: set[str] = set()
     for wl in workloads():
         print(f"{wl.name}:", flush=True)
-        runs, times = runners(wl, threads)
+        runs, times = runners(wl, threads, args.device, notes)
         compiles.append((wl.name, times))
-        per_round = interleaved(runs, args.rounds)
+        per_round = interleaved(runs, args.rounds, quiet=args.device == "cpu")
         for name, ms in per_round.items():
-            ratios = [t / o for t, o in zip(ms, per_round["onnxruntime"], strict=True)]
+            ratios = [t / o for t, o in zip(ms, per_round[baseline], strict=True)]
             rows.append((wl.name, name, statistics.median(ms), min(ms), statistics.median(ratios)))
-    print(f"\n{threads} threads, {args.rounds} rounds; ms = median / best of per-round medians; "
-          "vs ORT = median of per-round ratios (lower is faster)\n")
-    print("| workload | approach | ms median | ms best | vs ORT |\n|---|---|---:|---:|---:|")
-    for wl_name, name, med, best, ratio in rows:
-        print(f"| {wl_name} | {name} | {med:.3f} | {best:.3f} | {ratio:.2f} |")
-    print("\n| workload | kiln compile, cold (s) | kiln compile, disk cache (s) | ORT session (s) |")
-    print("|---|---:|---:|---:|")
-    for wl_name, t in compiles:
-        print(f"| {wl_name} | {t['cold']:.2f} | {t['cached']:.3f} | {t['ort session']:.2f} |")
+    where = f"{threads} threads" if args.device == "cpu" else torch.cuda.get_device_name(0)
+    lines = report(where, args.rounds, label, rows, compiles, notes)
+    print("\n".join(lines))
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines[1:]) + "\n")
+    if args.json:
+        fields = ("workload", "approach", "ms_median", "ms_best", f"vs_{baseline}")
+        figures = {"device": args.device, "where": where, "rounds": args.rounds, "baseline": baseline,
+                   "versions": {"tvm": tvm.__version__, "torch": torch.__version__, "onnxruntime": ort.__version__,
+                                "numpy": np.__version__},
+                   "rows": [dict(zip(fields, row)) for row in rows],
+                   "compile_s": [{"workload": name, **t} for name, t in compiles], "notes": sorted(notes)}
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(figures, f, indent=1)
 
 
 if __name__ == "__main__":

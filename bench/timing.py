@@ -2,7 +2,8 @@
 
 The method is the one in the TVM CPU research notes: each block is >= `min_runs` calls and >= `min_s` seconds
 after warm-ups, redone (up to 3x) when other processes got busy meanwhile; rounds rotate and reverse the order of
-approaches; results are medians of per-round medians, and ratios are medians of per-round ratios.
+approaches; results are medians of per-round medians, and ratios are medians of per-round ratios. `quiet=False` drops
+the wait and the redo: on a lent GPU machine /proc/stat may count other tenants, and device time is scarce.
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ def wait_quiet(limit: float = 0.05, patience_s: float = 5.0) -> None:
             return
 
 
-def time_block(run: Runner, warmup: int = 5, min_runs: int = 20, min_s: float = 0.2) -> float:
-    """Median ms per call of one block."""
+def time_block(run: Runner, warmup: int = 5, min_runs: int = 20, min_s: float = 0.2, quiet: bool = True) -> float:
+    """Median ms per call of one block; `quiet` waits for a quiet host first and redoes a block that was disturbed."""
     times: list[float] = []
-    for _attempt in range(3):
-        wait_quiet()
+    for _attempt in range(3 if quiet else 1):
+        if quiet:
+            wait_quiet()
         for _ in range(warmup):
             run()
         times = []
@@ -58,12 +60,12 @@ def time_block(run: Runner, warmup: int = 5, min_runs: int = 20, min_s: float = 
     return statistics.median(times)
 
 
-def interleaved(runners: dict[str, Runner], rounds: int) -> dict[str, list[float]]:
+def interleaved(runners: dict[str, Runner], rounds: int, quiet: bool = True) -> dict[str, list[float]]:
     """Per-round median ms of every runner, rounds in rotated and alternately reversed order."""
     names = list(runners)
     per_round: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order if r % 2 == 0 else order[::-1]:
-            per_round[name].append(time_block(runners[name]))
+            per_round[name].append(time_block(runners[name], quiet=quiet))
     return per_round

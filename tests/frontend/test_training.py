@@ -292,14 +292,14 @@ def _sgd_record(model: kiln.Module) -> kiln.ModuleRecord:
     return sgd.to_record()
 
 
-def test_captured_step_runs_on_the_tvm_backend() -> None:
+def test_captured_step_runs_on_the_tvm_backend(target: str) -> None:
     pytest.importorskip("tvm")
     from kiln.runtime.backend import set_default_backend
     from kiln.runtime.tvm_backend import TVMBackend
 
     model, data = MLP(batch_norm=True), [batch(16) for _ in range(3)]
     results = []
-    for backend in (None, TVMBackend(fast_math=False)):
+    for backend in (None, TVMBackend(target, fast_math=False)):
         previous = set_default_backend(backend) if backend else None
         try:
             # SGD, not Adam: fc1.bias (before batch norm) has a gradient of rounding noise that Adam would scale up

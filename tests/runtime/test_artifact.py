@@ -1,5 +1,6 @@
-"""Exported artifacts of `params="inputs"` builds: weights in a checksummed burnpack `<lib>.bpk`, every dtype kept,
-damage and older formats refused, and the file readable by kiln's burnpack reader and `kiln inspect`."""
+"""Exported artifacts of `params="inputs"` builds: weights in a checksummed burnpack `<lib>.bpk`, every dtype kept
+(on LLVM and, with a GPU, CUDA builds), damage and older formats refused, and the file readable by kiln's burnpack
+reader and `kiln inspect`."""
 
 from __future__ import annotations
 
@@ -46,16 +47,21 @@ def mixed_graph() -> Graph:
     return b.build()
 
 
+def export_mixed(directory: Path, target: str = "llvm") -> Path:
+    """The mixed graph built for `target` with `params="inputs"`, exported as `<directory>/out/m.so`."""
+    path = directory / "out" / "m.so"
+    compile_graph(mixed_graph(), target=target, params="inputs").export_library(str(path))
+    return path
+
+
 @pytest.fixture
 def exported(tmp_path: Path) -> tuple[Graph, Path]:
-    """The mixed graph built with `params="inputs"` and exported as `out/m.so`."""
-    graph = mixed_graph()
-    compile_graph(graph, params="inputs").export_library(str(tmp_path / "out" / "m.so"))
-    return graph, tmp_path / "out" / "m.so"
+    """The mixed graph and its LLVM build's artifact."""
+    return mixed_graph(), export_mixed(tmp_path)
 
 
-def test_weights_of_every_dtype_round_trip_through_the_burnpack(exported: tuple[Graph, Path]) -> None:
-    graph, path = exported
+def test_weights_of_every_dtype_round_trip_through_the_burnpack(tmp_path: Path, target: str) -> None:
+    graph, path = mixed_graph(), export_mixed(tmp_path, target)
     assert sorted(p.name for p in path.parent.iterdir()) == ["m.so", f"m.so{PARAMS}", f"m.so{SIDECAR}"]  # no temps
     x = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
     loaded = load_executable(str(path))
@@ -63,7 +69,7 @@ def test_weights_of_every_dtype_round_trip_through_the_burnpack(exported: tuple[
         assert loaded._params[name].dtype == param.type.dtype.numpy
         np.testing.assert_array_equal(loaded._params[name].view(np.uint8), param.data.view(np.uint8), err_msg=name)
     want = interpret(graph, [x])[0]
-    np.testing.assert_array_equal(loaded(x), compile_graph(graph, params="inputs")(x))
+    np.testing.assert_array_equal(loaded(x), compile_graph(graph, target=target, params="inputs")(x))
     np.testing.assert_allclose(loaded(x), want, rtol=2e-2, atol=2e-2 * float(np.abs(want).max()))  # f16/bf16 matmuls
     loaded.export_library(str(path.parent / "again.so"))  # its weights are read-only views of the bytes read
     assert Path(f"{path.parent}/again.so{PARAMS}").read_bytes() == Path(f"{path}{PARAMS}").read_bytes()
