@@ -255,8 +255,9 @@ def conv2d_nchw(x: np.ndarray, w: np.ndarray, pad: int) -> np.ndarray:
 
 @pytest.mark.parametrize(
     ("x_shape", "cout", "lines"),
-    [((2, 16, 12, 12), 8, 2), ((1, 3, 9, 7), 5, 1), ((2, 8, 16, 16), 16, 2), ((1, 4, 32, 32), 8, 1)],
-    ids=["2x16x12x12->8", "odd-1x3x9x7->5", "16-wide-map", "32-wide-map"],
+    [((2, 16, 12, 12), 8, 2), ((1, 3, 9, 7), 5, 3), ((2, 8, 16, 16), 16, 2), ((1, 4, 32, 32), 8, 1),
+     ((2, 8, 8, 8), 16, 4)],
+    ids=["2x16x12x12->8", "odd-1x3x9x7->5", "16-wide-map", "32-wide-map", "8-wide-map"],
 )
 def test_conv2d_3x3_padded(x_shape: tuple[int, ...], cout: int, lines: int) -> None:
     """Maps narrower than the 32-lane tile put `lines` output rows into the register tile (an unrolled loop)."""
