@@ -41,7 +41,8 @@ import onnxruntime as ort
 import torch
 import torch.nn.functional as F
 import tvm
-from timing import Runner, interleaved  # bench/ is the script's directory
+from roofline import graph_flops, peak_gflops  # bench/ is the script's directory
+from timing import Runner, interleaved
 
 import kiln
 from kiln import nn
@@ -254,13 +255,18 @@ Row = tuple[str, str, float, float, float]  # workload, approach, ms median, ms 
 
 
 def report(where: str, rounds: int, label: str, rows: list[Row], compiles: list[tuple[str, dict[str, float | None]]],
-           notes: set[str]) -> list[str]:
-    """The figures as markdown lines (after a blank line), then the notes."""
+           notes: set[str], flops: dict[str, int], peak: float | None) -> list[str]:
+    """The figures as markdown lines (after a blank line), then the notes. GFLOP/s counts the matmul/conv work
+    (`roofline.graph_flops`) at the median time; "% peak" compares it with the measured FMA peak."""
+    peak_note = f"; FMA peak measured by bench/peak.c: {peak:.0f} GFLOP/s" if peak else ""
     lines = ["", f"{where}, {rounds} rounds; ms = median / best of per-round medians; "
-             f"vs {label} = median of per-round ratios (lower is faster)", "",
-             f"| workload | approach | ms median | ms best | vs {label} |", "|---|---|---:|---:|---:|"]
+             f"vs {label} = median of per-round ratios (lower is faster){peak_note}", "",
+             f"| workload | approach | ms median | ms best | vs {label} | GFLOP/s | % peak |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for wl_name, name, med, best, ratio in rows:
-        lines.append(f"| {wl_name} | {name} | {med:.3f} | {best:.3f} | {ratio:.2f} |")
+        rate = flops[wl_name] / med / 1e6
+        share = f"{100 * rate / peak:.0f}" if peak else "-"
+        lines.append(f"| {wl_name} | {name} | {med:.3f} | {best:.3f} | {ratio:.2f} | {rate:.0f} | {share} |")
     lines += ["", "| workload | kiln compile, cold (s) | kiln compile, disk cache (s) | ORT session (s) |",
               "|---|---:|---:|---:|"]
     for wl_name, t in compiles:
@@ -285,6 +291,8 @@ def main() -> None:
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     baseline, label = BASELINE[args.device]
+    peak = peak_gflops(threads) if args.device == "cpu" else None
+    flops = {wl.name: graph_flops(traced(wl.module, wl.shape)) for wl in workloads()}
     rows: list[Row] = []
     compiles: list[tuple[str, dict[str, float | None]]] = []
     notes: set[str] = set()
@@ -297,7 +305,7 @@ def main() -> None:
             ratios = [t / o for t, o in zip(ms, per_round[baseline], strict=True)]
             rows.append((wl.name, name, statistics.median(ms), min(ms), statistics.median(ratios)))
     where = f"{threads} threads" if args.device == "cpu" else torch.cuda.get_device_name(0)
-    lines = report(where, args.rounds, label, rows, compiles, notes)
+    lines = report(where, args.rounds, label, rows, compiles, notes, flops, peak)
     print("\n".join(lines))
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as f:
@@ -305,6 +313,7 @@ def main() -> None:
     if args.json:
         fields = ("workload", "approach", "ms_median", "ms_best", f"vs_{baseline}")
         figures = {"device": args.device, "where": where, "rounds": args.rounds, "baseline": baseline,
+                   "peak_gflops": peak, "flops": flops,
                    "versions": {"tvm": tvm.__version__, "torch": torch.__version__, "onnxruntime": ort.__version__,
                                 "numpy": np.__version__},
                    "rows": [dict(zip(fields, row)) for row in rows],
