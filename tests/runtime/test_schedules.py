@@ -255,12 +255,12 @@ def conv2d_nchw(x: np.ndarray, w: np.ndarray, pad: int) -> np.ndarray:
 
 @pytest.mark.parametrize(
     ("x_shape", "cout", "lines"),
-    [((2, 16, 12, 12), 8, 2), ((1, 3, 9, 7), 5, 3), ((2, 8, 16, 16), 16, 2), ((1, 4, 32, 32), 8, 1),
+    [((2, 16, 12, 12), 8, 4), ((1, 3, 9, 7), 5, 3), ((2, 8, 16, 16), 16, 4), ((1, 4, 32, 32), 8, 2),
      ((2, 8, 8, 8), 16, 4)],
     ids=["2x16x12x12->8", "odd-1x3x9x7->5", "16-wide-map", "32-wide-map", "8-wide-map"],
 )
 def test_conv2d_3x3_padded(x_shape: tuple[int, ...], cout: int, lines: int) -> None:
-    """Maps narrower than the 32-lane tile put `lines` output rows into the register tile (an unrolled loop)."""
+    """Conv register tiles hold `lines` output rows (an unrolled loop) besides the channel rows."""
     w_shape = (cout, x_shape[1], 3, 3)
     mod = relax_module([x_shape, w_shape], lambda x, w: relax.op.nn.conv2d(x, w, padding=1))
     x, w = rand(*x_shape), rand(*w_shape, seed=1)
