@@ -160,8 +160,9 @@ class TrainStep:
                                 for i, (t, a) in enumerate(zip(self._types, arrays)))
             self._program = None
         program = self._program or self._trace()
+        # copy=False: parameters and state come back as read-only views and go in again zero-copy next step
         outs = default_backend().run(program.graph, [*self._params, *self._states, np.float64(lr), *arrays], "step",
-                                     seed=next(self._seeds))
+                                     seed=next(self._seeds), copy=False)
         n, k, b = program.n_outputs, len(program.trained), len(program.buffers)
         for i, value in [*zip(program.trained, outs[n:n + k]), *zip(program.buffers, outs[len(outs) - b:])]:
             self._params[i] = self._values[program.param_ids[i]] = value

@@ -11,12 +11,16 @@ from kiln.ir import Graph, Interpreter
 
 
 class Backend(Protocol):
-    """Runs one function of a graph on numpy inputs."""
+    """Runs one function of a graph on numpy inputs.
+
+    `copy=False` lets a backend return read-only views of buffers it keeps alive instead of fresh arrays, for a
+    caller that only reads the outputs or feeds them back (a captured training step's parameters and state).
+    """
 
     name: str
 
-    def run(self, graph: Graph, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0
-            ) -> tuple[np.ndarray, ...]: ...
+    def run(self, graph: Graph, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0,
+            copy: bool = True) -> tuple[np.ndarray, ...]: ...
 
 
 class InterpreterBackend:
@@ -24,9 +28,9 @@ class InterpreterBackend:
 
     name = "interpreter"
 
-    def run(self, graph: Graph, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0
-            ) -> tuple[np.ndarray, ...]:
-        return Interpreter(graph).run(inputs, function, seed)
+    def run(self, graph: Graph, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0,
+            copy: bool = True) -> tuple[np.ndarray, ...]:
+        return Interpreter(graph).run(inputs, function, seed)  # its results are new arrays either way
 
 
 _default: Backend = InterpreterBackend()

@@ -47,6 +47,17 @@ class _Plan:
         self.seeded, self.outputs = seeded, outputs
 
 
+def _exportable(x: np.ndarray) -> np.ndarray | None:
+    """`x`, or for a read-only view (as `run(copy=False)` hands out) its writeable base over the same memory: DLPack
+    cannot export read-only arrays, and the VM only reads its inputs. None when there is no such base."""
+    if x.flags.writeable:
+        return x
+    base = x.base
+    same = (isinstance(base, np.ndarray) and base.flags.writeable and base.ctypes.data == x.ctypes.data
+            and base.shape == x.shape and base.strides == x.strides and base.dtype == x.dtype)
+    return base if same else None
+
+
 def _device_input(function: str, spec: _InputSpec, x: Any, plan: _Plan) -> Any:
     """`x` checked against `spec` and made a TVM tensor: zero-copy when it is a C-contiguous, 64-byte aligned CPU
     array of the storage dtype (the VM only reads its inputs), else copied once into a fresh TVM buffer."""
@@ -56,11 +67,18 @@ def _device_input(function: str, spec: _InputSpec, x: Any, plan: _Plan) -> Any:
                          f"dtype {x.dtype}")
     if not (spec.dlpack and plan.cpu):
         return tvm.runtime.tensor(to_storage(x, spec.type.dtype), plan.device)
-    if x.flags.c_contiguous and x.ctypes.data % _ALIGNMENT == 0:
-        return tvm_ffi.from_dlpack(x)
+    exportable = _exportable(x)
+    if exportable is not None and x.flags.c_contiguous and x.ctypes.data % _ALIGNMENT == 0:
+        return tvm_ffi.from_dlpack(exportable)
     buf = tvm.runtime.empty(x.shape, str(spec.storage), plan.device)
     np.copyto(np.from_dlpack(buf), x)
     return buf
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 class Executable:
@@ -107,8 +125,12 @@ class Executable:
         return outs[0] if len(outs) == 1 else outs
 
     def run(self, *inputs: Any, function: str = "forward", params: Mapping[str, np.ndarray] | None = None,
-            seed: int = 0) -> tuple[np.ndarray, ...]:
-        """Run `function` on numpy inputs; `seed` drives stochastic ops (dropout) reproducibly."""
+            seed: int = 0, copy: bool = True) -> tuple[np.ndarray, ...]:
+        """Run `function` on numpy inputs; `seed` drives stochastic ops (dropout) reproducibly.
+
+        `copy=False` returns CPU outputs as read-only views of the VM's own buffers instead of copies: a caller
+        that feeds them back (a training step's parameters and optimizer state) then passes them in zero-copy.
+        """
         plan = self._plans.get(function) or self._plan(function)
         if len(inputs) != len(plan.inputs):
             raise KilnError(f"@{function} takes {len(plan.inputs)} inputs, got {len(inputs)}")
@@ -119,10 +141,11 @@ class Executable:
             args.append(tvm.runtime.tensor(np.asarray(seed, dtype=np.int64), plan.device))
         outs = plan.entry(*args)
         # `np.from_dlpack(o).copy()` is `o.numpy()` without its Python overhead (~1 us instead of ~6). The copy is
-        # kept on purpose: an output can alias an input (a reshape view), a stored parameter or a constant the VM
-        # hands back on every call, and the caller owns (and may write) what it gets back.
-        return tuple(np.from_dlpack(o).copy() if t is None else from_storage(o.numpy(), t)
-                     for o, t in zip(outs, plan.outputs))
+        # the default on purpose: an output can alias an input (a reshape view), a stored parameter or a constant
+        # the VM hands back on every call, and the caller owns (and may write) what it gets back. Without it the
+        # views are read-only for the same reason.
+        return tuple((np.from_dlpack(o).copy() if copy else _read_only(np.from_dlpack(o))) if t is None
+                     else from_storage(o.numpy(), t) for o, t in zip(outs, plan.outputs))
 
     def _plan(self, function: str) -> _Plan:
         """What every call of `function` needs, looked up once: its VM entry point and per-input checks."""

@@ -41,6 +41,6 @@ class TVMBackend:
             self._recent.popitem(last=False)
         return exe
 
-    def run(self, graph: Graph, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0
-            ) -> tuple[np.ndarray, ...]:
-        return self.executable(graph, function).run(*inputs, function=function, seed=seed)
+    def run(self, graph: Graph, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0,
+            copy: bool = True) -> tuple[np.ndarray, ...]:
+        return self.executable(graph, function).run(*inputs, function=function, seed=seed, copy=copy)
