@@ -170,23 +170,20 @@ class CPUMatmul(dl.ScheduleRule):
         Splitting the symbolic loop directly guards the tail with a predicate on every block of the
         tile, and TVM's buffer compaction then cannot shrink the accumulator below the whole symbolic
         extent (an `(n, nr)` local buffer in memory instead of an `mr x nr` register tile). Padding the
-        iteration domain instead makes the split exact: the padding producer is inlined as a guarded
-        load of the input row, and only the epilogue that writes the real output keeps a predicate.
+        iteration domain instead makes the split exact: the input rows are copied once into a buffer padded
+        with zero rows (a producer kernel, scheduled like the others), so the inner loop reads without guards,
+        and only the epilogue that writes the real output keeps a predicate. Inlining that copy as a guarded
+        load instead left the dynamic-batch MLP 1.27x slower than the static build; the copy makes it 1.04x.
         """
         if roles.row is None or static_extent(loop_extent(sch, roles.row)) is not None:
             return False
         padding = [self.mr if it.loop_rv.same_as(roles.row) else 1 for it in info.iters]
         if padding.count(self.mr) != 1:
             return False
-        main = info.block_rv
-        before = {sch.get(b).name_hint for b in sch.get_producers(main)}
         try:
-            sch.pad_einsum(main, padding)
+            sch.pad_einsum(info.block_rv, padding)
         except s_tir.ScheduleError:
             return False
-        for block in sch.get_producers(main):
-            if sch.get(block).name_hint not in before:
-                sch.compute_inline(block)
         return True
 
     @staticmethod

@@ -160,18 +160,22 @@ def test_dynamic_batch_one_compile_many_sizes() -> None:
         got = vm["main"](*[tvm.runtime.tensor(a) for a in (x, w, b)]).numpy()
         xd, wd, bd = f64(x, w, b)
         check(got, np.maximum(xd @ wd + bd, 0), EXACT)
-    assert_matmul_rule_applies(mod)
+    assert_matmul_rule_applies(mod, extra_blocks=1)  # the zero-padded copy of the input rows
 
 
 def test_dynamic_batch_pads_rows_to_a_register_tile() -> None:
-    """A symbolic row extent is padded to a multiple of mr: only the epilogue keeps the tail predicate, so
-    buffer compaction can shrink the accumulator to mr x nr instead of (n, nr)."""
+    """A symbolic row extent is padded to a multiple of mr: the input rows are copied into a zero-padded buffer,
+    the inner loop reads it unguarded, only the epilogue keeps the tail predicate, and buffer compaction can
+    shrink the accumulator to mr x nr instead of (n, nr)."""
     n = tirx.Var("n", "int64")
     mod = relax_module([(n, 64), (64, 96)], relax.op.matmul)
     (func,) = [f for f in fused_prim_funcs(mod) if _has_reduction(f)]
     sch = CPUMatmul().apply(func, TARGET, False)
     assert sch is not None
-    assert sch.mod["main"].script().count("T.where") == 1
+    text = sch.mod["main"].script()
+    assert text.count("T.where") == 1
+    update = text[text.index('"matmul_update"'):].split("T.sblock(", 1)[0]
+    assert "if_then_else" not in update and "_pad[" in update
     lowered = s_tir.transform.CompactBufferAllocation()(
         s_tir.transform.ConvertBlocksToOpaque()(
             s_tir.transform.PlanAndUpdateBufferAllocationLocation()(
