@@ -236,7 +236,7 @@ class CPUMatmul(dl.ScheduleRule):
             spatial, line_inner = [line_o if loop is roles.line else loop for loop in roles.spatial], [line_i]
         *red_outer, red_last = roles.reduction
         k_o, k_i = sch.split(red_last, [None, split_factor(loop_extent(sch, red_last), self.k_unroll)])
-        sch.reorder(*spatial, *panel, *row_tile, vec_o, *red_outer, k_o, k_i, *row_inner, *line_inner, vec_i)
+        sch.reorder(*panel, *spatial, *row_tile, vec_o, *red_outer, k_o, k_i, *row_inner, *line_inner, vec_i)
 
         store = sch.cache_write(main, 0, "local")
         sch.reverse_compute_at(store, vec_o, preserve_unit_loops=True)
@@ -255,7 +255,7 @@ class CPUMatmul(dl.ScheduleRule):
                 if not _fuse_into_store(sch, block, result):
                     schedule_elementwise(sch, block)
 
-        sch.parallel(sch.fuse(*spatial, *panel, *row_tile, vec_o))
+        sch.parallel(sch.fuse(*panel, *spatial, *row_tile, vec_o))
         for loop in [k_i, *row_inner, *line_inner]:
             sch.unroll(loop)
         sch.vectorize(vec_i)
@@ -293,7 +293,7 @@ class CPUMatmul(dl.ScheduleRule):
         `panel_bytes` of L2, so that every row tile reuses a cached slab: ([panel loop], tile loop), or
         ([], vec_o) when the operand fits, an extent is symbolic, or too few rows (batch dims included; under
         `MIN_PANEL_ROWS`) would reuse a panel to pay for the extra passes over the other operand. The panel
-        loop goes outermost.
+        loop goes outermost, outside the batch dims too, so the rows of every batch reuse it.
 
         Without panels each row tile streams the whole operand: with a 256x1024 float32 weight (1 MiB, the
         size of an L2) the transformer's FFN matmul ran at 170-176 GFLOP/s, with 128 KiB panels at 206
