@@ -6,13 +6,14 @@ Run from the repository root:
 
     unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
     TVM_NUM_THREADS=$(nproc) OMP_NUM_THREADS=$(nproc) OPENBLAS_NUM_THREADS=$(nproc) \
-        .venv/bin/python bench/inference.py [--rounds 5]
+        .venv/bin/python bench/inference.py [--rounds 5] [--tune TRIALS]
 
 Every approach runs the same weights. onnxruntime runs the graph kiln exports (`kiln.runtime.onnx_export`),
 torch runs its own modules/functionals loaded with those weights, numpy the same math where it is simple. Every
 output is checked against kiln's interpreter first (rtol 3e-3). "kiln dyn" is the same build traced with a
-dynamic batch dim. Compile times: "cold" builds into an empty cache (and writes the entry), "cached" compiles again
-after dropping the in-memory cache, so the library comes from disk as in a new process.
+dynamic batch dim; "kiln tuned" (with --tune) the build after MetaSchedule tuning. Compile times: "cold" builds
+into an empty cache (and writes the entry), "cached" compiles again after dropping the in-memory cache, so the
+library comes from disk as in a new process.
 
 `--device cuda` (on a GPU machine; docs/gpu.md) compares kiln's CUDA build (`target="cuda"`, TVM's GPU rules) with
 torch eager on CUDA and, when `ort.get_available_providers()` offers it, onnxruntime's CUDA execution provider
@@ -217,10 +218,11 @@ def _timed_compile(graph: Graph, target: str) -> tuple[Executable, float, float]
     return exe, cold, time.perf_counter() - start
 
 
-def runners(wl: Workload, threads: int, device: str, notes: set[str]
+def runners(wl: Workload, threads: int, device: str, notes: set[str], tune: int = 0
             ) -> tuple[dict[str, Runner], dict[str, float | None]]:
     """Every approach for a workload on `device`, each checked against the interpreter; and the compile/session
-    times. Why an approach is left out goes to `notes`."""
+    times. Why an approach is left out goes to `notes`. `tune=N` adds "kiln tuned": `kiln.compile(tune=N)`,
+    MetaSchedule with N trials and kiln's rules for whatever the database does not cover."""
     graph = traced(wl.module, wl.shape)
     dynamic = graph.replace(functions=kiln.trace(wl.module.valid(), ((None, *wl.shape[1:]), "f32")).functions)
     weights = {n: p.data for n, p in graph.params.items()}
@@ -229,6 +231,12 @@ def runners(wl: Workload, threads: int, device: str, notes: set[str]
     exe, cold, cached = _timed_compile(graph, target)
     exe_dyn = compile_graph(dynamic, target=target)
     out: dict[str, Runner] = {"kiln": lambda: exe(x), "kiln dyn": lambda: exe_dyn(x)}
+    times: dict[str, float | None] = {"cold": cold, "cached": cached}
+    if tune and device == "cpu":
+        start = time.perf_counter()
+        exe_tuned = kiln.compile(graph, tune=tune)
+        times["tune"] = time.perf_counter() - start
+        out["kiln tuned"] = lambda: exe_tuned(x)
     ort_run, session_s = _ort_runner(graph, x, threads, ORT_PROVIDERS[device], notes)
     if ort_run is not None:
         out["onnxruntime"] = ort_run
@@ -248,7 +256,7 @@ def runners(wl: Workload, threads: int, device: str, notes: set[str]
     want = interpret(graph, [x])[0]
     for name, run in out.items():
         np.testing.assert_allclose(run(), want, rtol=3e-3, atol=3e-3 * float(np.abs(want).max()), err_msg=name)
-    return out, {"cold": cold, "cached": cached, "ort session": session_s}
+    return out, {**times, "ort session": session_s}
 
 
 Row = tuple[str, str, float, float, float]  # workload, approach, ms median, ms best, ratio to the baseline
@@ -267,17 +275,20 @@ def report(where: str, rounds: int, label: str, rows: list[Row], compiles: list[
         rate = flops[wl_name] / med / 1e6
         share = f"{100 * rate / peak:.0f}" if peak else "-"
         lines.append(f"| {wl_name} | {name} | {med:.3f} | {best:.3f} | {ratio:.2f} | {rate:.0f} | {share} |")
-    lines += ["", "| workload | kiln compile, cold (s) | kiln compile, disk cache (s) | ORT session (s) |",
-              "|---|---:|---:|---:|"]
+    lines += ["", "| workload | kiln compile, cold (s) | kiln compile, disk cache (s) | kiln tune + compile (s) | "
+              "ORT session (s) |", "|---|---:|---:|---:|---:|"]
     for wl_name, t in compiles:
         session = "-" if t["ort session"] is None else f"{t['ort session']:.2f}"
-        lines.append(f"| {wl_name} | {t['cold']:.2f} | {t['cached']:.3f} | {session} |")
+        tuned = f"{t['tune']:.1f}" if "tune" in t else "-"
+        lines.append(f"| {wl_name} | {t['cold']:.2f} | {t['cached']:.3f} | {tuned} | {session} |")
     return lines + ([""] + [f"Note: {note}" for note in sorted(notes)] if notes else [])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
+                        help="also time a MetaSchedule-tuned build (CPU; minutes per workload)")
     parser.add_argument("--device", choices=sorted(ORT_PROVIDERS), default="cpu")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--markdown", help="also write the tables to this markdown file")
@@ -298,7 +309,7 @@ def main() -> None:
     notes: set[str] = set()
     for wl in workloads():
         print(f"{wl.name}:", flush=True)
-        runs, times = runners(wl, threads, args.device, notes)
+        runs, times = runners(wl, threads, args.device, notes, args.tune)
         compiles.append((wl.name, times))
         per_round = interleaved(runs, args.rounds, quiet=args.device == "cpu")
         for name, ms in per_round.items():
