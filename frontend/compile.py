@@ -20,8 +20,8 @@ def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm"
 
     `params="bound"` bakes the weights in (deployment); `params="inputs"` passes them at run time. A graph's
     input specs, if given, must be instances of its function's argument types; it compiles with its own types.
-    `tune=N` (CPU only) first tunes the kernels with MetaSchedule for N trials, unless a tuning database for this
-    graph, target and options exists already; builds use an existing database either way.
+    `tune=N` (CPU only) first tunes the kernels with MetaSchedule for N trials, unless this graph, target and
+    options were tuned already; builds use an existing database either way.
     """
     from kiln.runtime.compile import compile_graph
 
@@ -32,10 +32,10 @@ def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm"
         _check_specs(graph, functions, input_specs)
     if tune:
         from kiln.runtime.compile import resolve_target
-        from kiln.runtime.tune import find_database, tune_graph
+        from kiln.runtime.tune import tune_graph, was_tuned
 
         tgt = resolve_target(target)
-        if find_database(graph, tgt, params, fast_math) is None:
+        if not was_tuned(graph, tgt, params, fast_math):
             tune_graph(graph, target=tgt, trials=tune, fast_math=fast_math, params=params)
     return compile_graph(graph, target=target, params=params, fast_math=fast_math, functions=functions)
 

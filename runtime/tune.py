@@ -8,7 +8,9 @@ keep their tuning), the target, the parameter mode, fast-math, and the lowering 
 
 What is tuned is the *fused* Relax module: the same pass prefix as `cpu_pipeline` up to fusion, so the
 kernels' structural hashes, MetaSchedule's workload keys, match those of the compile pipeline. Kernels the
-database does not cover (a changed pass, an untuned kernel) fall back to kiln's schedule rules.
+database does not cover (a changed pass, an untuned kernel, or one where kiln's rules were at least as fast
+as the tuned schedule: `tune_prune` drops those records after every run) fall back to kiln's schedule rules.
+A finished run writes `kiln_tuned.json` (budget and what was kept) last.
 
 MetaSchedule needs `psutil`, `cloudpickle` and `xgboost` (the `xgboost-cpu` wheel), imported only here.
 Gotchas avoided (see the TVM CPU research notes): the default LocalBuilder imports `tvm.s_tir.tensor_intrin` in
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import sys
 import threading
@@ -33,12 +36,15 @@ from tvm.target import Target
 from kiln.ir import Graph, KilnError, structural_hash
 
 from . import compile_cache
+from .artifact import atomic_path
 from .lower_relax import PARAM_MODES, lower
+from .tune_prune import prune_database
 from .tvm_pipeline import cpu_fusion_passes
 
 TUNING_VERSION = "1"  # bump when the fused prefix or the database layout changes
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
+DONE_FILE = "kiln_tuned.json"  # written last by a finished run: its budget and what pruning kept
 
 _log = logging.getLogger(__name__)
 _MS_LOGGER = "tvm.s_tir.meta_schedule"
@@ -67,6 +73,12 @@ def find_database(graph: Graph, target: Target, params: str = "bound", fast_math
     if (path / WORKLOAD_FILE).is_file() and records.is_file() and records.stat().st_size > 0:
         return path
     return None
+
+
+def was_tuned(graph: Graph, target: Target, params: str = "bound", fast_math: bool = True) -> bool:
+    """Whether a tuning run for this build finished, even one whose database kept no records (kiln's rules were
+    as fast everywhere), so `kiln.compile(tune=N)` does not tune again."""
+    return (tuning_dir(graph, target, params, fast_math) / DONE_FILE).is_file()
 
 
 def database_digest(path: Path) -> str:
@@ -172,7 +184,8 @@ def tune_graph(graph: Graph, target: str | Target | None = None, trials: int = 6
     """Tune the kernels of `graph` (all functions) with MetaSchedule and return the database directory.
 
     `trials` is the global budget; `trials_per_task` defaults to an even share (at least 1) over the kernels,
-    since MetaSchedule leaves kernels untried when per-task x tasks exceeds the budget. Tuning again adds
+    since MetaSchedule leaves kernels untried when per-task x tasks exceeds the budget. Afterwards only the
+    kernels whose tuned schedule beats kiln's rules keep their records (`tune_prune`). Tuning again adds
     records to the same database; later `compile_graph` calls with the same target and options use it.
     Only LLVM targets and static input shapes are supported.
     """
@@ -234,7 +247,14 @@ def tune_graph(graph: Graph, target: str | Target | None = None, trials: int = 6
     finally:
         ms_logger.setLevel(old_level)
         _drop_ms_handlers()  # close its log files in `path`
-    _log.info("kiln tuning: %d records in %.1fs", _count_records(path), time.monotonic() - started)
+    kept, dropped = prune_database(path, tgt, WORKLOAD_FILE, RECORD_FILE)
+    with atomic_path(str(path / DONE_FILE)) as tmp:
+        Path(tmp).write_text(json.dumps({"trials": trials, "kept": kept, "dropped": dropped}))
+    _log.info("kiln tuning: %d records in %.1fs; tuned schedules kept for %d kernels, %d left to kiln's rules "
+              "(as fast or faster)", _count_records(path), time.monotonic() - started, kept, dropped)
+    if progress:
+        print(f"kiln tune: kept tuned schedules for {kept} of {kept + dropped} kernels; kiln's rules are as fast "
+              "on the rest", file=sys.stderr)
     return path
 
 

@@ -22,7 +22,18 @@ from kiln.cli import main as cli_main
 from kiln.ir import Builder, Graph, KilnError, interpret, print_graph
 from kiln.runtime import compile_cache
 from kiln.runtime.compile import compile_graph, resolve_target
-from kiln.runtime.tune import RECORD_FILE, WORKLOAD_FILE, find_database, fused_module, tune_graph, tuning_dir
+from kiln.runtime.tune import (
+    DONE_FILE,
+    RECORD_FILE,
+    WORKLOAD_FILE,
+    find_database,
+    fused_module,
+    record_count,
+    tune_graph,
+    tuning_dir,
+    was_tuned,
+)
+from kiln.runtime.tune_prune import prune_database
 
 slow = pytest.mark.skipif(os.environ.get("KILN_SLOW_TESTS") != "1", reason="real tuning runs; KILN_SLOW_TESTS=1")
 
@@ -38,8 +49,9 @@ def matmul_relu(n: int = 32, seed: int = 0) -> Graph:
     return b.build()
 
 
-def write_database(graph: Graph) -> Path:
-    """A database with one hand-made record per kernel (parallel outer loop), where tuning would put it."""
+def write_database(graph: Graph, run_secs: float = 1e-6) -> Path:
+    """A database with one hand-made record per kernel (parallel outer loop), where tuning would put it, claiming
+    `run_secs` per call."""
     target = resolve_target("llvm")
     path = tuning_dir(graph, target)
     path.mkdir(parents=True)
@@ -50,12 +62,18 @@ def write_database(graph: Graph) -> Path:
         first = sch.get_child_blocks(sch.get_sblock("root"))[0]
         sch.parallel(sch.get_loops(first)[0])
         workload = db.commit_workload(mod)
-        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, run_secs=[1e-6], target=target))
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, run_secs=[run_secs], target=target))
     return path
 
 
 def applied(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if hasattr(r, "kiln_tuned_kernels")]
+
+
+def kept_kernels(path: Path) -> list[int]:
+    """What a build logs applying the database after pruning: the one kernel if its record survived, else
+    nothing (a database without records is not applied)."""
+    return [1] if record_count(path) else []
 
 
 def check_matches_interpreter(graph: Graph, exe) -> None:
@@ -108,6 +126,37 @@ def test_tuned_build_is_not_served_from_untuned_cache(caplog: pytest.LogCaptureF
     assert applied(caplog) == []
 
 
+@pytest.mark.parametrize(("claimed", "kept"), [(1e-9, 1), (10.0, 0)], ids=["beats-the-rules", "slower-than-rules"])
+def test_pruning_keeps_only_schedules_that_beat_the_rules(claimed: float, kept: int,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A tuned record stays only if its measured time beats kiln's rules on the same kernel; a database left
+    without records is not applied at all, so the build is the default one."""
+    graph = matmul_relu()
+    path = write_database(graph, run_secs=claimed)
+    assert prune_database(path, resolve_target("llvm"), WORKLOAD_FILE, RECORD_FILE) == (kept, 1 - kept)
+    assert record_count(path) == kept and not list(path.glob("*.scratch"))
+    caplog.set_level(logging.INFO, logger="kiln.runtime.tune")
+    check_matches_interpreter(graph, compile_graph(graph))
+    assert [r.kiln_tuned_kernels for r in applied(caplog)] == ([1] if kept else [])
+
+
+def test_compile_with_tune_does_not_tune_a_build_tuned_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished run marks its directory, even when pruning left no records; `kiln.compile(tune=N)` then only
+    builds. Without the mark (no run, or one interrupted) it tunes."""
+    graph = matmul_relu()
+    path = write_database(graph, run_secs=10.0)
+    prune_database(path, resolve_target("llvm"), WORKLOAD_FILE, RECORD_FILE)
+    calls = []
+    monkeypatch.setattr("kiln.runtime.tune.tune_graph", lambda *a, **k: calls.append(a))
+    assert not was_tuned(graph, resolve_target("llvm"))
+    kiln.compile(graph, tune=2)
+    assert len(calls) == 1
+    (path / DONE_FILE).write_text("{}")
+    assert was_tuned(graph, resolve_target("llvm"))
+    check_matches_interpreter(graph, kiln.compile(graph, tune=2))
+    assert len(calls) == 1
+
+
 def test_tune_rejects_what_it_cannot_tune(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     b = Builder("Dyn")
     x = b.input("x", ((None, 8), "f32"))
@@ -132,10 +181,10 @@ def test_tune_graph_end_to_end(cache_root: Path, caplog: pytest.LogCaptureFixtur
     graph = matmul_relu()
     path = tune_graph(graph, trials=4, progress=False)
     assert path.parent == cache_root / "tuning"
-    assert (path / WORKLOAD_FILE).stat().st_size > 0 and (path / RECORD_FILE).stat().st_size > 0
+    assert (path / WORKLOAD_FILE).stat().st_size > 0 and (path / RECORD_FILE).is_file()
     caplog.set_level(logging.INFO, logger="kiln.runtime.tune")
     exe = compile_graph(graph)
-    assert [r.kiln_tuned_kernels for r in applied(caplog)] == [1]
+    assert [r.kiln_tuned_kernels for r in applied(caplog)] == kept_kernels(path)
     check_matches_interpreter(graph, exe)
     caplog.clear()
     other = matmul_relu(n=16)
@@ -153,6 +202,6 @@ def test_cli_tune_and_compile_option(tmp_path: Path, capsys: pytest.CaptureFixtu
     path = Path(capsys.readouterr().out.strip())
     assert (path / RECORD_FILE).is_file()
     caplog.set_level(logging.INFO, logger="kiln.runtime.tune")
-    exe = kiln.compile(graph, tune=2)  # a database exists: no second tuning run, and the build applies it
-    assert [r.kiln_tuned_kernels for r in applied(caplog)] == [1]
+    exe = kiln.compile(graph, tune=2)  # tuned already: no second tuning run, and the build applies what was kept
+    assert [r.kiln_tuned_kernels for r in applied(caplog)] == kept_kernels(path)
     check_matches_interpreter(graph, exe)
