@@ -41,7 +41,7 @@ from .lower_relax import PARAM_MODES, lower
 from .tune_prune import prune_database
 from .tvm_pipeline import cpu_fusion_passes
 
-TUNING_VERSION = "1"  # bump when the fused prefix or the database layout changes
+TUNING_VERSION = "2"  # bump when the fused prefix or the database layout changes (2: pruned, marked done)
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 DONE_FILE = "kiln_tuned.json"  # written last by a finished run: its budget and what pruning kept
