@@ -223,7 +223,7 @@ class CPUMatmul(dl.ScheduleRule):
         vec_o, vec_i = sch.split(
             roles.vector, [None, split_factor(loop_extent(sch, roles.vector), self.nr, 8)]
         )
-        panel, vec_o = self._column_panels(sch, main, roles, vec_o, vec_i) if roles.row is not None else ([], vec_o)
+        panel, vec_o = self._column_panels(sch, main, roles, vec_o, vec_i)
         rows, lines = self._tile_shape(sch, roles, static_extent(loop_extent(sch, vec_i)))
         row_tile: list[s_tir.schedule.LoopRV] = []
         row_inner: list[s_tir.schedule.LoopRV] = []
@@ -291,7 +291,7 @@ class CPUMatmul(dl.ScheduleRule):
                        ) -> tuple[list[s_tir.schedule.LoopRV], s_tir.schedule.LoopRV]:
         """Group the column tiles into panels whose slab of the vector operand (all of K for those columns) fits
         `panel_bytes` of L2, so that every row tile reuses a cached slab: ([panel loop], tile loop), or
-        ([], vec_o) when the operand fits, an extent is symbolic, or too few rows (batch dims included; under
+        ([], vec_o) when the operand fits, an extent is symbolic, or no or too few rows (batch dims included; under
         `MIN_PANEL_ROWS`) would reuse a panel to pay for the extra passes over the other operand. The panel
         loop goes outermost, outside the batch dims too, so the rows of every batch reuse it.
 
@@ -299,6 +299,8 @@ class CPUMatmul(dl.ScheduleRule):
         size of an L2) the transformer's FFN matmul ran at 170-176 GFLOP/s, with 128 KiB panels at 206
         (215 with a 256x256 weight). The 64-row MLP layers were 4% slower with panels.
         """
+        if roles.row is None:
+            return [], vec_o
         rows = [static_extent(loop_extent(sch, loop)) for loop in [*roles.spatial, roles.row]]
         extents = [static_extent(loop_extent(sch, loop)) for loop in [*roles.reduction, vec_o, vec_i]]
         if None in extents + rows or math.prod(rows) < MIN_PANEL_ROWS:
