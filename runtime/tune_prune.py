@@ -42,11 +42,11 @@ def rules_seconds(mod: tvm.IRModule, target: Target, number: int = 3, min_repeat
 
 def prune_database(path: Path, target: Target, workload_file: str, record_file: str) -> tuple[int, int]:
     """Drop the records of every kernel that kiln's rules run at least as fast as its best tuned schedule;
-    returns (kernels kept, kernels dropped). The database files are rewritten atomically."""
+    returns (kernels kept, kernels dropped). The records file is rewritten atomically."""
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(path_workload=str(path / workload_file), path_tuning_record=str(path / record_file))
-    best: dict[int, tuple[float, object]] = {}
+    best: dict[int, tuple[float, tvm.IRModule]] = {}
     for record in db.get_all_tuning_records():
         if not record.run_secs:
             continue
