@@ -9,6 +9,15 @@ TILE = 16  # side of the square tile used for transposes
 _MIN_PARALLEL_ELEMS = 4096  # below this, waking the thread pool costs more than it saves
 
 
+def cpu_blocks(func: tirx.PrimFunc, target: Target) -> tuple[s_tir.Schedule | None, list[dl.SBlockInfo] | None]:
+    """A schedule of `func` and dlight's normalized view of its blocks, where every kiln rule starts; the blocks
+    are None unless `func` is a PrimFunc for an LLVM target that dlight can normalize."""
+    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        return None, None
+    sch = s_tir.Schedule(func)
+    return sch, dl.normalize_prim_func(sch)
+
+
 def static_extent(extent: tirx.Expr) -> int | None:
     """The extent as a Python int, or None when it is symbolic."""
     return int(extent.value) if isinstance(extent, tirx.IntImm) else None
@@ -120,10 +129,7 @@ class CPUInjective(dl.ScheduleRule):
     """Inline chains of spatial blocks, then parallelize and vectorize (or 16x16-tile) what remains."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        sch = s_tir.Schedule(func)
-        infos = dl.normalize_prim_func(sch)
+        sch, infos = cpu_blocks(func, target)
         if infos is None or not all(info.is_injective() for info in infos):
             return None
         for info in dl.try_inline(sch, infos):

@@ -9,6 +9,7 @@ from tvm.target import Target
 
 from .injective import (
     VECTOR_LANES,
+    cpu_blocks,
     loop_extent,
     schedule_elementwise,
     split_factor,
@@ -137,10 +138,7 @@ class CPUMatmul(dl.ScheduleRule):
         self.mr, self.nr, self.k_unroll, self.panel_bytes = mr, nr, k_unroll, panel_bytes
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        sch = s_tir.Schedule(func)
-        infos = dl.normalize_prim_func(sch)
+        sch, infos = cpu_blocks(func, target)
         if infos is None:
             return None
         reductions = [info for info in infos if info.is_reduction()]

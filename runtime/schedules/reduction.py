@@ -4,15 +4,14 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from .injective import cpu_blocks
+
 
 class CPUReductionFallback(dl.ScheduleRule):
     """Inline what can be inlined, then run each remaining block's leading spatial loops in parallel."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        sch = s_tir.Schedule(func)
-        infos = dl.normalize_prim_func(sch)
+        sch, infos = cpu_blocks(func, target)
         if infos is None or all(info.is_injective() for info in infos):
             return None
         applied = False

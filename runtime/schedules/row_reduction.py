@@ -11,7 +11,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .injective import VECTOR_LANES, static_extent, uses_var, vectorize_inner
+from .injective import VECTOR_LANES, cpu_blocks, static_extent, uses_var, vectorize_inner
 
 
 def _leading_spatial(dom_kind: str) -> int:
@@ -25,10 +25,7 @@ class CPURowReduction(dl.ScheduleRule):
         self.lanes = lanes
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        sch = s_tir.Schedule(func)
-        infos = dl.normalize_prim_func(sch)
+        sch, infos = cpu_blocks(func, target)
         if infos is None or len(infos) < 2 or all(i.is_injective() for i in infos) or not infos[-1].is_injective():
             return None
         kinds = [i.dom_kind() for i in infos]

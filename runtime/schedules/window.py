@@ -12,7 +12,15 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .injective import VECTOR_LANES, loop_extent, schedule_elementwise, split_factor, static_extent, uses_var
+from .injective import (
+    VECTOR_LANES,
+    cpu_blocks,
+    loop_extent,
+    schedule_elementwise,
+    split_factor,
+    static_extent,
+    uses_var,
+)
 
 MAX_WINDOW = 64  # larger reductions are rows, not windows: `CPURowReduction` and the fallbacks take them
 
@@ -24,10 +32,7 @@ class CPUWindowReduction(dl.ScheduleRule):
         self.lanes = lanes
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        sch = s_tir.Schedule(func)
-        infos = dl.normalize_prim_func(sch)
+        sch, infos = cpu_blocks(func, target)
         if infos is None:
             return None
         reductions = [info for info in infos if not info.is_injective()]
