@@ -4,6 +4,7 @@ the captured step (equal to eager steps, re-tracing only when it must) and optim
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -292,7 +293,9 @@ def _sgd_record(model: kiln.Module) -> kiln.ModuleRecord:
     return sgd.to_record()
 
 
-def test_captured_step_runs_on_the_tvm_backend(target: str) -> None:
+def test_captured_step_runs_on_the_tvm_backend(target: str, tmp_path: Path) -> None:
+    """Same losses and weights as on the interpreter; the trained module (whose values are read-only views of the
+    VM's buffers) saves and loads like any other."""
     pytest.importorskip("tvm")
     from kiln.runtime.backend import set_default_backend
     from kiln.runtime.tvm_backend import TVMBackend
@@ -312,3 +315,8 @@ def test_captured_step_runs_on_the_tvm_backend(target: str) -> None:
     np.testing.assert_allclose(compiled, interpreted, rtol=1e-5)
     for path in want:
         np.testing.assert_allclose(got[path], want[path], rtol=1e-4, atol=1e-5, err_msg=path)
+    trained = step.model()
+    trained.save_file(tmp_path / "trained.bpk")
+    reloaded = values(MLP(batch_norm=True).load_file(tmp_path / "trained.bpk"))
+    for path, value in values(trained).items():
+        np.testing.assert_array_equal(reloaded[path], value, err_msg=path)
