@@ -235,56 +235,43 @@ def _reduce_other(fb: FunctionBuilder, v: Value, other: tuple[int, ...]) -> Valu
     return emit(fb, "sum", v, axes=other) if other else v
 
 
-@gradient("layer_norm")
-def _layer_norm(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
-    """dx = rstd * (gx - mean(gx) - xhat * mean(gx * xhat)), gx = g * gamma; d gamma = sum(g * xhat), d beta = sum(g)
-    over the other axes."""
+def _norm_grads(fb: FunctionBuilder, op: Op, out_grads: Grads, centered: bool) -> Grads:
+    """Gradients of a normalization over `axes` (layer norm when `centered`, else RMS norm): with xc = x - mean(x)
+    (or x), s = rsqrt(mean(xc^2) + eps), xhat = xc s and gx = g * gamma,
+    dx = s * (gx [- mean(gx)] - xhat * mean(gx * xhat)); d gamma = sum(g * xhat), d beta = sum(g) over the other
+    axes."""
     (g,) = out_grads
     x = op.operands[0]
     n_ops = len(op.operands)
     if g is None:
         return (None,) * n_ops
-    axes = norm_axes("layer_norm", op.attrs["axes"], x.type.rank)
+    axes = norm_axes(op.kind, op.attrs["axes"], x.type.rank)
     other = tuple(i for i in range(x.type.rank) if i not in axes)
-    mu = emit(fb, "mean", x, axes=axes, keepdims=True)
-    xc = emit(fb, "sub", x, mu)
+    xc = emit(fb, "sub", x, emit(fb, "mean", x, axes=axes, keepdims=True)) if centered else x
     var = emit(fb, "mean", emit(fb, "mul", xc, xc), axes=axes, keepdims=True)
-    rstd = emit(fb, "rsqrt", emit(fb, "add", var, _c(fb, op.attrs["eps"], x)))
-    xhat = emit(fb, "mul", xc, rstd)
+    scale = emit(fb, "rsqrt", emit(fb, "add", var, _c(fb, op.attrs["eps"], x)))
+    xhat = emit(fb, "mul", xc, scale)
     out: list[Value | None] = [None] * n_ops
     if _want(fb, op, 0):
         gx = emit(fb, "mul", g, _laid(fb, op.operands[1], other)) if n_ops > 1 else g
-        m1 = emit(fb, "mean", gx, axes=axes, keepdims=True)
-        m2 = emit(fb, "mean", emit(fb, "mul", gx, xhat), axes=axes, keepdims=True)
-        out[0] = emit(fb, "mul", rstd, emit(fb, "sub", emit(fb, "sub", gx, m1), emit(fb, "mul", xhat, m2)))
+        d = emit(fb, "sub", gx, emit(fb, "mean", gx, axes=axes, keepdims=True)) if centered else gx
+        m = emit(fb, "mean", emit(fb, "mul", gx, xhat), axes=axes, keepdims=True)
+        out[0] = emit(fb, "mul", scale, emit(fb, "sub", d, emit(fb, "mul", xhat, m)))
     if _want(fb, op, 1):
         out[1] = _reduce_other(fb, emit(fb, "mul", g, xhat), other)
-    if _want(fb, op, 2):
+    if centered and _want(fb, op, 2):
         out[2] = _reduce_other(fb, g, other)
     return tuple(out)
 
 
+@gradient("layer_norm")
+def _layer_norm(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+    return _norm_grads(fb, op, out_grads, centered=True)
+
+
 @gradient("rms_norm")
 def _rms_norm(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
-    """dx = r * (gx - xhat * mean(gx * xhat)) with r = rsqrt(mean(x^2) + eps), xhat = x r; d gamma = sum(g * xhat)."""
-    (g,) = out_grads
-    x = op.operands[0]
-    n_ops = len(op.operands)
-    if g is None:
-        return (None,) * n_ops
-    axes = norm_axes("rms_norm", op.attrs["axes"], x.type.rank)
-    other = tuple(i for i in range(x.type.rank) if i not in axes)
-    ms = emit(fb, "mean", emit(fb, "mul", x, x), axes=axes, keepdims=True)
-    r = emit(fb, "rsqrt", emit(fb, "add", ms, _c(fb, op.attrs["eps"], x)))
-    xhat = emit(fb, "mul", x, r)
-    out: list[Value | None] = [None] * n_ops
-    if _want(fb, op, 0):
-        gx = emit(fb, "mul", g, _laid(fb, op.operands[1], other)) if n_ops > 1 else g
-        m = emit(fb, "mean", emit(fb, "mul", gx, xhat), axes=axes, keepdims=True)
-        out[0] = emit(fb, "mul", r, emit(fb, "sub", gx, emit(fb, "mul", xhat, m)))
-    if _want(fb, op, 1):
-        out[1] = _reduce_other(fb, emit(fb, "mul", g, xhat), other)
-    return tuple(out)
+    return _norm_grads(fb, op, out_grads, centered=False)
 
 
 @gradient("batch_norm")
