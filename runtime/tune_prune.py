@@ -46,11 +46,11 @@ def prune_database(path: Path, target: Target, workload_file: str, record_file: 
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(path_workload=str(path / workload_file), path_tuning_record=str(path / record_file))
+    records = [(tvm_ffi.structural_hash(r.workload.mod), r) for r in db.get_all_tuning_records()]
     best: dict[int, tuple[float, tvm.IRModule]] = {}
-    for record in db.get_all_tuning_records():
+    for key, record in records:
         if not record.run_secs:
             continue
-        key = tvm_ffi.structural_hash(record.workload.mod)
         seconds = statistics.mean(float(s) for s in record.run_secs)
         if key not in best or seconds < best[key][0]:
             best[key] = (seconds, record.workload.mod)
@@ -69,8 +69,8 @@ def prune_database(path: Path, target: Target, workload_file: str, record_file: 
     try:
         with atomic_path(str(path / record_file)) as records:
             pruned = ms.database.JSONDatabase(path_workload=str(scratch), path_tuning_record=records)
-            for record in db.get_all_tuning_records():
-                if tvm_ffi.structural_hash(record.workload.mod) in keep:
+            for key, record in records:
+                if key in keep:
                     workload = pruned.commit_workload(record.workload.mod)
                     pruned.commit_tuning_record(ms.database.TuningRecord(
                         record.trace, workload, record.run_secs, record.target, record.args_info))
