@@ -46,9 +46,9 @@ def prune_database(path: Path, target: Target, workload_file: str, record_file: 
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(path_workload=str(path / workload_file), path_tuning_record=str(path / record_file))
-    records = [(tvm_ffi.structural_hash(r.workload.mod), r) for r in db.get_all_tuning_records()]
+    hashed = [(tvm_ffi.structural_hash(r.workload.mod), r) for r in db.get_all_tuning_records()]
     best: dict[int, tuple[float, tvm.IRModule]] = {}
-    for key, record in records:
+    for key, record in hashed:
         if not record.run_secs:
             continue
         seconds = statistics.mean(float(s) for s in record.run_secs)
@@ -69,7 +69,7 @@ def prune_database(path: Path, target: Target, workload_file: str, record_file: 
     try:
         with atomic_path(str(path / record_file)) as records:
             pruned = ms.database.JSONDatabase(path_workload=str(scratch), path_tuning_record=records)
-            for key, record in records:
+            for key, record in hashed:
                 if key in keep:
                     workload = pruned.commit_workload(record.workload.mod)
                     pruned.commit_tuning_record(ms.database.TuningRecord(
