@@ -20,7 +20,8 @@ import kiln
 from kiln import nn
 from kiln.frontend.module import Module
 from kiln.frontend.tensor import Tensor, apply
-from kiln.ir import Builder, DType, Graph, Init, KilnError, TensorType, interpret, registered
+from kiln.ir import Builder, DType, Graph, Init, Interpreter, KilnError, TensorType, interpret, registered
+from kiln.passes.autodiff import Autodiff
 from kiln.runtime import compile_cache
 from kiln.runtime.backend import InterpreterBackend, set_default_backend
 from kiln.runtime.compile import compile_graph
@@ -276,13 +277,13 @@ def randomize(graph: Graph, seed: int = 0) -> Graph:
 class SmallCNN(Module):
     """conv-bn-relu, max pool, conv-bn-relu, avg pool, global average pool, linear."""
 
-    def __init__(self) -> None:
-        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+    def __init__(self, device: kiln.Device | None = None) -> None:
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1, device=device), nn.BatchNorm2d(8, device=device)
         self.pool = nn.MaxPool2d(2, stride=2)
-        self.conv2, self.bn2 = nn.Conv2d(8, 16, 3, stride=1), nn.BatchNorm2d(16)
+        self.conv2, self.bn2 = nn.Conv2d(8, 16, 3, stride=1, device=device), nn.BatchNorm2d(16, device=device)
         self.avg = nn.AvgPool2d(2, stride=2, padding=1, count_include_pad=False)
         self.gap = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(16, 10)
+        self.fc = nn.Linear(16, 10, device=device)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.pool(nn.functional.relu(self.bn1(self.conv1(x))))
@@ -290,14 +291,16 @@ class SmallCNN(Module):
         return self.fc(apply("reshape", self.gap(x), shape=(-1, 16)))
 
 
-def mlp() -> Module:
-    return nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 5))
+def mlp(device: kiln.Device | None = None) -> Module:
+    return nn.Sequential(nn.Linear(20, 32, device=device), nn.ReLU(), nn.Linear(32, 32, device=device), nn.ReLU(),
+                         nn.Linear(32, 5, device=device))
 
 
 MODELS = {
     "mlp": (mlp, ((None, 20), "f32"), (6, 20)),
     "cnn-odd-shapes": (SmallCNN, ((None, 3, 13, 11), "f32"), (3, 3, 13, 11)),
-    "transformer": (lambda: nn.TransformerEncoderLayer(32, 4, 64), ((None, 10, 32), "f32"), (3, 10, 32)),
+    "transformer": (lambda device=None: nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, device=device),
+                    ((None, 10, 32), "f32"), (3, 10, 32)),
 }
 
 
@@ -312,6 +315,35 @@ def test_model_matches_interpreter(model: str, params: str, target: str) -> None
     want = interpret(graph, [x])[0]
     assert_close(exe(x), want, rtol=3e-3, atol=3e-3 * float(np.abs(want).max()))
     assert [n for n, _ in exe.signatures["forward"].params] == ([] if params == "bound" else list(graph.params))
+
+
+class _SquaredError(Module):
+    """mse_loss(model(x), target): a scalar loss for `autodiff`, first result of `forward`."""
+
+    def __init__(self, model: Module) -> None:
+        self.model = model
+
+    def forward(self, x: Tensor, target: Tensor) -> Tensor:
+        return nn.mse_loss(self.model(x), target)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_model_backward_matches_interpreter(model: str, target: str) -> None:
+    """The compiled `forward_backward` (loss, every parameter's gradient, batch-norm running statistics in train
+    mode) of each model equals the interpreter's, exact math, parameters as inputs."""
+    make, _, shape = MODELS[model]
+    net = make(kiln.Device("cpu").autodiff())
+    (out,) = kiln.trace(net.valid(), (shape, "f32")).functions["forward"].result_types
+    graph = randomize(kiln.trace(_SquaredError(net), (shape, "f32"), (tuple(out.shape), "f32")))
+    graph = Autodiff().apply(graph)
+    exe = compile_graph(graph, target=target, params="inputs", fast_math=False, functions=["forward_backward"])
+    inputs = [f32(*shape), f32(*out.shape)]
+    got = exe.run(*inputs, function="forward_backward")
+    want = Interpreter(graph).run(inputs, "forward_backward")
+    trainable = sum(p.grad for p in graph.params.values())
+    assert len(got) == len(want) >= 1 + trainable > 1  # loss, gradients (and batch norm's running statistics)
+    for g, w in zip(got, want):
+        assert_close(g, w, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(w).max())))
 
 
 def test_compile_traces_a_module_on_its_specs() -> None:

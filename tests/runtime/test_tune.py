@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from kiln.runtime.tune import (
     DONE_FILE,
     RECORD_FILE,
     WORKLOAD_FILE,
+    _Progress,
     find_database,
     fused_module,
     record_count,
@@ -155,6 +157,15 @@ def test_compile_with_tune_does_not_tune_a_build_tuned_before(monkeypatch: pytes
     assert was_tuned(graph, resolve_target("llvm"))
     check_matches_interpreter(graph, kiln.compile(graph, tune=2))
     assert len(calls) == 1
+
+
+def test_progress_bar_counts_the_records_as_they_land(capsys: pytest.CaptureFixture) -> None:
+    path = write_database(matmul_relu())
+    with _Progress(path, total=4, interval=0.01):
+        time.sleep(0.05)
+    lines = capsys.readouterr().err.split("\r")
+    assert lines[-1].startswith("kiln tune [" + "#" * 7 + "." * 23 + "] 1/4 trials, ") and lines[-1].endswith("s\n")
+    assert len(lines) > 2  # redrawn while it ran, not only at the end
 
 
 def test_tune_rejects_what_it_cannot_tune(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
