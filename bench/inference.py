@@ -8,7 +8,7 @@ Run from the repository root:
     TVM_NUM_THREADS=$(nproc) OMP_NUM_THREADS=$(nproc) OPENBLAS_NUM_THREADS=$(nproc) \
         .venv/bin/python bench/inference.py [--rounds 5] [--tune TRIALS]
 
-Every approach runs the same weights. onnxruntime runs the graph kiln exports (`kiln.runtime.onnx_export`),
+Every approach runs the same weights. onnxruntime runs the graph kiln exports (`kiln.runtime.onnx.export`),
 torch runs its own modules/functionals loaded with those weights, numpy the same math where it is simple. Every
 output is checked against kiln's interpreter first (rtol 3e-3). "kiln dyn" is the same build traced with a
 dynamic batch dim; "kiln tuned" (with --tune) the build after MetaSchedule tuning. Compile times: "cold" builds
@@ -50,11 +50,11 @@ from kiln import nn
 from kiln.frontend.module import Module
 from kiln.frontend.tensor import Tensor, apply
 from kiln.ir import Graph, interpret
-from kiln.runtime import compile_cache
-from kiln.runtime.compile import compile_graph
-from kiln.runtime.executable import Executable
-from kiln.runtime.onnx_export import to_onnx
-from kiln.runtime.tvm_target import configure_threads, cpu_count
+from kiln.runtime.onnx.export import to_onnx
+from kiln.runtime.tvm import compile_cache
+from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.executable import Executable
+from kiln.runtime.tvm.target import configure_threads, cpu_count
 
 Weights = dict[str, np.ndarray]
 TorchFn = Callable[[torch.Tensor], torch.Tensor]

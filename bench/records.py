@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from kiln.ir import DType
-from kiln.runtime.burnpack import BurnpackFile, PackTensor, write_burnpack
-from kiln.runtime.record import ModuleRecord, RecordEntry
+from kiln.runtime.records.burnpack import BurnpackFile, PackTensor, write_burnpack
+from kiln.runtime.records.record import ModuleRecord, RecordEntry
 
 TENSOR_BYTES = 16 * 2**20
 MANY_TENSORS = 100_000

@@ -4,7 +4,7 @@ activation bytes of `forward_backward` under each checkpointing strategy.
 
 Workloads: an MLP 784 -> 512 -> 512 -> 10 on a batch of 64 (cross-entropy), and a transformer encoder layer
 (d 256, 4 heads, feed-forward 1024, dropout 0) on a batch of 8 x 128 tokens (squared error against a target).
-kiln runs on each backend named by --backends (the interpreter; TVM when `kiln.runtime.tvm_backend` exists);
+kiln runs on each backend named by --backends (the interpreter; TVM when `kiln.runtime.tvm.backend` exists);
 torch.compile compiles the model (forward and backward) and keeps the optimizer eager.
 
     .venv/bin/python bench/train_step.py                    # every workload and backend, 2 threads
@@ -205,7 +205,7 @@ def run(workload: str, implementation: str) -> tuple[float, float, float]:
         if implementation == "kiln-interpreter":
             return run_kiln(w, InterpreterBackend())
         if implementation == "kiln-tvm":
-            from kiln.runtime.tvm_backend import TVMBackend
+            from kiln.runtime.tvm.backend import TVMBackend
             return run_kiln(w, TVMBackend())
         return run_torch(w, compiled=implementation == "torch-compile")
 
@@ -229,8 +229,8 @@ def main() -> None:
         print(json.dumps(run(workload, implementation)))
         return
     implementations = [f"kiln-{b}" for b in ARGS.backends.split(",")] + ["torch-eager"]
-    if importlib.util.find_spec("kiln.runtime.tvm_backend") is None and "kiln-tvm" in implementations:
-        print("note: kiln.runtime.tvm_backend does not exist; TVM skipped", file=sys.stderr)
+    if importlib.util.find_spec("kiln.runtime.tvm.backend") is None and "kiln-tvm" in implementations:
+        print("note: kiln.runtime.tvm.backend does not exist; TVM skipped", file=sys.stderr)
         implementations.remove("kiln-tvm")
     if not ARGS.no_compile:
         implementations.append("torch-compile")

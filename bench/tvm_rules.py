@@ -10,7 +10,7 @@ Every approach runs the same float32 graph with weights as inputs. Each round ti
 (rotated order) for >=20 runs and >=0.2 s after 5 warm-ups; the table shows the median and best of the
 per-round medians, and the median over rounds of the per-round ratio to onnxruntime, which cancels noise
 common to both. --accuracy instead prints the fast-math error bounds quoted in the docstring of
-kiln.runtime.schedules.fastmath.
+kiln.runtime.tvm.schedules.fastmath.
 """
 
 import argparse
@@ -29,8 +29,8 @@ from onnx import TensorProto, helper
 from timing import Runner, interleaved  # bench/ is the script's directory
 from tvm import relax
 
-from kiln.runtime.tvm_pipeline import cpu_pipeline
-from kiln.runtime.tvm_target import configure_threads, cpu_count, cpu_target
+from kiln.runtime.tvm.pipeline import cpu_pipeline
+from kiln.runtime.tvm.target import configure_threads, cpu_count, cpu_target
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """kiln.frontend: what users write — modules, parameters, flags, devices, tensors, layers, trace."""
 
 from kiln.passes.group import ParamGroup
-from kiln.runtime.record import DTypePolicy, ModuleRecord
+from kiln.runtime.records.record import DTypePolicy, ModuleRecord
 
 from . import nn, optim
 from .compile import compile

@@ -11,7 +11,7 @@ from .module import Module
 from .trace import InputSpec, as_type, trace
 
 if TYPE_CHECKING:
-    from kiln.runtime.executable import Executable
+    from kiln.runtime.tvm.executable import Executable
 
 
 def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm", params: str = "bound",
@@ -23,7 +23,7 @@ def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm"
     `tune=N` (CPU only) first tunes the kernels with MetaSchedule for N trials, unless this graph, target and
     options were tuned already; builds use an existing database either way.
     """
-    from kiln.runtime.compile import compile_graph
+    from kiln.runtime.tvm.compile import compile_graph
 
     if isinstance(model, Module):
         graph = trace(model, *input_specs)
@@ -31,8 +31,8 @@ def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm"
         graph = model
         _check_specs(graph, functions, input_specs)
     if tune:
-        from kiln.runtime.compile import resolve_target
-        from kiln.runtime.tune import tune_graph, was_tuned
+        from kiln.runtime.tvm.target import resolve_target
+        from kiln.runtime.tvm.tune import tune_graph, was_tuned
 
         tgt = resolve_target(target)
         if not was_tuned(graph, tgt, params, fast_math):

@@ -14,8 +14,8 @@ def export_onnx(module: Module, *input_specs: InputSpec, path: str | os.PathLike
                 **options: int) -> Path:
     """Trace `module.valid()` on inputs of these types (`None` dims stay dynamic) and write its forward to `path`.
 
-    `options` go to `kiln.runtime.onnx_export.export_graph` (`opset`, `external_data_threshold`).
+    `options` go to `kiln.runtime.onnx.export.export_graph` (`opset`, `external_data_threshold`).
     """
-    from kiln.runtime.onnx_export import export_graph  # onnx loads only when a model is exported
+    from kiln.runtime.onnx.export import export_graph  # onnx loads only when a model is exported
 
     return export_graph(trace(module.valid(), *input_specs, names=names), path, **options)

@@ -15,8 +15,8 @@ from kiln.ir import RecordError
 from kiln.ir import init as initializers
 from kiln.passes.group import ParamGroup
 from kiln.passes.load_record import LoadRecord
-from kiln.runtime.qfloat import QFloatScheme
-from kiln.runtime.record import ModuleRecord, RecordEntry
+from kiln.runtime.records.qfloat import QFloatScheme
+from kiln.runtime.records.record import ModuleRecord, RecordEntry
 
 from .param import Param
 

@@ -16,8 +16,7 @@ from collections.abc import Sequence
 
 from kiln.ir import Graph, KilnError, RecordError, parse, parse_file, print_graph, to_dot
 from kiln.passes import PassManager, pass_names
-from kiln.runtime.burnpack import BurnpackFile
-from kiln.runtime.record import ModuleRecord
+from kiln.runtime.records.burnpack import BurnpackFile
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_IO = 0, 1, 2, 3
 
@@ -65,7 +64,7 @@ def cmd_dot(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile a .kir module through TVM and write the shared library with its sidecar."""
-    from kiln.runtime.compile import compile_graph  # TVM loads only for this command
+    from kiln.runtime.tvm.compile import compile_graph  # TVM loads only for this command
 
     graph = read_graph(args.input)
     exe = compile_graph(graph, target=args.target, params=args.params, fast_math=not args.no_fast_math,
@@ -76,7 +75,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune a .kir module's kernels with MetaSchedule; later builds of it (kiln compile, kiln.compile) use them."""
-    from kiln.runtime.tune import tune_graph  # TVM and MetaSchedule load only for this command
+    from kiln.runtime.tvm.tune import tune_graph  # TVM and MetaSchedule load only for this command
 
     if args.trials < 1:
         raise KilnError(f"--trials must be at least 1, not {args.trials}")
@@ -124,7 +123,7 @@ def _inspect_text(report: dict) -> str:
 
 def cmd_export_onnx(args: argparse.Namespace) -> int:
     """Write a .kir module's function, in valid mode, as an ONNX model (parameters as initializers by path)."""
-    from kiln.runtime.onnx_export import export_graph  # onnx loads only for this command
+    from kiln.runtime.onnx.export import export_graph  # onnx loads only for this command
 
     export_graph(read_graph(args.input), args.output, function=args.function)
     return EXIT_OK
@@ -132,7 +131,9 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
 
 def cmd_import_onnx(args: argparse.Namespace) -> int:
     """Write an ONNX model's initializers, with the ParamIds kiln stored on them, as a burnpack record."""
-    ModuleRecord.from_onnx(args.input).save(args.output)
+    from kiln.runtime.onnx.tensors import read_record  # onnx loads only for this command
+
+    read_record(args.input).save(args.output)
     return EXIT_OK
 
 

@@ -1,4 +1,7 @@
-"""kiln.runtime: how IR runs fast and persists (TVM lowering, build, compile cache; records).
+"""kiln.runtime: how IR runs fast and persists, one sub-package per concern.
+
+`backend` is the one execution interface; `records` holds the file formats (burnpack, ModuleRecord, QFloat;
+no TVM, no onnx); `onnx` the ONNX exchange; `tvm` lowering, schedules, tuning, builds and artifacts.
 
 The TVM entry points load on first use, so importing kiln does not import TVM.
 """
@@ -8,8 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_LAZY = {"compile_graph": "compile", "Executable": "executable", "load_executable": "executable",
-         "TVMBackend": "tvm_backend", "set_default_backend": "backend", "default_backend": "backend",
+_LAZY = {"compile_graph": "tvm.compile", "Executable": "tvm.executable", "load_executable": "tvm.executable",
+         "TVMBackend": "tvm.backend", "set_default_backend": "backend", "default_backend": "backend",
          "InterpreterBackend": "backend"}
 
 

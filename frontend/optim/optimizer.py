@@ -17,7 +17,7 @@ import numpy as np
 from kiln.ir import DType, FunctionBuilder, Graph, TensorType, Value
 from kiln.ir.gradients import emit
 from kiln.runtime.backend import default_backend
-from kiln.runtime.record import ModuleRecord, RecordEntry
+from kiln.runtime.records.record import ModuleRecord, RecordEntry
 
 from ..module import Module, ModuleMapper
 from ..param import LazyState, Param

@@ -298,7 +298,7 @@ def test_captured_step_runs_on_the_tvm_backend(target: str, tmp_path: Path) -> N
     VM's buffers) saves and loads like any other."""
     pytest.importorskip("tvm")
     from kiln.runtime.backend import set_default_backend
-    from kiln.runtime.tvm_backend import TVMBackend
+    from kiln.runtime.tvm.backend import TVMBackend
 
     model, data = MLP(batch_norm=True), [batch(16) for _ in range(3)]
     results = []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.runtime import artifact, compile_cache
+from kiln.runtime.tvm import artifact, compile_cache
 
 
 @pytest.fixture

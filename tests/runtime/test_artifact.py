@@ -15,12 +15,12 @@ import pytest
 
 from kiln.cli import main as cli_main
 from kiln.ir import Builder, DType, Graph, KilnError, interpret
-from kiln.runtime import artifact
-from kiln.runtime.artifact import PARAMS, SIDECAR, CorruptArtifact
-from kiln.runtime.burnpack import BurnpackFile
-from kiln.runtime.compile import compile_graph
-from kiln.runtime.executable import load_executable
-from kiln.runtime.tvm_dtypes import to_storage
+from kiln.runtime.records.burnpack import BurnpackFile
+from kiln.runtime.tvm import artifact
+from kiln.runtime.tvm.artifact import PARAMS, SIDECAR, CorruptArtifact
+from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.dtypes import to_storage
+from kiln.runtime.tvm.executable import load_executable
 
 pytestmark = pytest.mark.usefixtures("cache_root")
 

@@ -1,4 +1,4 @@
-"""Tests for kiln.runtime.burnpack: Burn's own file, round trips, lazy reads, atomic writes, hostile input."""
+"""Tests for kiln.runtime.records.burnpack: Burn's own file, round trips, lazy reads, atomic writes, hostile input."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.ir.errors import RecordError
-from kiln.runtime.burnpack import (
+from kiln.runtime.records.burnpack import (
     BurnDType,
     BurnpackFile,
     CborTag,
@@ -505,7 +505,7 @@ def test_write_into_missing_directory_is_record_error(tmp_path: Path) -> None:
 KILLED_WRITER = textwrap.dedent(
     """
     import sys, time
-    from kiln.runtime.burnpack import write_burnpack
+    from kiln.runtime.records.burnpack import write_burnpack
 
     def stall():
         print("stalling", flush=True)

@@ -20,10 +20,11 @@ import kiln
 from kiln import nn
 from kiln.cli import main as cli_main
 from kiln.ir import Builder, Graph, Init, interpret, print_graph
-from kiln.runtime import artifact, compile_cache
-from kiln.runtime.artifact import PARAMS, SIDECAR, CorruptArtifact, file_digest, read_sidecar
-from kiln.runtime.compile import cache_key, compile_graph, resolve_target
-from kiln.runtime.executable import load_executable
+from kiln.runtime.tvm import artifact, compile_cache
+from kiln.runtime.tvm.artifact import PARAMS, SIDECAR, CorruptArtifact, file_digest, read_sidecar
+from kiln.runtime.tvm.compile import cache_key, compile_graph
+from kiln.runtime.tvm.executable import load_executable
+from kiln.runtime.tvm.target import resolve_target
 
 pytestmark = pytest.mark.usefixtures("cache_root")  # every test gets an empty compile cache
 
@@ -68,7 +69,7 @@ def test_a_second_process_loads_the_cached_build_in_well_under_a_second(tmp_path
     report = run_python(f"""
         import json, time
         import numpy as np
-        import kiln.runtime.compile as compile_module
+        import kiln.runtime.tvm.compile as compile_module
         from kiln.ir import parse_file
 
         def no_build(*args, **kwargs):

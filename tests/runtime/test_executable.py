@@ -7,8 +7,8 @@ import pytest
 
 import kiln
 from kiln.ir import Builder, interpret
-from kiln.runtime.compile import compile_graph
-from kiln.runtime.executable import Executable, _device_input
+from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.executable import Executable, _device_input
 
 
 @pytest.fixture(scope="module")

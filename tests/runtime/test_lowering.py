@@ -22,12 +22,12 @@ from kiln.frontend.module import Module
 from kiln.frontend.tensor import Tensor, apply
 from kiln.ir import Builder, DType, Graph, Init, Interpreter, KilnError, TensorType, interpret, registered
 from kiln.passes.autodiff import Autodiff
-from kiln.runtime import compile_cache
 from kiln.runtime.backend import InterpreterBackend, set_default_backend
-from kiln.runtime.compile import compile_graph
-from kiln.runtime.executable import Executable
-from kiln.runtime.lower_relax import lower
-from kiln.runtime.tvm_backend import TVMBackend
+from kiln.runtime.tvm import compile_cache
+from kiln.runtime.tvm.backend import TVMBackend
+from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.executable import Executable
+from kiln.runtime.tvm.lower import lower
 
 RNG = np.random.default_rng(7)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -311,7 +311,7 @@ def test_model_matches_interpreter(model: str, params: str, target: str) -> None
     graph = randomize(kiln.trace(make().valid(), spec))
     exe = kiln.compile(graph, target=target, params=params)
     x = f32(*shape)
-    # fast-math gelu/softmax: within 3e-3 relative of the exact reference (kiln.runtime.schedules.fastmath)
+    # fast-math gelu/softmax: within 3e-3 relative of the exact reference (kiln.runtime.tvm.schedules.fastmath)
     want = interpret(graph, [x])[0]
     assert_close(exe(x), want, rtol=3e-3, atol=3e-3 * float(np.abs(want).max()))
     assert [n for n, _ in exe.signatures["forward"].params] == ([] if params == "bound" else list(graph.params))
@@ -427,7 +427,7 @@ def test_cuda_build_without_a_gpu() -> None:
     """The CUDA pipeline builds for cuda_target() on any host; without a GPU, calling says so clearly."""
     import tvm
 
-    from kiln.runtime.tvm_target import cuda_target
+    from kiln.runtime.tvm.target import cuda_target
 
     _cuda_codegen()
     graph = randomize(kiln.trace(mlp().valid(), ((None, 20), "f32")))
@@ -475,8 +475,8 @@ def test_gelu_is_within_fast_math_tolerance_of_the_exact_build() -> None:
 
 
 def test_tvm_backend_finds_a_recent_graph_without_rehashing(monkeypatch):
-    from kiln.runtime import compile as compile_module
-    from kiln.runtime import tvm_backend
+    from kiln.runtime.tvm import backend as tvm_backend
+    from kiln.runtime.tvm import compile as compile_module
 
     b = Builder("Recent")
     x = b.input("x", ((None, 4), "f32"))

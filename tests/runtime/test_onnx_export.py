@@ -1,4 +1,4 @@
-"""Tests for ONNX export (kiln.runtime.onnx_export, kiln.export_onnx), ModuleRecord.from_onnx and the ONNX CLI.
+"""Tests for ONNX export (kiln.runtime.onnx.export, kiln.export_onnx), ModuleRecord.from_onnx and the ONNX CLI.
 
 Every exported model must pass onnx.checker and compute, under onnxruntime's CPU provider, what kiln's
 interpreter computes on the same graph.
@@ -22,9 +22,10 @@ from kiln import nn
 from kiln.frontend.tensor import apply
 from kiln.ir import Builder, DType, Graph, KilnError, interpret, parse, print_graph, registered
 from kiln.passes import get_pass
-from kiln.runtime import onnx_export
-from kiln.runtime.onnx_export import export_graph, to_onnx
-from kiln.runtime.record import ModuleRecord, RecordEntry
+from kiln.runtime.onnx import export as onnx_export
+from kiln.runtime.onnx.export import export_graph, to_onnx
+from kiln.runtime.onnx.tensors import read_record as read_onnx_record
+from kiln.runtime.records.record import ModuleRecord, RecordEntry
 
 RNG = np.random.default_rng(0)
 
@@ -341,7 +342,7 @@ def test_initializers_are_named_by_module_path_and_carry_param_ids(tmp_path: Pat
 def test_from_onnx_restores_weights_and_param_ids(tmp_path: Path):
     module = randomized(MLP())
     path = kiln.export_onnx(module, ((None, 6), "f32"), path=tmp_path / "mlp.onnx")
-    restored = MLP().load_record(ModuleRecord.from_onnx(path))
+    restored = MLP().load_record(read_onnx_record(path))
     want, got = module.into_record(), restored.into_record()
     assert list(got) == list(want)
     for p in want:
@@ -354,7 +355,7 @@ def test_from_onnx_gives_new_ids_to_foreign_initializers(tmp_path: Path):
     body = onnx.helper.make_graph([], "g", [], [onnx.helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT16,
                                                                                    [2, 2])], [tensor])
     onnx.save(onnx.helper.make_model(body), tmp_path / "foreign.onnx")
-    record = ModuleRecord.from_onnx(tmp_path / "foreign.onnx")
+    record = read_onnx_record(tmp_path / "foreign.onnx")
     assert record["w"].dtype is DType.f16 and record["w"].shape == (2, 2) and 0 <= record["w"].param_id < 2**64
 
 
@@ -367,7 +368,7 @@ def test_low_threshold_forces_external_data_that_round_trips(tmp_path: Path):
     assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     x = floats(4, 6)
     assert_matches(session(path).run(None, {"x": x}), interpret(kiln.trace(module.valid(), spec), [x]), 1e-5)
-    restored = MLP().load_record(ModuleRecord.from_onnx(path)).into_record()
+    restored = MLP().load_record(read_onnx_record(path)).into_record()
     for p, entry in module.into_record().items():
         np.testing.assert_array_equal(restored[p].array(), entry.array())
 
@@ -404,7 +405,7 @@ def test_cli_exports_a_kir_module_and_imports_its_record(tmp_path: Path):
 
     done = kiln_cli("import-onnx", str(tmp_path / "mlp.onnx"), "-o", str(tmp_path / "mlp.bpk"))
     assert done.returncode == 0, done.stderr
-    record, exported = ModuleRecord.load(tmp_path / "mlp.bpk"), ModuleRecord.from_onnx(tmp_path / "mlp.onnx")
+    record, exported = ModuleRecord.load(tmp_path / "mlp.bpk"), read_onnx_record(tmp_path / "mlp.onnx")
     assert list(record) == list(exported) == list(graph.params)
     for p, node in graph.params.items():
         assert record[p].param_id == node.id

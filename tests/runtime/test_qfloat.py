@@ -7,10 +7,10 @@ import pytest
 
 from kiln.ir import DType, RecordError
 from kiln.ir.ops.quant import VALUE_RANGES, quantize
-from kiln.runtime import qfloat
-from kiln.runtime.burnpack import BurnDType, BurnpackFile
-from kiln.runtime.qfloat import QFloatScheme
-from kiln.runtime.record import ModuleRecord, RecordEntry
+from kiln.runtime.records import qfloat
+from kiln.runtime.records.burnpack import BurnDType, BurnpackFile
+from kiln.runtime.records.qfloat import QFloatScheme
+from kiln.runtime.records.record import ModuleRecord, RecordEntry
 
 RNG = np.random.default_rng(7)
 
@@ -121,7 +121,7 @@ def test_a_qfloat_tensor_of_the_wrong_length_is_refused_on_read():
     record = ModuleRecord({"w": RecordEntry(1, DType.i8, (3,), np.zeros(3, np.int8), scheme,
                                             np.ones(1, np.float32))})
     pack = BurnpackFile.from_bytes(record.to_bytes())
-    from kiln.runtime.burnpack import PackTensor, to_bytes
+    from kiln.runtime.records.burnpack import PackTensor, to_bytes
 
     bad = to_bytes([PackTensor("w", pack.entries["w"].dtype, (5,), 1, bytes(8))])
     with pytest.raises(RecordError, match="needs 12"):

@@ -1,4 +1,4 @@
-"""Tests for kiln.runtime.record (ModuleRecord), the load-record pass over parameter nodes, and `kiln inspect`."""
+"""Tests for ModuleRecord (kiln.runtime.records), the load-record pass over parameter nodes, and `kiln inspect`."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 from kiln.ir import DType, Graph, Init, ParamNode, RecordError, ReparamNode, TensorType
 from kiln.passes.load_record import LoadRecord
-from kiln.runtime.burnpack import BurnDType, BurnpackFile, PackTensor, to_bytes, write_burnpack
-from kiln.runtime.record import DTypePolicy, ModuleRecord, RecordEntry, burn_dtype, kiln_dtype
+from kiln.runtime.records.burnpack import BurnDType, BurnpackFile, PackTensor, to_bytes, write_burnpack
+from kiln.runtime.records.record import DTypePolicy, ModuleRecord, RecordEntry, burn_dtype, kiln_dtype
 
 FIXTURE = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "burn" / "mnist-model.bpk"
 needs_fixture = pytest.mark.skipif(not FIXTURE.exists(), reason=f"Burn's MNIST burnpack is not at {FIXTURE}")

@@ -13,7 +13,8 @@ import tvm
 from tvm import relax, s_tir, te, tirx
 from tvm.s_tir import dlight as dl
 
-from kiln.runtime.schedules import (
+from kiln.runtime.tvm.pipeline import cpu_pipeline, cuda_pipeline
+from kiln.runtime.tvm.schedules import (
     CPUInjective,
     CPUMatmul,
     CPUReductionFallback,
@@ -22,9 +23,8 @@ from kiln.runtime.schedules import (
     Safe,
     default_cpu_rules,
 )
-from kiln.runtime.schedules.safe import DEBUG_ENV
-from kiln.runtime.tvm_pipeline import cpu_pipeline, cuda_pipeline
-from kiln.runtime.tvm_target import configure_threads, cpu_count, cpu_target, cuda_target
+from kiln.runtime.tvm.schedules.safe import DEBUG_ENV
+from kiln.runtime.tvm.target import configure_threads, cpu_count, cpu_target, cuda_target
 
 TARGET = cpu_target()
 EXACT, FAST = 1e-4, 3e-3  # relative tolerances: exact math, fast-math kernels

@@ -21,9 +21,10 @@ from tvm.s_tir import meta_schedule as ms
 import kiln
 from kiln.cli import main as cli_main
 from kiln.ir import Builder, Graph, KilnError, interpret, print_graph
-from kiln.runtime import compile_cache
-from kiln.runtime.compile import compile_graph, resolve_target
-from kiln.runtime.tune import (
+from kiln.runtime.tvm import compile_cache
+from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.target import resolve_target
+from kiln.runtime.tvm.tune import (
     DONE_FILE,
     RECORD_FILE,
     WORKLOAD_FILE,
@@ -35,7 +36,7 @@ from kiln.runtime.tune import (
     tuning_dir,
     was_tuned,
 )
-from kiln.runtime.tune_prune import prune_database
+from kiln.runtime.tvm.tune_prune import prune_database
 
 slow = pytest.mark.skipif(os.environ.get("KILN_SLOW_TESTS") != "1", reason="real tuning runs; KILN_SLOW_TESTS=1")
 
@@ -89,7 +90,7 @@ def test_database_applies_to_same_graph_only(cache_root: Path, caplog: pytest.Lo
     path = write_database(graph)
     assert path.parent == cache_root / "tuning"
     assert find_database(graph, resolve_target("llvm")) == path
-    caplog.set_level(logging.INFO, logger="kiln.runtime.tune")
+    caplog.set_level(logging.INFO, logger="kiln.runtime.tvm.tune")
     exe = compile_graph(graph)
     (record,) = applied(caplog)
     assert record.kiln_tuned_kernels == 1 and record.kiln_tuning_dir == str(path)
@@ -113,7 +114,7 @@ def test_new_weights_keep_their_tuning() -> None:
 
 def test_tuned_build_is_not_served_from_untuned_cache(caplog: pytest.LogCaptureFixture) -> None:
     graph = matmul_relu()
-    caplog.set_level(logging.INFO, logger="kiln.runtime.tune")
+    caplog.set_level(logging.INFO, logger="kiln.runtime.tvm.tune")
     compile_graph(graph)  # untuned, cached in memory and on disk
     assert applied(caplog) == []
     write_database(graph)
@@ -137,7 +138,7 @@ def test_pruning_keeps_only_schedules_that_beat_the_rules(claimed: float, kept: 
     path = write_database(graph, run_secs=claimed)
     assert prune_database(path, resolve_target("llvm"), WORKLOAD_FILE, RECORD_FILE) == (kept, 1 - kept)
     assert record_count(path) == kept and not list(path.glob("*.scratch"))
-    caplog.set_level(logging.INFO, logger="kiln.runtime.tune")
+    caplog.set_level(logging.INFO, logger="kiln.runtime.tvm.tune")
     check_matches_interpreter(graph, compile_graph(graph))
     assert [r.kiln_tuned_kernels for r in applied(caplog)] == ([1] if kept else [])
 
@@ -149,7 +150,7 @@ def test_compile_with_tune_does_not_tune_a_build_tuned_before(monkeypatch: pytes
     path = write_database(graph, run_secs=10.0)
     prune_database(path, resolve_target("llvm"), WORKLOAD_FILE, RECORD_FILE)
     calls = []
-    monkeypatch.setattr("kiln.runtime.tune.tune_graph", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("kiln.runtime.tvm.tune.tune_graph", lambda *a, **k: calls.append(a))
     assert not was_tuned(graph, resolve_target("llvm"))
     kiln.compile(graph, tune=2)
     assert len(calls) == 1
@@ -193,7 +194,7 @@ def test_tune_graph_end_to_end(cache_root: Path, caplog: pytest.LogCaptureFixtur
     path = tune_graph(graph, trials=4, progress=False)
     assert path.parent == cache_root / "tuning"
     assert (path / WORKLOAD_FILE).stat().st_size > 0 and (path / RECORD_FILE).is_file()
-    caplog.set_level(logging.INFO, logger="kiln.runtime.tune")
+    caplog.set_level(logging.INFO, logger="kiln.runtime.tvm.tune")
     exe = compile_graph(graph)
     assert [r.kiln_tuned_kernels for r in applied(caplog)] == kept_kernels(path)
     check_matches_interpreter(graph, exe)
@@ -212,7 +213,7 @@ def test_cli_tune_and_compile_option(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert cli_main(["tune", str(src), "--trials", "2", "-q"]) == 0
     path = Path(capsys.readouterr().out.strip())
     assert (path / RECORD_FILE).is_file()
-    caplog.set_level(logging.INFO, logger="kiln.runtime.tune")
+    caplog.set_level(logging.INFO, logger="kiln.runtime.tvm.tune")
     exe = kiln.compile(graph, tune=2)  # tuned already: no second tuning run, and the build applies what was kept
     assert [r.kiln_tuned_kernels for r in applied(caplog)] == kept_kernels(path)
     check_matches_interpreter(graph, exe)

@@ -24,25 +24,10 @@ from kiln.ir.interpreter import param_value
 from . import compile_cache
 from .artifact import Program
 from .executable import Executable
-from .lower_relax import PARAM_MODES, lower, used_params
+from .lower import LOWERING_VERSION, PARAM_MODES, lower, used_params
+from .pipeline import cpu_pipeline, cuda_pipeline
+from .target import TargetLike, resolve_target
 from .tune import apply_database_pass, database_digest, find_database
-from .tvm_pipeline import cpu_pipeline, cuda_pipeline
-from .tvm_target import cpu_target, cuda_target
-
-LOWERING_VERSION = "4"  # bump when lowering or pipelines change what a key builds
-
-TargetLike = str | Target
-
-
-def resolve_target(target: TargetLike) -> Target:
-    """"llvm"/"cpu" -> this host's LLVM target, "cuda" -> CUDA (GPU 0's arch, else sm_80); a Target as is."""
-    if isinstance(target, Target):
-        return target
-    if target in ("llvm", "cpu"):
-        return cpu_target()
-    if target == "cuda":
-        return cuda_target()
-    raise KilnError(f"unknown target {target!r}: use 'llvm' or 'cuda' (or a tvm.target.Target)")
 
 
 def _device(target: Target) -> str:

@@ -24,11 +24,11 @@ import numpy as np
 import tvm
 
 from kiln.ir import DType, KilnError, RecordError, TensorType
+from kiln.runtime.records.burnpack import BurnDType, BurnpackFile, PackTensor, write_burnpack
+from kiln.runtime.records.record import burn_dtype
 
-from .burnpack import BurnDType, BurnpackFile, PackTensor, write_burnpack
-from .record import burn_dtype
+from .dtypes import storage_numpy
 from .signature import FunctionSignature
-from .tvm_dtypes import storage_numpy
 
 FORMAT = "kiln-executable/2"  # /2: weights in a burnpack (/1 used .params.npz)
 SIDECAR, PARAMS = ".kiln.json", ".bpk"

@@ -23,11 +23,12 @@ from tvm import relax, tirx
 from kiln.ir import DType, Graph, KilnError, Operand, ParamNode, SymRef, TensorType, Value, registry
 from kiln.ir.interpreter import param_value
 
-from . import relax_nn_ops, relax_ops, relax_quant_ops, relax_random, relax_shape_ops  # noqa: F401  (register rules)
-from .relax_rule import NeedsSeed, OpCall
+from . import nn_ops, ops, quant_ops, random_ops, shape_ops  # noqa: F401  (register rules)
+from .dtypes import to_storage, tvm_dtype
+from .rule import NeedsSeed, OpCall
 from .signature import FunctionSignature
-from .tvm_dtypes import to_storage, tvm_dtype
 
+LOWERING_VERSION = "4"  # bump when lowering or pipelines change what a compile-cache key builds
 PARAM_MODES = ("bound", "inputs")
 _LOW_PRECISION = (DType.f16, DType.bf16)
 _DATA_MOVEMENT = {"transpose", "reshape", "broadcast_to", "concat", "slice", "take", "gather", "cast", "where",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from tvm import te, tirx
 from tvm.relax import op as R
 
-from .relax_rule import OpCall, RelaxResult, relax_rule
+from .rule import OpCall, RelaxResult, relax_rule
 
 _MASK32 = 0xFFFFFFFF
 

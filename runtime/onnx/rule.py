@@ -18,7 +18,7 @@ from onnx import NodeProto, helper, numpy_helper
 
 from kiln.ir import DType, KilnError, TensorType, registry
 
-from .onnx_tensors import onnx_dtype
+from .tensors import onnx_dtype
 
 OnnxResult = str | tuple[str, ...]
 OnnxRule = Callable[["OnnxCall"], OnnxResult]

@@ -37,9 +37,10 @@ from kiln.ir import Graph, KilnError, structural_hash
 
 from . import compile_cache
 from .artifact import atomic_path
-from .lower_relax import PARAM_MODES, lower
+from .lower import LOWERING_VERSION, PARAM_MODES, lower
+from .pipeline import cpu_fusion_passes
+from .target import resolve_target
 from .tune_prune import prune_database
-from .tvm_pipeline import cpu_fusion_passes
 
 TUNING_VERSION = "2"  # bump when the fused prefix or the database layout changes (2: pruned, marked done)
 WORKLOAD_FILE = "database_workload.json"
@@ -52,7 +53,6 @@ _MS_LOGGER = "tvm.s_tir.meta_schedule"
 
 def tuning_key(graph: Graph, target: Target, params: str = "bound", fast_math: bool = True) -> str:
     """The digest naming the tuning database of (graph structure, target, options)."""
-    from .compile import LOWERING_VERSION
 
     parts = [structural_hash(graph, include_data=False), str(target), params, fast_math, LOWERING_VERSION,
              TUNING_VERSION, tvm.__version__]
@@ -189,7 +189,6 @@ def tune_graph(graph: Graph, target: str | Target | None = None, trials: int = 6
     records to the same database; later `compile_graph` calls with the same target and options use it.
     Only LLVM targets and static input shapes are supported.
     """
-    from .compile import resolve_target
 
     if params not in PARAM_MODES:
         raise KilnError(f"params must be one of {', '.join(PARAM_MODES)}, not {params!r}")
@@ -213,7 +212,7 @@ def tune_graph(graph: Graph, target: str | Target | None = None, trials: int = 6
             raise KilnError(f"kiln tune needs the {module!r} package ({e}); pip install psutil cloudpickle "
                             "xgboost-cpu") from e
 
-    from .tvm_target import configure_threads, cpu_count
+    from .target import configure_threads, cpu_count
 
     configure_threads()
     fused = fused_module(graph, tgt, params, fast_math)

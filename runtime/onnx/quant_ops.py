@@ -11,7 +11,7 @@ import numpy as np
 from kiln.ir import DType
 from kiln.ir.ops.quant import VALUE_RANGES, block_dims, scales_shape
 
-from .onnx_rule import OnnxCall, OnnxResult, onnx_rule
+from .rule import OnnxCall, OnnxResult, onnx_rule
 
 
 def _layout(call: OnnxCall) -> tuple[list[int], list[int]]:

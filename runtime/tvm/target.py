@@ -1,13 +1,30 @@
 """TVM compilation targets for kiln and the one-time setup of TVM's CPU thread pool."""
 
+from __future__ import annotations
+
 import os
 
 import tvm
 from tvm.target import Target, codegen
 
+from kiln.ir import KilnError
+
 DEFAULT_CUDA_ARCH = "sm_80"  # used when no GPU is visible to detect the real one
 
 _threads: int | None = None
+TargetLike = str | Target
+
+
+def resolve_target(target: TargetLike) -> Target:
+    """"llvm"/"cpu" -> this host's LLVM target, "cuda" -> CUDA (GPU 0's arch, else sm_80); a Target as is."""
+    if isinstance(target, Target):
+        return target
+    if target in ("llvm", "cpu"):
+        return cpu_target()
+    if target == "cuda":
+        return cuda_target()
+    raise KilnError(f"unknown target {target!r}: use 'llvm' or 'cuda' (or a tvm.target.Target)")
+
 
 
 def cpu_count() -> int:

@@ -197,15 +197,6 @@ class ModuleRecord(Mapping[str, RecordEntry]):
         """The entries as burnpack tensors; providers stay deferred until the writer reaches them."""
         return [_pack_tensor(path, e) for path, e in self.items()]
 
-    # onnx -------------------------------------------------------------------------------------------------
-    @classmethod
-    def from_onnx(cls, path: str | os.PathLike[str]) -> ModuleRecord:
-        """An ONNX model's initializers by name, with the ParamIds kiln's exporter stored on them (else new ones);
-        data, inline or external, is read only when used."""
-        from .onnx_tensors import read_initializers  # onnx loads only when a model is read
-
-        return cls(read_initializers(path))
-
 
 def _pack_tensor(path: str, entry: RecordEntry) -> PackTensor:
     """A burnpack tensor; a quantized entry is one QFloat tensor packed when the writer reaches it."""

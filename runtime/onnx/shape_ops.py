@@ -10,7 +10,7 @@ import numpy as np
 from kiln.ir.ops.common import norm_axis
 from kiln.ir.ops.shape import _slices
 
-from .onnx_rule import OnnxCall, OnnxResult, onnx_rule
+from .rule import OnnxCall, OnnxResult, onnx_rule
 
 _INT64 = np.iinfo(np.int64)
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from kiln.ir.ops.common import norm_axes
 
-from .onnx_rule import OnnxCall, OnnxResult, onnx_rule
+from .rule import OnnxCall, OnnxResult, onnx_rule
 
 
 @onnx_rule("conv1d", "conv2d")

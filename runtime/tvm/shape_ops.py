@@ -11,7 +11,7 @@ from tvm.relax import op as R
 from kiln.ir.ops.common import norm_axis
 from kiln.ir.ops.shape import _slices
 
-from .relax_rule import OpCall, RelaxResult, relax_rule
+from .rule import OpCall, RelaxResult, relax_rule
 
 
 @relax_rule("transpose")

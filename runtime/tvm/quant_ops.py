@@ -11,8 +11,8 @@ from tvm.relax import op as R
 
 from kiln.ir.ops.quant import VALUE_RANGES
 
-from .relax_rule import OpCall, RelaxResult, relax_rule
-from .tvm_dtypes import tvm_dtype
+from .dtypes import tvm_dtype
+from .rule import OpCall, RelaxResult, relax_rule
 
 
 def _layout(call: OpCall) -> tuple[list[tirx.PrimExpr], list[tirx.PrimExpr]] | None:

@@ -16,8 +16,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, numpy_helper
 
 from kiln.ir import DType, KilnError, RecordError, new_param_id
-
-from .record import RecordEntry
+from kiln.runtime.records.record import ModuleRecord, RecordEntry
 
 PARAM_ID_KEY = "kiln.param_id"
 
@@ -53,6 +52,12 @@ def initializer(name: str, array: np.ndarray, dtype: DType, param_id: int) -> Te
     tensor = numpy_helper.from_array(np.asarray(array, dtype.numpy), name)
     tensor.metadata_props.add(key=PARAM_ID_KEY, value=str(param_id))
     return tensor
+
+
+def read_record(path: str | os.PathLike[str]) -> ModuleRecord:
+    """An ONNX model's initializers as a record by name, with the ParamIds kiln's exporter stored on them (else new
+    ones); data, inline or external, is read only when used."""
+    return ModuleRecord(read_initializers(path))
 
 
 def read_initializers(path: str | os.PathLike[str]) -> dict[str, RecordEntry]:

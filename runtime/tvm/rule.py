@@ -16,7 +16,7 @@ from tvm import relax, tirx
 
 from kiln.ir import KilnError, TensorType, registry
 
-from .tvm_dtypes import tvm_dtype
+from .dtypes import tvm_dtype
 
 RelaxResult = relax.Expr | tuple[relax.Expr, ...]
 RelaxRule = Callable[["OpCall"], RelaxResult]

@@ -9,7 +9,7 @@ from tvm.relax import op as R
 
 from kiln.ir.ops.common import norm_axes
 
-from .relax_rule import OpCall, RelaxResult, relax_rule
+from .rule import OpCall, RelaxResult, relax_rule
 
 
 def _per_channel(call: OpCall, v: relax.Expr) -> relax.Expr:

@@ -28,9 +28,9 @@ from kiln.ir.interpreter import param_value
 from kiln.passes import PassManager
 from kiln.passes.patterns import constant_of
 
-from . import onnx_nn_ops, onnx_ops, onnx_quant_ops, onnx_shape_ops  # noqa: F401  (register rules)
-from .onnx_rule import NodeSink, OnnxCall, as_names
-from .onnx_tensors import initializer, onnx_dtype
+from . import nn_ops, ops, quant_ops, shape_ops  # noqa: F401  (register rules)
+from .rule import NodeSink, OnnxCall, as_names
+from .tensors import initializer, onnx_dtype
 
 DEFAULT_OPSET = 21
 OPSETS = range(20, 23)  # Gelu needs 20; IR version 10 covers up to 22

@@ -9,8 +9,8 @@ from tvm.relax import op as R
 from kiln.ir import DType
 from kiln.ir.ops.common import norm_axes
 
-from .relax_rule import OpCall, RelaxResult, relax_rule
-from .tvm_dtypes import to_storage, tvm_dtype
+from .dtypes import to_storage, tvm_dtype
+from .rule import OpCall, RelaxResult, relax_rule
 
 _UNARY = {"neg": R.negative, "abs": R.abs, "relu": R.nn.relu, "exp": R.exp, "log": R.log, "sqrt": R.sqrt,
           "rsqrt": R.rsqrt, "tanh": R.tanh, "sigmoid": R.sigmoid, "silu": R.nn.silu, "erf": R.erf}

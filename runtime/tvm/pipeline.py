@@ -1,7 +1,7 @@
 """Relax compilation pipelines for kiln: scheduled CPU code by default, TVM's dlight rules for CUDA.
 
 CPU: fast-math pre-passes, library dispatch, legalize + FuseOps + FuseTIR, kiln's schedule rules
-(`kiln.runtime.schedules`), dataflow lowering and VM finalization. Without the schedule step TVM emits
+(`kiln.runtime.tvm.schedules`), dataflow lowering and VM finalization. Without the schedule step TVM emits
 naive single-threaded loops, 100-300x slower than onnxruntime.
 
 CUDA without a GPU (TVM 0.27.0.post1 wheel, checked on a host with nvcc 13.0 but no driver): `tvm.compile`
@@ -23,9 +23,10 @@ from tvm.relax.backend.cuda import pipeline as cuda_passes
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from kiln.runtime.tvm.schedules.fastmath import fast_math_passes
+
 from .schedules import Safe, default_cpu_rules
-from .schedules.fastmath import fast_math_passes
-from .tvm_target import configure_threads
+from .target import configure_threads
 
 
 def _run_in_target(target: Target, passes: list[tvm.transform.Pass], name: str) -> tvm.transform.Pass:

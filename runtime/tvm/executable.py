@@ -14,9 +14,9 @@ from tvm import relax
 from kiln.ir import KilnError, ShapeError, TensorType
 
 from .artifact import Program, load_program, read_params, write_artifact
+from .dtypes import from_storage, storage_numpy, to_storage
 from .signature import FunctionSignature
-from .tvm_dtypes import from_storage, storage_numpy, to_storage
-from .tvm_target import configure_threads
+from .target import configure_threads
 
 # Numpy dtypes whose DLPack export TVM reads as its own storage dtype: these inputs can be handed over zero-copy.
 _DLPACK_DTYPES = frozenset(np.dtype(d) for d in ("float16", "float32", "float64", "int8", "int16", "int32", "int64",

@@ -7,7 +7,7 @@ from onnx import numpy_helper
 from kiln.ir import DType, registry
 from kiln.ir.ops.common import norm_axes
 
-from .onnx_rule import OnnxCall, OnnxResult, onnx_rule
+from .rule import OnnxCall, OnnxResult, onnx_rule
 
 _UNARY = {"neg": "Neg", "abs": "Abs", "relu": "Relu", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "tanh": "Tanh",
           "sigmoid": "Sigmoid", "erf": "Erf"}

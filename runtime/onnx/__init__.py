@@ -1,0 +1,1 @@
+"""kiln.runtime.onnx: ONNX exchange — export of kiln graphs, initializers as records; never imports TVM."""
