@@ -1,7 +1,7 @@
 """Relax lowerings of kiln's weight quantization (Burn's symmetric schemes): `quantize` and `dequantize`.
 
 A block layout views a tensor [d0, d1, ...] as [d0/b0, b0, d1/b1, b1, ...]; per-block values live at the even
-axes and broadcast over the odd ones. Sub-byte codes are int8 in TVM (see `tvm_dtypes`).
+axes and broadcast over the odd ones. Sub-byte codes are int8 in TVM (see `dtypes`).
 """
 
 from __future__ import annotations
