@@ -7,10 +7,10 @@ from . import nn, optim
 from .compile import compile
 from .device import Device
 from .gradients import Gradients, GradientsParams
-from .module import Lora, Module, ModuleMapper, ModuleVisitor, Reparameterizer
+from .module import Module, ModuleMapper, ModuleVisitor
 from .onnx import export_onnx
 from .param import Flag, Param, Reparam
-from .quantize import QLora, Quantizer, QuantScheme
+from .reparam import Lora, QLora, Quantizer, QuantScheme, Reparameterizer
 from .step import TrainStep, compile_step
 from .tensor import Tensor, tensor
 from .trace import trace

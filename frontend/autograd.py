@@ -10,8 +10,8 @@ from kiln.ir import FunctionBuilder, Graph, ParamNode
 from kiln.passes import PassManager
 from kiln.runtime.backend import default_backend
 
+from .dag import Output, lower, topological
 from .gradients import Gradients
-from .tensor import Tensor, lower, topological
 
 GRADIENT_PIPELINE = "autodiff,cse,checkpoint,dce"
 _runs = itertools.count(1)
@@ -22,9 +22,9 @@ def differentiate(graph: Graph) -> Graph:
     return PassManager.parse(GRADIENT_PIPELINE).run(graph)
 
 
-def backward(loss: Tensor) -> Gradients:
+def backward(loss: Output) -> Gradients:
     """d loss / d parameter for every parameter leaf of the loss that requires a gradient, by ParamId."""
-    if loss.type.rank != 0 or not loss.dtype.is_float:
+    if loss.type.rank != 0 or not loss.type.dtype.is_float:
         raise ValueError(f"backward needs a scalar float loss, got {loss.type}")
     params: dict[int, ParamNode] = {}
     leaves = [n for n in topological([loss.node]) if n.kind == "data" and n.param_id is not None]

@@ -26,10 +26,6 @@ class Device:
         """The same device with autodiff, and optionally a gradient-checkpointing strategy."""
         return replace(self, autodiff_enabled=True, checkpointing=checkpointing)
 
-    def inner(self) -> Device:
-        """The same device without autodiff (and so without checkpointing)."""
-        return Device(self.name)
-
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Device) and other.name == self.name
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
-from .param import Param
+from kiln.passes.group import ParamGroup
 
-if TYPE_CHECKING:
-    from .module import Module
+
+class Visitable(Protocol):
+    """A module, as Burn's `visit` sees it (named structurally: the module layer imports this file's users)."""
+
+    def visit(self, visitor: Any) -> None: ...
 
 
 class Gradients(Mapping[int, np.ndarray]):
@@ -38,7 +41,8 @@ class GradientsParams(Gradients):
     """The gradients of one module's parameters: what an optimizer step takes."""
 
     @classmethod
-    def from_grads(cls, grads: Mapping[int, np.ndarray], module: Module) -> GradientsParams:
-        """Keep the gradients of `module`'s parameters (reparameterization factors included)."""
-        ids = {leaf.id for _, leaf in module.leaves() if isinstance(leaf, Param)}
-        return cls({pid: g for pid, g in grads.items() if pid in ids})
+    def from_grads(cls, grads: Mapping[int, np.ndarray], module: Visitable) -> GradientsParams:
+        """Keep the gradients of `module`'s parameters (reparameterization factors included; its flags, also
+        visited, never have gradients)."""
+        ids = ParamGroup.ids_from_module(module)
+        return cls({pid: g for pid, g in grads.items() if ids.matches(pid, None)})

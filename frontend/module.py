@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import replace
+from typing import Any
 
 from kiln.ir import FlagNode, Graph, ParamNode, ReparamNode, registry
+from kiln.ir.naming import derived, lora_base, stored_name, suffix_of
 from kiln.passes import Pass, get_pass
 from kiln.passes.group import ParamGroup
 
 from .device import Device, as_device
 from .param import Flag, Param, Reparam
 from .records import RecordMethods
-
-if TYPE_CHECKING:
-    from .quantize import QLora, Quantizer
+from .reparam import Lora, QLora, Quantizer, Reparameterizer
 
 Leaf = Param | Flag
 
@@ -101,7 +100,7 @@ def _rebuild_reparam(param: Param, path: str, fn: Callable[[str, Leaf], Leaf], h
 def _rebuild_chain(r: Reparam, path: str, fn: Callable[[str, Leaf], Leaf], hooks: Any) -> Reparam:
     inner = _rebuild_chain(r.inner, path, fn, hooks) if r.inner is not None else None
     hooks.enter_module(r.kind, "Reparameterization")
-    factors = tuple((s, fn(f"{path}.{s}", f)) for s, f in r.factors)
+    factors = tuple((s, fn(derived(path, s), f)) for s, f in r.factors)
     hooks.exit_module(r.kind, "Reparameterization")
     if inner is r.inner and all(a is b for (_, a), (_, b) in zip(factors, r.factors)):
         return r
@@ -118,7 +117,7 @@ def _same_chain(a: Reparam | None, b: Reparam | None) -> bool:
 
 def _stored_name(path: str, chain: list[Reparam]) -> str:
     """Where a derived parameter's stored value lives in the graph: quantized codes or a LoRA base."""
-    return f"{path}.codes" if chain[0].kind == "dequantize" else f"{path}.base"
+    return stored_name(path, quantized=chain[0].kind == "dequantize")
 
 
 class _Depth(ModuleVisitor):
@@ -218,7 +217,7 @@ class Module(RecordMethods):
     def state_graph(self) -> Graph:
         """The module's parameter and flag nodes (no functions): what module-state passes transform."""
         params, flags, reparams = {}, {}, {}
-        derived = {}
+        adapted = {}
         for path, leaf in self.leaves():
             if isinstance(leaf, Flag):
                 flags[path] = FlagNode(path, leaf.id, leaf.value, leaf.configured)
@@ -226,14 +225,14 @@ class Module(RecordMethods):
             name = path
             if leaf.reparam is not None:
                 name = _stored_name(path, leaf.reparam.chain())
-                derived[path] = leaf
+                adapted[path] = leaf
             params[name] = _node(name, leaf)
-        for path, leaf in derived.items():
+        for path, leaf in adapted.items():
             chain = leaf.reparam.chain()
             below, types = _stored_name(path, chain), {**{n: p.type for n, p in params.items()}}
             for i, r in enumerate(chain):
-                name = path if i == len(chain) - 1 else f"{path}.base"
-                operands = (below, *(f"{path}.{s}" for s, _ in r.factors))
+                name = path if i == len(chain) - 1 else lora_base(path)
+                operands = (below, *(derived(path, s) for s, _ in r.factors))
                 attrs, (types[name],) = registry.infer(r.kind, [types[o] for o in operands], r.attrs)
                 reparams[name] = ReparamNode(name, types[name], r.kind, operands, attrs)
                 below = name
@@ -269,8 +268,8 @@ class Module(RecordMethods):
             old = {s: f for r in (leaf.reparam.chain() if leaf.reparam else []) for s, f in r.factors}
             chain = None
             for r in reversed(nodes):
-                factors = tuple((o[len(path) + 1:], old.get(o[len(path) + 1:]) or Param.from_node(graph.params[o]))
-                                for o in r.operands[1:])
+                suffixes = [(suffix_of(path, o), o) for o in r.operands[1:]]
+                factors = tuple((s, old.get(s) or Param.from_node(graph.params[o])) for s, o in suffixes)
                 chain = Reparam(r.kind, factors, dict(r.attrs), chain)
             stripped = leaf.replace(reparam=None)
             base = rebind_param(graph.params[name], stripped)
@@ -376,23 +375,4 @@ class Module(RecordMethods):
     def materialize(self) -> Module:
         """Fold reparameterizations into plain parameters (base ids and trainability kept)."""
         return self.run_pass("materialize")
-
-
-@dataclass(frozen=True)
-class Lora:
-    """LoRA settings: rank, alpha (scale = alpha / rank), factor init std (default 1/rank), which params."""
-
-    rank: int
-    alpha: float
-    init_std: float | None = None
-    param_group: ParamGroup = field(default_factory=ParamGroup.all)
-
-    def set_param_group(self, group: ParamGroup) -> Lora:
-        return replace(self, param_group=group)
-
-
-class Reparameterizer(Protocol):
-    """Custom reparameterizations: return the structural base and an optional Reparam for `Param.val`."""
-
-    def reparameterize(self, path: str, param: Param) -> tuple[Param, Reparam | None]: ...
 

@@ -9,19 +9,30 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import Protocol, Self, TypeVar
 
 from kiln.ir import RecordError
 from kiln.ir import init as initializers
+from kiln.ir.naming import SCALES
+from kiln.passes import Pass
 from kiln.passes.group import ParamGroup
 from kiln.passes.load_record import LoadRecord
 from kiln.runtime.records.qfloat import QFloatScheme
 from kiln.runtime.records.record import ModuleRecord, RecordEntry
 
-from .param import Param
+from .param import Flag, Param
 
-if TYPE_CHECKING:
-    from .module import Module
+
+class Stateful(Protocol):
+    """What the record methods use of the Module they are mixed into (named structurally: module.py imports
+    this file, so importing Module here would be a cycle)."""
+
+    def leaves(self, factors: bool = True) -> Iterator[tuple[str, Param | Flag]]: ...
+    def run_pass(self, p: Pass | str) -> Self: ...
+
+
+M = TypeVar("M", bound=Stateful)
 
 
 def _stored(param: Param):
@@ -36,7 +47,7 @@ def _stored(param: Param):
 def _scales(param: Param) -> Param | None:
     """The scales factor of a quantized parameter (its first derivation dequantizes its codes), else None."""
     chain = param.reparam.chain() if param.reparam is not None else []
-    return dict(chain[0].factors).get("scales") if chain and chain[0].kind == "dequantize" else None
+    return dict(chain[0].factors).get(SCALES) if chain and chain[0].kind == "dequantize" else None
 
 
 def _entry(param: Param) -> RecordEntry:
@@ -53,11 +64,11 @@ def _entry(param: Param) -> RecordEntry:
 class RecordMethods:
     """The record half of Burn's Module trait; every method leaves the receiver unchanged."""
 
-    def into_record(self: Module) -> ModuleRecord:
+    def into_record(self: Stateful) -> ModuleRecord:
         """Collect this module's tensor parameters into a ModuleRecord; flags are runtime state, never recorded."""
         return self.into_record_group(ParamGroup.all())
 
-    def into_record_group(self: Module, group: ParamGroup) -> ModuleRecord:
+    def into_record_group(self: Stateful, group: ParamGroup) -> ModuleRecord:
         """Collect the tensor parameters `group` matches; the others are skipped before their data is read.
         A quantized parameter's scales travel inside its QFloat entry, so they are not entries of their own."""
         leaves = [(path, leaf) for path, leaf in self.leaves() if isinstance(leaf, Param)]
@@ -65,28 +76,28 @@ class RecordMethods:
         return ModuleRecord({path: _entry(leaf) for path, leaf in leaves
                              if id(leaf) not in inside and group.matches(leaf.id, path, leaf)})
 
-    def try_load_record(self: Module, record: ModuleRecord) -> Module:
+    def try_load_record(self: M, record: ModuleRecord) -> M:
         """The module with `record` applied, honoring its dtype policy and settings; raises RecordError."""
         return self.run_pass(LoadRecord(record))
 
-    def load_record(self: Module, record: ModuleRecord) -> Module:
+    def load_record(self: M, record: ModuleRecord) -> M:
         """try_load_record, failing with RuntimeError as Burn's `load_record` panics."""
         try:
             return self.try_load_record(record)
         except RecordError as error:
             raise RuntimeError(f"Failed to load record: {error}") from error
 
-    def save_file(self: Module, path: str | os.PathLike[str]) -> None:
+    def save_file(self: Stateful, path: str | os.PathLike[str]) -> None:
         """Save the parameters to a burnpack file, atomically; raises RecordError."""
         self.into_record().save(path)
 
-    def load_file(self: Module, path: str | os.PathLike[str]) -> Module:
+    def load_file(self: M, path: str | os.PathLike[str]) -> M:
         """try_load_file, failing with RuntimeError as Burn's `load_file` panics."""
         try:
             return self.try_load_file(path)
         except RecordError as error:
             raise RuntimeError(f"Failed to load module from file: {error}") from error
 
-    def try_load_file(self: Module, path: str | os.PathLike[str]) -> Module:
+    def try_load_file(self: M, path: str | os.PathLike[str]) -> M:
         """The module with a burnpack file's parameters applied with the default settings; raises RecordError."""
         return self.try_load_record(ModuleRecord.load(path))

@@ -7,36 +7,19 @@ function arguments, so a module's `forward` written once both runs eagerly and t
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from kiln.ir import DType, FunctionBuilder, Graph, TensorType, registry
 from kiln.runtime.backend import default_backend
 
+from .autograd import backward
+from .dag import Node, lower
 from .device import Device, as_device
-
-if TYPE_CHECKING:
-    from .gradients import Gradients
+from .gradients import Gradients
 
 _seeds = itertools.count(1)
-
-
-class Node:
-    """One DAG node: a leaf ("data", "input", "symbol") or an op over input nodes.
-
-    A data leaf read from a parameter carries its `param_id`, so `backward` can key gradients by ParamId.
-    """
-
-    __slots__ = ("kind", "inputs", "attrs", "types", "data", "name", "autodiff", "require_grad", "param_id")
-
-    def __init__(self, kind: str, inputs: tuple[tuple[Node, int], ...], attrs: dict[str, Any],
-                 types: tuple[TensorType, ...], data: np.ndarray | None = None, name: str | None = None,
-                 autodiff: bool = False, require_grad: bool = False, param_id: int | None = None):
-        self.kind, self.inputs, self.attrs, self.types = kind, inputs, attrs, types
-        self.data, self.name, self.autodiff, self.require_grad = data, name, autodiff, require_grad
-        self.param_id = param_id
 
 
 class Tensor:
@@ -78,7 +61,6 @@ class Tensor:
 
     def backward(self) -> Gradients:
         """The gradients of this scalar loss for every parameter that requires them, keyed by ParamId."""
-        from .autograd import backward
         return backward(self)
 
     def __repr__(self) -> str:
@@ -145,53 +127,6 @@ def apply(kind: str, *operands: Any, **attrs: Any) -> Tensor | tuple[Tensor, ...
                 autodiff=any(t.node.autodiff for t in inputs), require_grad=any(t.node.require_grad for t in inputs))
     outs = tuple(Tensor(node, i, first.device) for i in range(len(types)))
     return outs[0] if len(outs) == 1 else outs
-
-
-def topological(roots: Sequence[Node]) -> list[Node]:
-    """Nodes reachable from `roots`, inputs before users (iterative, so deep chains don't recurse)."""
-    order: list[Node] = []
-    seen: set[int] = set()
-    stack: list[tuple[Node, bool]] = [(r, False) for r in reversed(roots)]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        stack.extend((i, False) for i, _ in reversed(node.inputs) if id(i) not in seen)
-    return order
-
-
-def lower(fb: FunctionBuilder, outputs: Sequence[Tensor], data_as_inputs: bool,
-          bound: dict[int, tuple] | None = None) -> list:
-    """Emit the DAG behind `outputs` into `fb`; data leaves become arguments or constants.
-
-    `bound` maps id(node) to values already declared (a trace's arguments). Returns [results, feeds].
-    """
-    values: dict[int, tuple] = dict(bound or {})
-    feeds: list[np.ndarray] = []
-    for node in topological([t.node for t in outputs]):
-        if id(node) in values:
-            continue
-        if node.kind == "data":
-            arrays = node.data if isinstance(node.data, tuple) else (node.data,)
-            if data_as_inputs:
-                values[id(node)] = tuple(fb.input(f"in{len(feeds) + k}", t) for k, t in enumerate(node.types))
-                feeds.extend(arrays)
-            else:
-                values[id(node)] = tuple(fb.constant(a) for a in arrays)
-        elif node.kind == "input":
-            values[id(node)] = (fb.input(node.name, node.types[0]),)  # type: ignore[arg-type]
-        elif node.kind == "symbol":
-            values[id(node)] = (fb.sym(node.name),)  # type: ignore[arg-type]
-        else:
-            operands = tuple(values[id(i)][k] for i, k in node.inputs)
-            values[id(node)] = fb.append(node.kind, operands, node.attrs)
-    results = [values[id(t.node)][t.index] for t in outputs]
-    return [results, feeds]
 
 
 def _realize(node: Node) -> None:

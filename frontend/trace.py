@@ -9,9 +9,10 @@ from typing import Any
 from kiln.ir import DType, FunctionBuilder, TensorType, prune, verify
 from kiln.ir import Graph as IRGraph
 
+from .dag import lower
 from .device import Device
 from .module import Module
-from .tensor import Tensor, lower, placeholder
+from .tensor import Tensor, placeholder
 from .tracing import tracing
 
 InputSpec = TensorType | tuple[Sequence[int | None], DType | str]

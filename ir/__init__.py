@@ -5,7 +5,16 @@ This layer imports nothing from the rest of kiln, nor TVM, onnx or torch.
 
 from .builder import Builder, FunctionBuilder, new_param_id
 from .dtypes import DType
-from .errors import IRParseError, KilnError, ParamGroupError, PassError, RecordError, ShapeError, VerifyError
+from .errors import (
+    IRParseError,
+    KilnError,
+    ParamGroupError,
+    ParamGroupWarning,
+    PassError,
+    RecordError,
+    ShapeError,
+    VerifyError,
+)
 from .graph import FlagNode, Function, Graph, Init, Op, Operand, ParamNode, ReparamNode, SymRef, Value
 from .hashing import structural_hash
 from .interpreter import Interpreter, evaluate_op, interpret
@@ -19,8 +28,8 @@ from .verifier import verify
 
 __all__ = [
     "Builder", "DType", "FlagNode", "Function", "FunctionBuilder", "Graph", "IRParseError", "Init",
-    "Interpreter", "KilnError", "Op", "OpDef", "Operand", "ParamGroupError", "ParamNode", "PassError",
-    "RecordError", "ReparamNode",
+    "Interpreter", "KilnError", "Op", "OpDef", "Operand", "ParamGroupError", "ParamGroupWarning",
+    "ParamNode", "PassError", "RecordError", "ReparamNode",
     "Rewriter", "ShapeError", "SymRef", "TensorType", "Value", "VerifyError", "evaluate_op", "interpret",
     "lookup", "new_param_id", "parse", "parse_file", "print_graph", "prune", "registered", "rewrite",
     "structural_hash", "to_dot", "to_networkx", "verify",

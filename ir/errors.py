@@ -1,4 +1,4 @@
-"""Every error kiln raises on bad input, in one place so each layer can raise and catch them."""
+"""Every error (and warning) kiln raises on bad input, in one place so each layer can raise and catch them."""
 
 from __future__ import annotations
 
@@ -34,3 +34,7 @@ class PassError(KilnError):
 
 class ParamGroupError(KilnError):
     """A parameter-group pattern (regex, glob, id) is invalid."""
+
+
+class ParamGroupWarning(UserWarning):
+    """A pass's parameter group (or one of its `paths` terms) selects no parameter or flag: likely a typo."""

@@ -1,5 +1,7 @@
-"""The `kiln` command line: `kiln opt` runs pass pipelines over `.kir` files, `kiln dot` draws them, `kiln inspect`
-lists the tensors of a burnpack (`.bpk`) record.
+"""The `kiln` command line: `kiln opt` runs pass pipelines over `.kir` files, `kiln dot` draws them, `kiln compile`
+builds them through TVM into a shared library, `kiln tune` auto-tunes their kernels, `kiln inspect` lists the
+tensors of a burnpack (`.bpk`) record, `kiln export-onnx` writes a function as an ONNX model and `kiln import-onnx`
+writes an ONNX model's initializers as a burnpack record.
 
 Exit codes: 0 success; 1 bad input (parse, verify, shape or pass error, printed as one line with its
 location); 2 bad usage; 3 a file that cannot be read or written.
@@ -12,9 +14,10 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Sequence
 
-from kiln.ir import Graph, KilnError, RecordError, parse, parse_file, print_graph, to_dot
+from kiln.ir import Graph, KilnError, ParamGroupWarning, RecordError, parse, parse_file, print_graph, to_dot
 from kiln.passes import PassManager, pass_names
 from kiln.runtime.records.burnpack import BurnpackFile
 
@@ -49,8 +52,13 @@ def cmd_opt(args: argparse.Namespace) -> int:
     manager = PassManager.parse(
         args.pipeline, verify_each=args.verify_each, print_before_all=args.print_ir_before_all,
         print_after_all=args.print_ir_after_all, print_after_change=args.print_ir_after_change,
-        timing=args.timing, check_equivalence=args.check_equivalence)
-    write_text(args.output, print_graph(manager.run(graph)))
+        timing=args.timing, check_equivalence=args.check_equivalence, strict=args.strict)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ParamGroupWarning)
+        result = manager.run(graph)
+    for warning in caught:  # one line each, like errors
+        print(f"kiln opt: warning: {warning.message}", file=sys.stderr)
+    write_text(args.output, print_graph(result))
     return EXIT_OK
 
 
@@ -152,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--timing", action="store_true", help="report the time each pass takes")
     opt.add_argument("--check-equivalence", action="store_true",
                      help="interpret each function before and after each pass on random inputs and compare")
+    opt.add_argument("--strict", action="store_true",
+                     help="fail (exit 1) when a pass's group option matches no parameter or flag, instead of warning")
     opt.set_defaults(run=cmd_opt)
     dot = sub.add_parser("dot", help="write a function of a .kir file as Graphviz DOT")
     dot.add_argument("input", help="a .kir file, or - for standard input")

@@ -32,12 +32,17 @@ class Pass:
     @classmethod
     def option(cls, key: str, text: str) -> tuple[str, Any]:
         """The field a `key=value` text option sets, and its value converted to the field's type."""
-        fields = [f.name for f in dataclasses.fields(cls)]
+        fields = {f.name: f for f in dataclasses.fields(cls)}
         field_name = key.replace("-", "_")
         if field_name not in fields:
             known = ", ".join(f.replace("_", "-") for f in fields) or "none"
             raise PassError(f"pass {cls.name!r} has no option {key!r} (options: {known})")
-        return field_name, _convert(cls.name, key, text, typing.get_type_hints(cls)[field_name])
+        try:
+            return field_name, _convert(cls.name, key, text, typing.get_type_hints(cls)[field_name])
+        except _NoTextForm:
+            advice = fields[field_name].metadata.get("text")  # what to write instead, e.g. for a Python object
+            raise PassError(f"pass {cls.name!r} option {key} has no text form"
+                            + (f"; {advice}" if advice else "")) from None
 
     def pipeline_text(self) -> str:
         """This pass as pipeline text, options included when they differ from the defaults."""
@@ -58,7 +63,12 @@ def _option_text(value: Any) -> str:
     return text
 
 
+class _NoTextForm(Exception):
+    """An option whose type (a Python object, like a ParamGroup) cannot be written in pipeline text."""
+
+
 def _convert(pass_name: str, key: str, text: str, hint: Any) -> Any:
+    """`text` as a value of type `hint` (bool, int, float, str, a Literal, a tuple of those, or optional)."""
     where = f"pass {pass_name!r} option {key}={text!r}"
     args = typing.get_args(hint)
     if type(None) in args and len(args) == 2:  # an optional option: convert to the type it holds
@@ -78,4 +88,6 @@ def _convert(pass_name: str, key: str, text: str, hint: Any) -> Any:
         if text not in typing.get_args(hint):
             raise PassError(f"{where}: expected one of {', '.join(typing.get_args(hint))}")
         return text
-    return text
+    if hint is str:
+        return text
+    raise _NoTextForm

@@ -8,6 +8,7 @@ their excludes; `exclude(g)` adds g's matcher and ignores g's own excludes. Glob
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -40,11 +41,25 @@ class _Matcher:
         return any(hits) if self.any else all(hits)
 
 
+    def __str__(self) -> str:
+        """The constructor call that builds this matcher, for messages."""
+        if self.kind == "all":
+            return "all()"
+        if self.kind == "fused":
+            return ".fuse(".join(map(str, self.items)) + ")" * (len(self.items) - 1)
+        if self.kind == "fn":
+            return f"from_fn({getattr(self.items[0], '__name__', 'predicate')})"
+        if self.kind == "ids":
+            return f"from_ids([{', '.join(f'0x{i:x}' for i in self.items)}])"
+        any_ = "any_" if self.any and self.kind in ("predicates", "regexes") else ""
+        return f"from_{any_}{self.kind}({[getattr(i, 'pattern', i) for i in self.items]})"
+
+
 _PATH_TESTS: dict[str, Callable[[Any, str], bool]] = {
     "paths": lambda p, path: p == path,
     "predicates": lambda s, path: s in path,
     "regexes": lambda r, path: r.search(path) is not None,
-    "globs": lambda g, path: g.fullmatch(path) is not None,
+    "globs": lambda g, path: glob_regex(g).fullmatch(path) is not None,
 }
 
 
@@ -55,6 +70,7 @@ def _compile(pattern: str) -> re.Pattern:
         raise ParamGroupError(f"invalid regex {pattern!r}: {e}") from None
 
 
+@functools.cache
 def glob_regex(glob: str) -> re.Pattern:
     """`*` matches within one path segment, `**` across segments, `?` one character."""
     if not glob:
@@ -134,7 +150,10 @@ class ParamGroup:
     @staticmethod
     def from_globs(globs: Iterable[str]) -> ParamGroup:
         """Paths matching any of the globs."""
-        return ParamGroup(_Matcher("globs", tuple(glob_regex(g) for g in globs), any=True))
+        globs = tuple(globs)
+        for g in globs:
+            glob_regex(g)  # invalid globs fail here, not at the first match
+        return ParamGroup(_Matcher("globs", globs, any=True))
 
     @staticmethod
     def ids_from_module(module: Any) -> ParamGroup:
@@ -160,6 +179,9 @@ class ParamGroup:
 
     def fuse(self, other: ParamGroup) -> ParamGroup:
         return ParamGroup(_Matcher("fused", (self.matcher, other.matcher)))
+
+    def __str__(self) -> str:
+        return str(self.matcher) + "".join(f".exclude({e})" for e in self.excludes)
 
     def matches(self, id: int, path: str | None, value: Any = None) -> bool:
         """Whether the parameter or flag with this id and path (and, for predicates, value) is selected."""

@@ -22,7 +22,8 @@ from typing import Protocol
 
 import numpy as np
 
-from kiln.ir import DType, Graph, ParamNode, RecordError, ReparamNode, TensorType
+from kiln.ir import DType, Graph, ParamNode, RecordError, TensorType
+from kiln.ir.naming import user_paths
 from kiln.ir.ops.quant import dequantize
 
 from .param_state import StatePass
@@ -141,16 +142,12 @@ class LoadRecord(StatePass):
 
     def apply(self, graph: Graph) -> Graph:
         policy = self.record.settings.dtype_policy
-        record_paths = {f"{path}.base": path for path in graph.reparams}  # a derived parameter's stored base
+        record_paths = user_paths(graph)  # a derived parameter's stored base is recorded at its path
         params: dict[str, ParamNode] = {}
         errors: list[str] = []
         missing: list[str] = []
         used: set[str] = set()
-        quantized: dict[str, ReparamNode] = {}  # codes node -> its dequantize
-        for name, r in graph.reparams.items():
-            if r.kind == "dequantize":
-                record_paths[r.operands[0]] = name.removesuffix(".base")
-                quantized[r.operands[0]] = r
+        quantized = {r.operands[0]: r for r in graph.reparams.values() if r.kind == "dequantize"}  # codes: dequantize
         inside = {r.operands[1]: codes for codes, r in quantized.items()  # scales taken from a QFloat entry
                   if _scheme(self.record.get(record_paths[codes])) is not None}
         reparams = dict(graph.reparams)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from kiln.ir import Graph, KilnError, PassError, VerifyError, print_graph, verify
+from kiln.ir import Graph, KilnError, ParamGroupWarning, PassError, VerifyError, print_graph, verify
 
 from .base import Pass
 from .equivalence import first_difference
@@ -17,7 +18,8 @@ from .pipeline import parse_pipeline
 
 @dataclass
 class PassManager:
-    """Runs passes in order. Dumps go to `out`; `timings` holds (pass, seconds) after `run`."""
+    """Runs passes in order. Dumps go to `out`; `timings` holds (pass, seconds) after `run`. `strict` turns a
+    ParamGroupWarning (a group option selecting nothing) into a PassError."""
 
     passes: Sequence[Pass]
     verify_each: bool = False
@@ -26,6 +28,7 @@ class PassManager:
     print_after_change: bool = False
     timing: bool = False
     check_equivalence: bool = False
+    strict: bool = False
     out: TextIO = field(default_factory=lambda: sys.stderr)
     timings: list[tuple[str, float]] = field(default_factory=list)
 
@@ -40,10 +43,15 @@ class PassManager:
             if self.print_before_all:
                 self._dump(f"Before {label}", graph)
             start = time.perf_counter()
-            try:
-                after = p.apply(graph)
-            except KilnError as e:
-                raise type(e)(f"in pass {label}: {e}") from None
+            with warnings.catch_warnings():
+                if self.strict:
+                    warnings.simplefilter("error", ParamGroupWarning)
+                try:
+                    after = p.apply(graph)
+                except ParamGroupWarning as w:
+                    raise PassError(str(w)) from None  # the warning already names the pass
+                except KilnError as e:
+                    raise type(e)(f"in pass {label}: {e}") from None
             self.timings.append((label, time.perf_counter() - start))
             if self.verify_each:
                 try:

@@ -11,17 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.ir import Graph, Interpreter, ReparamNode
+from kiln.ir.naming import stored_base
 from kiln.ir.verifier import DEQUANTIZE
 
 from .param_state import StatePass
-
-
-def stored_base(graph: Graph, r: ReparamNode) -> str:
-    """The stored parameter behind a derivation's base, following a dequantized base to its codes."""
-    base = r.operands[0]
-    while base in graph.reparams:
-        base = graph.reparams[base].operands[0]
-    return base
 
 
 def sources(graph: Graph, r: ReparamNode) -> set[str]:
@@ -45,7 +38,7 @@ class Materialize(StatePass):
         if not folded:
             return graph
         values = Interpreter(graph)
-        into = {stored_base(graph, r): r for r in folded}
+        into = {stored_base(graph, r.name): r for r in folded}
         dropped = set().union(*(sources(graph, r) for r in folded)) - into.keys()
         params = {}
         for name, p in graph.params.items():

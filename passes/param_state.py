@@ -2,21 +2,26 @@
 
 Only floating parameters that are not buffers (running statistics) carry gradient state. `grad` is the
 effective state, `configured_grad` what `train` applies; a parameter off an autodiff device stores a request
-and keeps `grad` false.
+and keeps `grad` false. A group selects a node by the path the user sees for it (`kiln.ir.naming`): the stored
+base of a LoRA'd or quantized weight `w` (node `w.base` or `w.codes`) by `w`, as `visit` and records see it,
+and its factors by their own paths (`w.lora.a`, `w.lora.b`, `w.scales`), as in Burn.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from kiln.ir import FlagNode, Graph, ParamNode
+from kiln.ir import FlagNode, Graph, ParamGroupWarning, ParamNode
+from kiln.ir.naming import user_paths
 
 from .base import Pass
 from .group import ParamGroup
 
 ParamFn = Callable[[ParamNode], ParamNode]
 FlagFn = Callable[[FlagNode], FlagNode]
+Selection = Callable[[ParamNode | FlagNode], bool]
 
 
 def request_grad(p: ParamNode, value: bool) -> ParamNode:
@@ -54,12 +59,16 @@ def move_param(p: ParamNode, device: str) -> ParamNode:
     return p.replace(device=device)
 
 
-def map_state(graph: Graph, param: ParamFn | None = None, flag: FlagFn | None = None,
-              group: ParamGroup | None = None) -> Graph:
-    """Apply transitions to the parameters and flags `group` matches (all when None)."""
-    def hit(node: ParamNode | FlagNode) -> bool:
-        return group is None or group.matches(node.id, node.name, node)
+def selection(graph: Graph, group: ParamGroup) -> Selection:
+    """Whether `group` selects a parameter or flag node of `graph`, matched by its user path."""
+    paths = user_paths(graph)
+    return lambda node: group.matches(node.id, paths.get(node.name, node.name), node)
 
+
+def map_state(graph: Graph, param: ParamFn | None = None, flag: FlagFn | None = None,
+              hit: Selection | None = None) -> Graph:
+    """Apply transitions to the parameters and flags `hit` selects (all when None)."""
+    hit = hit or (lambda node: True)
     params = {n: param(p) if param and hit(p) else p for n, p in graph.params.items()}
     flags = {n: flag(f) if flag and hit(f) else f for n, f in graph.flags.items()}
     if params == dict(graph.params) and flags == dict(graph.flags):
@@ -81,7 +90,19 @@ class GroupOptions(StatePass):
 
     paths: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    group: ParamGroup | None = None
+    group: ParamGroup | None = field(default=None, metadata={"text": "use paths=… / exclude=…"})
 
-    def selected(self) -> ParamGroup:
-        return self.group if self.group is not None else ParamGroup.from_option_text(self.paths, self.exclude)
+    def selected(self, graph: Graph) -> Selection:
+        """What the options select in `graph`; warns (ParamGroupWarning) for each explicit part of the
+        selection (a `paths` term, or the Python group) that selects no parameter or flag."""
+        if self.group is not None:
+            parts = [(f"group {self.group}", self.group)]
+        else:
+            parts = [(f"paths={term}", ParamGroup.from_option_text([term], self.exclude)) for term in self.paths]
+        nodes = [*graph.params.values(), *graph.flags.values()]
+        for label, part in parts:
+            if not any(map(selection(graph, part), nodes)):
+                warnings.warn(f"pass {self.name!r}: {label} matches no parameter or flag", ParamGroupWarning,
+                              stacklevel=2)
+        whole = self.group if self.group is not None else ParamGroup.from_option_text(self.paths, self.exclude)
+        return selection(graph, whole)

@@ -14,6 +14,7 @@ from typing import Literal
 
 from kiln.ir import Graph, KilnError, ParamNode, PassError, ReparamNode, evaluate_op, new_param_id
 from kiln.ir.interpreter import param_value
+from kiln.ir.naming import quant_codes, quant_scales
 from kiln.ir.ops.quant import CALIBRATIONS, VALUE_RANGES
 from kiln.ir.registry import infer
 from kiln.ir.verifier import DEQUANTIZE
@@ -35,13 +36,13 @@ class QuantizeWeights(GroupOptions):
     calibration: Calibration = "minmax"
 
     def apply(self, graph: Graph) -> Graph:
-        group = self.selected()
+        hit = self.selected(graph)
         derived = _derivation_operands(graph)
         params: dict[str, ParamNode] = {}
         reparams = dict(graph.reparams)
         for name, p in graph.params.items():
             kind = derived.get(name)
-            if kind == DEQUANTIZE or not p.type.dtype.is_float or p.buffer or not group.matches(p.id, name, p):
+            if kind == DEQUANTIZE or not p.type.dtype.is_float or p.buffer or not hit(p):
                 params[name] = p
                 continue
             if kind is not None:
@@ -53,9 +54,9 @@ class QuantizeWeights(GroupOptions):
 
     def quantized(self, graph: Graph, p: ParamNode) -> tuple[ParamNode, ParamNode, ReparamNode]:
         """P's codes (keeping its ParamId), its scales, and the dequantize derivation standing for it."""
-        for suffix in ("codes", "scales"):
-            if graph.symbol(f"{p.name}.{suffix}") is not None:
-                raise PassError(f"quantize-weights: @{p.name}.{suffix} already exists")
+        for taken in (quant_codes(p.name), quant_scales(p.name)):
+            if graph.symbol(taken) is not None:
+                raise PassError(f"quantize-weights: @{taken} already exists")
         scheme = {"value": self.value, "block": self.block}
         try:
             full, types = infer("quantize", [p.type], {**scheme, "calibration": self.calibration})
@@ -63,9 +64,9 @@ class QuantizeWeights(GroupOptions):
             attrs, _ = infer(DEQUANTIZE, types, {**scheme, "dtype": p.type.dtype})
         except KilnError as e:
             raise PassError(f"quantize-weights: @{p.name}: {e}") from None
-        stored = p.replace(name=f"{p.name}.codes", type=types[0], init=None, data=codes, grad=False,
+        stored = p.replace(name=quant_codes(p.name), type=types[0], init=None, data=codes, grad=False,
                            configured_grad=False)
-        scale = ParamNode(f"{p.name}.scales", types[1], new_param_id(), data=scales, device=p.device,
+        scale = ParamNode(quant_scales(p.name), types[1], new_param_id(), data=scales, device=p.device,
                           autodiff=p.autodiff, checkpointing=p.checkpointing)
         return stored, scale, ReparamNode(p.name, p.type, DEQUANTIZE, (stored.name, scale.name), attrs)
 

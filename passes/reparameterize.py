@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.ir import Graph, Init, ParamNode, PassError, ReparamNode, TensorType, new_param_id
+from kiln.ir.naming import lora_a, lora_b, lora_base
 from kiln.ir.verifier import DEQUANTIZE
 
 from .param_state import GroupOptions, request_grad
@@ -21,12 +22,13 @@ def lora_factors(name: str, type: TensorType, home: ParamNode, rank: int, init_s
                  ) -> tuple[ParamNode, ParamNode]:
     """The factors of weight `name`, of `type`, placed (device, autodiff) like its stored base `home`."""
     d0, d1 = type.shape
-    def factor(suffix: str, shape: tuple, init: Init) -> ParamNode:
-        node = ParamNode(f"{name}.lora.{suffix}", TensorType(shape, type.dtype), new_param_id(), init,
+    def factor(node_name: str, shape: tuple, init: Init) -> ParamNode:
+        node = ParamNode(node_name, TensorType(shape, type.dtype), new_param_id(), init,
                          device=home.device, autodiff=home.autodiff, checkpointing=home.checkpointing)
         return request_grad(node, True)
     std = init_std if init_std is not None else 1.0 / rank
-    return (factor("a", (d0, rank), Init("normal", (("std", std),))), factor("b", (rank, d1), Init("zeros")))
+    return (factor(lora_a(name), (d0, rank), Init("normal", (("std", std),))),
+            factor(lora_b(name), (rank, d1), Init("zeros")))
 
 
 @dataclass(frozen=True)
@@ -48,24 +50,24 @@ class Reparameterize(GroupOptions):
         if nested:
             raise PassError("reparameterize: nested reparameterizations are not supported "
                             f"(@{nested[0]} is already derived)")
-        group = self.selected()
+        hit = self.selected(graph)
         quantized = {o for r in graph.reparams.values() for o in r.operands}  # codes and scales
         params: dict[str, ParamNode] = {}
         reparams: dict[str, ReparamNode] = {}
         for name, p in graph.params.items():
             frozen = request_grad(p, False)
-            if p.type.rank != 2 or not p.type.dtype.is_float or name in quantized or not group.matches(p.id, name, p):
+            if p.type.rank != 2 or not p.type.dtype.is_float or name in quantized or not hit(p):
                 params[name] = frozen
                 continue
-            base = frozen.replace(name=f"{name}.base")
+            base = frozen.replace(name=lora_base(name))
             params[base.name] = base
             self.adapt(name, p.type, frozen, params, reparams)
         for name, r in graph.reparams.items():
             codes = graph.params[r.operands[0]]
-            if r.type.rank != 2 or not group.matches(codes.id, name):
+            if r.type.rank != 2 or not hit(codes):
                 reparams[name] = r
                 continue
-            reparams[f"{name}.base"] = r.replace(name=f"{name}.base")
+            reparams[lora_base(name)] = r.replace(name=lora_base(name))
             self.adapt(name, r.type, codes, params, reparams)
         return graph.replace(params=params, reparams=reparams)
 
@@ -74,5 +76,5 @@ class Reparameterize(GroupOptions):
         """Add the factors of weight `name` and `reparam @name = lora(@name.base, a, b)`."""
         a, b = lora_factors(name, type, home, self.rank, self.init_std)
         params.update({a.name: a, b.name: b})
-        reparams[name] = ReparamNode(name, type, "lora", (f"{name}.base", a.name, b.name),
+        reparams[name] = ReparamNode(name, type, "lora", (lora_base(name), a.name, b.name),
                                      {"scale": self.alpha / self.rank})

@@ -7,7 +7,7 @@ import pytest
 
 import kiln
 from kiln import Lora, Module, Param, ParamGroup, Reparam, nn
-from kiln.ir import interpret
+from kiln.ir import ParamGroupWarning, interpret
 
 AD = kiln.Device("cpu").autodiff()
 X = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
@@ -63,7 +63,8 @@ def test_lora_preserves_flags():
 
 
 def test_lora_group_selects_weights():
-    m = Simple().apply_lora(Lora(rank=1, alpha=1.0).set_param_group(ParamGroup.from_path("nothing")))
+    with pytest.warns(ParamGroupWarning, match=r"pass 'reparameterize': group from_paths\(\['nothing'\]\) matches no"):
+        m = Simple().apply_lora(Lora(rank=1, alpha=1.0).set_param_group(ParamGroup.from_path("nothing")))
     assert m.fc.weight.reparam is None and not m.fc.weight.grad
 
 

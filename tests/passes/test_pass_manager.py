@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from kiln.ir import (
     Graph,
     Init,
     Op,
+    ParamGroupWarning,
     PassError,
     ShapeError,
     Value,
@@ -427,6 +430,9 @@ def test_kiln_opt_without_a_pipeline_prints_canonical_text() -> None:
     assert proc.stdout == print_graph(parse(SIMPLE))
 
 
+PARAMS = 'module @M {\n  param @enc.w : tensor<2xf32> {id = "0x1"}\n  flag @drop.training = true {id = "0x2"}\n}\n'
+
+
 @pytest.mark.parametrize("args, stdin, code, message", [
     (["opt", "-"], "module @M {\n  func @f() -> () {\n    %y = neg %q : tensor<f32>\n", 1,
      "kiln opt: error: <stdin>:3:14: %q is used before it is defined at '%q'"),
@@ -435,6 +441,10 @@ def test_kiln_opt_without_a_pipeline_prints_canonical_text() -> None:
     (["opt", "-"], "module @M {\n  param @w : tensor<?xf32> {id = \"0x1\"}\n}\n", 0, ""),
     (["opt", "-", "--verify-each", "-p", "cse"], "module @M {\n  param @w : tensor<?xf32> {id = \"0x1\"}\n}\n", 1,
      "kiln opt: error: after pass cse: param @w: parameters need a static type"),
+    (["opt", "-", "-p", "freeze-group{group=x}"], PARAMS, 1, "kiln opt: error: pipeline column 14: pass "
+     "'freeze-group' option group has no text form; use paths=… / exclude=…"),
+    (["opt", "-", "--strict", "-p", "freeze-group{paths=nosuch.*}"], PARAMS, 1,
+     "kiln opt: error: pass 'freeze-group': paths=nosuch.* matches no parameter or flag"),
     (["opt"], "", 2, "the following arguments are required: input"),
     (["opt", "-", "--no-such-flag"], "", 2, "unrecognized arguments: --no-such-flag"),
     (["frobnicate"], "", 2, "invalid choice: 'frobnicate'"),
@@ -476,3 +486,51 @@ def test_kiln_opt_non_utf8_file_is_bad_input(tmp_path: Path) -> None:
     proc = kiln("opt", str(src))
     assert proc.returncode == 1
     assert proc.stderr == f"kiln opt: error: {src}:2:9: not UTF-8 text (invalid continuation byte) at '0xe9'\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# group options: no text form for Python objects; a selection matching nothing warns, or fails when strict
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_options_without_a_text_form_are_refused_when_parsed() -> None:
+    """Only the Python-object `group` options lack a text form, and each names the text options to use."""
+    refused = set()
+    for name in pass_names():
+        for field in dataclasses.fields(get_pass(name)):
+            try:
+                get_pass(name).option(field.name, "x")
+            except PassError as e:
+                if "no text form" in str(e):
+                    assert str(e) == f"pass {name!r} option {field.name} has no text form; use paths=… / exclude=…"
+                    refused.add((name, field.name))
+    assert refused == {(n, "group") for n in ("freeze-group", "unfreeze-group", "set-require-grad-group",
+                                               "reparameterize", "quantize-weights")}
+
+
+def test_a_group_term_matching_nothing_warns_naming_the_pass_and_term() -> None:
+    graph = parse(PARAMS)
+    with pytest.warns(ParamGroupWarning) as caught:
+        out = PassManager.parse("freeze-group{paths=enc.*,nosuch.*}").run(graph)
+    assert [str(w.message) for w in caught] == ["pass 'freeze-group': paths=nosuch.* matches no parameter or flag"]
+    assert not out.params["enc.w"].configured_grad  # the terms that match still apply
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ParamGroupWarning)
+        PassManager.parse("unfreeze-group{paths=drop.*},set-require-grad-group{paths=id:0x1}").run(graph)
+
+
+def test_a_term_whose_matches_are_all_excluded_warns() -> None:
+    with pytest.warns(ParamGroupWarning, match=r"pass 'unfreeze-group': paths=enc\.\* matches no parameter"):
+        PassManager.parse("unfreeze-group{paths=enc.* exclude=*.w}").run(parse(PARAMS))
+
+
+def test_strict_pass_manager_makes_an_unmatched_group_an_error() -> None:
+    manager = PassManager.parse("cse,set-require-grad-group{paths=nosuch value=false}", strict=True)
+    with pytest.raises(PassError, match=r"^pass 'set-require-grad-group': paths=nosuch matches no parameter or flag$"):
+        manager.run(parse(PARAMS))
+
+
+def test_kiln_opt_warns_on_one_line_and_succeeds() -> None:
+    proc = kiln("opt", "-", "-p", "freeze-group{paths=nosuch.*}", stdin=PARAMS)
+    assert proc.returncode == 0
+    assert proc.stderr == "kiln opt: warning: pass 'freeze-group': paths=nosuch.* matches no parameter or flag\n"
+    assert proc.stdout == print_graph(parse(PARAMS))

@@ -1,12 +1,34 @@
-"""Quantizer and QLora: Burn's weight-quantization settings, applied by the `quantize-weights` pass."""
+"""Reparameterization settings: Burn's Lora, QLora, Quantizer (with its QuantScheme) and the Reparameterizer
+protocol for custom derivations; Module's `apply_lora`, `quantize_weights` and `apply_qlora` run the passes they
+configure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from kiln.passes.group import ParamGroup
 
-from .module import Lora
+from .param import Param, Reparam
+
+
+@dataclass(frozen=True)
+class Lora:
+    """LoRA settings: rank, alpha (scale = alpha / rank), factor init std (default 1/rank), which params."""
+
+    rank: int
+    alpha: float
+    init_std: float | None = None
+    param_group: ParamGroup = field(default_factory=ParamGroup.all)
+
+    def set_param_group(self, group: ParamGroup) -> Lora:
+        return replace(self, param_group=group)
+
+
+class Reparameterizer(Protocol):
+    """Custom reparameterizations: return the structural base and an optional Reparam for `Param.val`."""
+
+    def reparameterize(self, path: str, param: Param) -> tuple[Param, Reparam | None]: ...
 
 
 @dataclass(frozen=True)
