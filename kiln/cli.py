@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from kiln.ir import Graph, KilnError, RecordError, parse, parse_file, print_graph, to_dot
 from kiln.passes import PassManager, pass_names
-from kiln.runtime.records.burnpack import BurnpackFile
+from kiln.runtime.records.burnpack_io import BurnpackFile
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_IO = 0, 1, 2, 3
 

@@ -24,7 +24,8 @@ import numpy as np
 import tvm
 
 from kiln.ir import DType, KilnError, RecordError, TensorType
-from kiln.runtime.records.burnpack import BurnDType, BurnpackFile, PackTensor, write_burnpack
+from kiln.runtime.records.burnpack import BurnDType, PackTensor
+from kiln.runtime.records.burnpack_io import BurnpackFile, write_burnpack
 from kiln.runtime.records.record import burn_dtype
 
 from .dtypes import storage_numpy

@@ -15,7 +15,7 @@ import pytest
 
 from kiln.cli import main as cli_main
 from kiln.ir import Builder, DType, Graph, KilnError, interpret
-from kiln.runtime.records.burnpack import BurnpackFile
+from kiln.runtime.records.burnpack_io import BurnpackFile
 from kiln.runtime.tvm import artifact
 from kiln.runtime.tvm.artifact import PARAMS, SIDECAR, CorruptArtifact
 from kiln.runtime.tvm.compile import compile_graph
