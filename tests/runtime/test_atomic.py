@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.cli import main as cli_main
 from kiln.runtime.atomic import atomic_file, atomic_path
 
 
@@ -125,3 +126,17 @@ def test_records_and_the_helper_import_neither_tvm_nor_onnx() -> None:
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tvm', 'onnx', 'onnxruntime')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_kiln_opt_output_is_replaced_whole_or_not_at_all(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The command line's `-o` writes through the helper too."""
+    source, output = tmp_path / "in.kir", tmp_path / "out.kir"
+    source.write_text("module @M {\n  func @forward(%x: tensor<2xf32>) -> (tensor<2xf32>) {\n    return %x\n  }\n}\n")
+    output.write_text("old")
+    assert cli_main(["opt", str(source), "-p", "dce", "-o", str(output)]) == 0
+    assert "@forward" in output.read_text()
+    output.write_text("old")
+    request.getfixturevalue("failing_fsync")
+    assert cli_main(["opt", str(source), "-p", "dce", "-o", str(output)]) == 3
+    assert output.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.kir", "out.kir"]

@@ -300,3 +300,26 @@ def test_killed_writer_leaves_old_file(old_file: tuple[Path, bytes]) -> None:
         assert name.startswith(".model.bpk.") and name.endswith(".tmp")
     with BurnpackFile.open(path) as pack:
         assert list(pack.entries) == ["old"]
+
+
+def test_a_write_that_cannot_be_made_durable_leaves_old_file(old_file: tuple[Path, bytes],
+                                                            request: pytest.FixtureRequest) -> None:
+    path, before = old_file
+    request.getfixturevalue("failing_fsync")
+    with pytest.raises(RecordError, match="cannot write: Input/output error") as info:
+        write_burnpack(path, [("new", "U8", [1], None, b"\x00")])
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == before
+    assert list(path.parent.iterdir()) == [path]
+
+
+def test_an_interrupted_provider_leaves_old_file(old_file: tuple[Path, bytes]) -> None:
+    path, before = old_file
+
+    def interrupt() -> bytes:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_burnpack(path, [("a", "U8", [300], None, bytes(300)), ("b", "U8", [4], None, interrupt)])
+    assert path.read_bytes() == before
+    assert list(path.parent.iterdir()) == [path]
