@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from kiln.ir import DType
-from kiln.runtime.records.burnpack import BurnpackFile, PackTensor, write_burnpack
+from kiln.runtime.records.burnpack import PackTensor
+from kiln.runtime.records.burnpack_io import BurnpackFile, write_burnpack
 from kiln.runtime.records.record import ModuleRecord, RecordEntry
 
 TENSOR_BYTES = 16 * 2**20

@@ -13,13 +13,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Sequence
 
 from kiln.ir import Graph, KilnError, ParamGroupWarning, RecordError, parse, parse_file, print_graph, to_dot
 from kiln.passes import PassManager, pass_names
-from kiln.runtime.records.burnpack import BurnpackFile
+from kiln.runtime.atomic import atomic_file
+from kiln.runtime.records.burnpack_io import BurnpackFile
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_IO = 0, 1, 2, 3
 
@@ -30,21 +30,12 @@ def read_graph(path: str) -> Graph:
 
 
 def write_text(path: str | None, text: str) -> None:
-    """Write to stdout, or atomically to `path` (a temporary sibling renamed into place)."""
+    """Write to stdout, or atomically to `path`."""
     if path in (None, "-"):
         sys.stdout.write(text)
         return
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".kiln-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_file(path) as f:
+        f.write(text.encode("utf-8"))
 
 
 def cmd_opt(args: argparse.Namespace) -> int:

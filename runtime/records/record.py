@@ -21,7 +21,8 @@ from kiln.ir import DType, RecordError, new_param_id
 from kiln.passes.load_record import DTypePolicy, LoadSettings
 
 from . import qfloat
-from .burnpack import BurnDType, BurnpackFile, PackTensor, TensorEntry, to_bytes, write_burnpack
+from .burnpack import BurnDType, PackTensor, TensorEntry
+from .burnpack_io import BurnpackFile, to_bytes, write_burnpack
 from .qfloat import QFloatScheme
 
 __all__ = ["DTypePolicy", "LoadSettings", "ModuleRecord", "RecordEntry", "burn_dtype", "kiln_dtype"]

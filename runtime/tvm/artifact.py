@@ -2,20 +2,18 @@
 the library's SHA-256, and, for `params="inputs"` builds that carry weights, a burnpack `<lib>.bpk` of them (named as
 the signatures name them, in TVM storage dtypes; `kiln inspect` and Rust Burn read it) with its SHA-256.
 
-Every file is written to a temporary sibling and renamed into place, the sidecar last, so a reader sees either a
-complete artifact or none. Reading verifies the sidecar's own digest and format and the other files' checksums
+Every file is written atomically (`kiln.runtime.atomic`), the sidecar last, so a reader sees either a complete
+artifact or none. Reading verifies the sidecar's own digest and format and the other files' checksums
 before anything is loaded: a truncated, altered or older-format artifact raises `CorruptArtifact` and is never
 handed to the dynamic loader.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,9 @@ import numpy as np
 import tvm
 
 from kiln.ir import DType, KilnError, RecordError, TensorType
-from kiln.runtime.records.burnpack import BurnDType, BurnpackFile, PackTensor, write_burnpack
+from kiln.runtime.atomic import atomic_file, atomic_path
+from kiln.runtime.records.burnpack import BurnDType, PackTensor
+from kiln.runtime.records.burnpack_io import BurnpackFile, write_burnpack
 from kiln.runtime.records.record import burn_dtype
 
 from .dtypes import storage_numpy
@@ -53,22 +53,8 @@ class Program:
                 "functions": [s.to_json() for s in self.signatures.values()]}
 
 
-@contextlib.contextmanager
-def atomic_path(path: str, suffix: str = "") -> Iterator[str]:
-    """A temporary sibling of `path` to write; renamed over `path` if the block succeeds, removed otherwise."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".kiln-tmp-", suffix=suffix, dir=directory)
-    os.close(fd)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def file_digest(path: str) -> str:
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 of a file's bytes, in hex."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -95,20 +81,20 @@ def _pack_dtype(name: str, t: TensorType) -> BurnDType:
 def write_artifact(path: str, program: Program, export: Callable[[str], None],
                    param_values: Mapping[str, np.ndarray] | None = None, **extra: Any) -> None:
     """Write the library (through `export(tmp_path)`), the optional weights (arrays in TVM storage dtypes) as a
-    burnpack, then the sidecar holding their checksums."""
-    with atomic_path(path, ".so") as tmp:
-        export(tmp)
+    burnpack, then the sidecar holding their checksums (creating the folder if needed)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_path(path, ".so") as tmp:  # export_library picks the library format by extension
+        export(str(tmp))
         library_sha = file_digest(tmp)
     payload = {**program.meta(), **extra, "library_sha256": library_sha}
     if param_values is not None:
         types = _param_types(program.signatures)
         tensors = [PackTensor(n, _pack_dtype(n, types[n]), a.shape, None, a) for n, a in param_values.items()]
-        with atomic_path(path + PARAMS, PARAMS) as tmp:
+        with atomic_path(path + PARAMS) as tmp:  # digested before it replaces the old weights
             write_burnpack(tmp, tensors)
             payload["params_sha256"] = file_digest(tmp)
-    with atomic_path(path + SIDECAR, ".json") as tmp:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({**payload, "sidecar_sha256": _payload_digest(payload)}, f)
+    with atomic_file(path + SIDECAR) as f:
+        f.write(json.dumps({**payload, "sidecar_sha256": _payload_digest(payload)}).encode("utf-8"))
 
 
 def read_sidecar(path: str) -> dict[str, Any]:

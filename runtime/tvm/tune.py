@@ -34,9 +34,9 @@ import tvm
 from tvm.target import Target
 
 from kiln.ir import Graph, KilnError, structural_hash
+from kiln.runtime.atomic import atomic_file
 
 from . import compile_cache
-from .artifact import atomic_path
 from .lower import LOWERING_VERSION, PARAM_MODES, lower
 from .pipeline import cpu_fusion_passes
 from .target import resolve_target
@@ -247,14 +247,19 @@ def tune_graph(graph: Graph, target: str | Target | None = None, trials: int = 6
         ms_logger.setLevel(old_level)
         _drop_ms_handlers()  # close its log files in `path`
     kept, dropped = prune_database(path, tgt, WORKLOAD_FILE, RECORD_FILE)
-    with atomic_path(str(path / DONE_FILE)) as tmp:
-        Path(tmp).write_text(json.dumps({"trials": trials, "kept": kept, "dropped": dropped}))
+    mark_done(path, {"trials": trials, "kept": kept, "dropped": dropped})
     _log.info("kiln tuning: %d records in %.1fs; tuned schedules kept for %d kernels, %d left to kiln's rules "
               "(as fast or faster)", _count_records(path), time.monotonic() - started, kept, dropped)
     if progress:
         print(f"kiln tune: kept tuned schedules for {kept} of {kept + dropped} kernels; kiln's rules are as fast "
               "on the rest", file=sys.stderr)
     return path
+
+
+def mark_done(path: Path, summary: dict[str, int]) -> None:
+    """Write `DONE_FILE`, the mark of a finished run, atomically: an interrupted write leaves the run unmarked."""
+    with atomic_file(path / DONE_FILE) as f:
+        f.write(json.dumps(summary).encode("utf-8"))
 
 
 def record_count(path: Path) -> int:

@@ -20,7 +20,8 @@ import tvm_ffi
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .artifact import atomic_path
+from kiln.runtime.atomic import atomic_path
+
 from .schedules import default_cpu_rules
 
 _log = logging.getLogger(__name__)
@@ -67,8 +68,8 @@ def prune_database(path: Path, target: Target, workload_file: str, record_file: 
     scratch = path / (workload_file + ".scratch")
     shutil.copyfile(path / workload_file, scratch)
     try:
-        with atomic_path(str(path / record_file)) as records:
-            pruned = ms.database.JSONDatabase(path_workload=str(scratch), path_tuning_record=records)
+        with atomic_path(path / record_file) as records:
+            pruned = ms.database.JSONDatabase(path_workload=str(scratch), path_tuning_record=str(records))
             for key, record in hashed:
                 if key in keep:
                     workload = pruned.commit_workload(record.workload.mod)

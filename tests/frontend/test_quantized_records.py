@@ -7,7 +7,7 @@ import pytest
 
 import kiln
 from kiln import Lora, Module, QLora, Quantizer, QuantScheme, nn
-from kiln.runtime.records.burnpack import BurnpackFile
+from kiln.runtime.records.burnpack_io import BurnpackFile
 from kiln.runtime.records.record import ModuleRecord
 
 X = np.random.default_rng(3).standard_normal((2, 8)).astype(np.float32)

@@ -15,7 +15,7 @@ import kiln
 from kiln import DTypePolicy, Lora, Module, ModuleRecord, Param, ParamGroup, nn
 from kiln.ir import DType, RecordError, interpret
 from kiln.ir import init as initializers
-from kiln.runtime.records.burnpack import BurnpackFile
+from kiln.runtime.records.burnpack_io import BurnpackFile
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / ".." / "shared" / "fixtures" / "burn" / "mnist-model.bpk"

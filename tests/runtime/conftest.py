@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +30,17 @@ def _restamp(library: Path, fmt: str) -> None:
     del payload["sidecar_sha256"]
     payload["format"] = fmt
     sidecar.write_text(json.dumps({**payload, "sidecar_sha256": artifact._payload_digest(payload)}))
+
+
+@pytest.fixture
+def failing_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fsync fails as a dying disk's would, so a write that goes through `kiln.runtime.atomic` fails before
+    its rename."""
+
+    def fail(descriptor: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", fail)
 
 
 @pytest.fixture

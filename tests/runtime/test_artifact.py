@@ -15,7 +15,7 @@ import pytest
 
 from kiln.cli import main as cli_main
 from kiln.ir import Builder, DType, Graph, KilnError, interpret
-from kiln.runtime.records.burnpack import BurnpackFile
+from kiln.runtime.records.burnpack_io import BurnpackFile
 from kiln.runtime.tvm import artifact
 from kiln.runtime.tvm.artifact import PARAMS, SIDECAR, CorruptArtifact
 from kiln.runtime.tvm.compile import compile_graph
@@ -128,3 +128,26 @@ def test_a_storage_dtype_burnpack_cannot_hold_is_refused_before_writing(tmp_path
     with pytest.raises(KilnError, match="param @w32: storage dtype complex64 .of f32. has no burnpack dtype"):
         exe.export_library(str(tmp_path / "m.so"))
     assert not Path(f"{tmp_path}/m.so{PARAMS}").exists() and not Path(f"{tmp_path}/m.so{SIDECAR}").exists()
+
+
+def test_a_failing_rewrite_leaves_the_artifact_whole(exported: tuple[Graph, Path]) -> None:
+    _, path = exported
+    before = {p.name: p.read_bytes() for p in path.parent.iterdir()}
+    program, _ = artifact.load_program(str(path))
+
+    def export(tmp: str) -> None:
+        Path(tmp).write_bytes(b"half a library")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        artifact.write_artifact(str(path), program, export)
+    assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == before
+
+
+def test_an_artifact_that_cannot_be_made_durable_is_not_written(tmp_path: Path,
+                                                                request: pytest.FixtureRequest) -> None:
+    exe = compile_graph(mixed_graph(), params="inputs")
+    request.getfixturevalue("failing_fsync")
+    with pytest.raises(OSError, match="Input/output error"):
+        exe.export_library(str(tmp_path / "out" / "m.so"))
+    assert list((tmp_path / "out").iterdir()) == []

@@ -99,6 +99,23 @@ def test_entries_are_written_atomically_with_checksums(cache_root: Path) -> None
     assert sidecar["library_sha256"] == file_digest(str(cache_root / "compile" / f"{key}.so"))
 
 
+def test_a_failing_store_keeps_the_old_entry_and_leaves_no_temporary(cache_root: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    graph = small_graph()
+    compile_graph(graph)
+    key = cache_key(graph, ("forward",), resolve_target("llvm"), "bound", True)
+    before = {name: (cache_root / "compile" / name).read_bytes() for name in entry_files(cache_root)}
+    program, _ = compile_cache.lookup(key)
+
+    def export(tmp: str) -> None:
+        Path(tmp).write_bytes(b"half a library")
+        raise RuntimeError("the linker died")
+
+    compile_cache.store(key, program, export)
+    assert "could not write entry" in caplog.text and "the linker died" in caplog.text
+    assert {name: (cache_root / "compile" / name).read_bytes() for name in entry_files(cache_root)} == before
+
+
 def _replace(path: Path, data: bytes) -> None:
     """Put damaged bytes at `path` as a new file: rewriting a shared object this process has mapped in place
     would corrupt its running code (a crash at exit), which is not the damage under test."""

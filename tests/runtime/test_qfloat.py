@@ -8,7 +8,8 @@ import pytest
 from kiln.ir import DType, RecordError
 from kiln.ir.ops.quant import VALUE_RANGES, quantize
 from kiln.runtime.records import qfloat
-from kiln.runtime.records.burnpack import BurnDType, BurnpackFile
+from kiln.runtime.records.burnpack import BurnDType
+from kiln.runtime.records.burnpack_io import BurnpackFile
 from kiln.runtime.records.qfloat import QFloatScheme
 from kiln.runtime.records.record import ModuleRecord, RecordEntry
 
@@ -121,7 +122,8 @@ def test_a_qfloat_tensor_of_the_wrong_length_is_refused_on_read():
     record = ModuleRecord({"w": RecordEntry(1, DType.i8, (3,), np.zeros(3, np.int8), scheme,
                                             np.ones(1, np.float32))})
     pack = BurnpackFile.from_bytes(record.to_bytes())
-    from kiln.runtime.records.burnpack import PackTensor, to_bytes
+    from kiln.runtime.records.burnpack import PackTensor
+    from kiln.runtime.records.burnpack_io import to_bytes
 
     bad = to_bytes([PackTensor("w", pack.entries["w"].dtype, (5,), 1, bytes(8))])
     with pytest.raises(RecordError, match="needs 12"):

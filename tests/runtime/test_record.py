@@ -14,7 +14,8 @@ import pytest
 
 from kiln.ir import DType, Graph, Init, ParamNode, RecordError, ReparamNode, TensorType
 from kiln.passes.load_record import LoadRecord
-from kiln.runtime.records.burnpack import BurnDType, BurnpackFile, PackTensor, to_bytes, write_burnpack
+from kiln.runtime.records.burnpack import BurnDType, PackTensor
+from kiln.runtime.records.burnpack_io import BurnpackFile, to_bytes, write_burnpack
 from kiln.runtime.records.record import DTypePolicy, ModuleRecord, RecordEntry, burn_dtype, kiln_dtype
 
 FIXTURE = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "burn" / "mnist-model.bpk"

@@ -8,6 +8,7 @@ intrinsics). The end-to-end tuning tests run with KILN_SLOW_TESTS=1.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -21,7 +22,7 @@ from tvm.s_tir import meta_schedule as ms
 import kiln
 from kiln.cli import main as cli_main
 from kiln.ir import Builder, Graph, KilnError, interpret, print_graph
-from kiln.runtime.tvm import compile_cache
+from kiln.runtime.tvm import compile_cache, tune_prune
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.target import resolve_target
 from kiln.runtime.tvm.tune import (
@@ -31,6 +32,7 @@ from kiln.runtime.tvm.tune import (
     _Progress,
     find_database,
     fused_module,
+    mark_done,
     record_count,
     tune_graph,
     tuning_dir,
@@ -217,3 +219,33 @@ def test_cli_tune_and_compile_option(tmp_path: Path, capsys: pytest.CaptureFixtu
     exe = kiln.compile(graph, tune=2)  # tuned already: no second tuning run, and the build applies what was kept
     assert [r.kiln_tuned_kernels for r in applied(caplog)] == kept_kernels(path)
     check_matches_interpreter(graph, exe)
+
+
+def test_the_done_mark_is_written_whole_or_not_at_all(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    mark_done(tmp_path, {"trials": 2, "kept": 1, "dropped": 0})
+    assert json.loads((tmp_path / DONE_FILE).read_text()) == {"trials": 2, "kept": 1, "dropped": 0}
+    (tmp_path / DONE_FILE).unlink()
+    request.getfixturevalue("failing_fsync")
+    with pytest.raises(OSError, match="Input/output error"):
+        mark_done(tmp_path, {"trials": 2, "kept": 1, "dropped": 0})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupted_prune_leaves_the_records_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_database(matmul_relu(), run_secs=10.0)  # slower than the rules: pruning rewrites the records
+    before = {p.name: p.read_bytes() for p in path.iterdir()}
+    monkeypatch.setattr(tune_prune, "rules_seconds", lambda mod, target: 1.0)
+    opened = []
+    real = ms.database.JSONDatabase
+
+    def interrupted(*args, **kwargs):
+        opened.append(kwargs)
+        if len(opened) == 2:  # the pruned copy, written into the temporary records file
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ms.database, "JSONDatabase", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prune_database(path, resolve_target("llvm"), WORKLOAD_FILE, RECORD_FILE)
+    assert len(opened) == 2 and opened[1]["path_tuning_record"] != str(path / RECORD_FILE)
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == before
