@@ -23,6 +23,7 @@ from .parser import parse, parse_file
 from .printer import print_graph
 from .registry import OpDef, lookup, registered
 from .rewrite import Rewriter, prune, rewrite
+from .structural import assert_structurally_equal, canonical_text, structurally_equal
 from .types import TensorType
 from .verifier import verify
 
@@ -33,4 +34,5 @@ __all__ = [
     "Rewriter", "ShapeError", "SymRef", "TensorType", "Value", "VerifyError", "evaluate_op", "interpret",
     "lookup", "new_param_id", "parse", "parse_file", "print_graph", "prune", "registered", "rewrite",
     "structural_hash", "to_dot", "to_networkx", "verify",
+    "assert_structurally_equal", "canonical_text", "structurally_equal",
 ]
