@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from kiln.ir import DType, FunctionBuilder, Graph, Op, Operand, SymRef, TensorType, Value, verify
+from kiln.ir import DType, FunctionBuilder, Graph, Operand, Rewriter, SymRef, TensorType, verify
+from kiln.ir.symbols import SymbolResolver
 from kiln.runtime.backend import default_backend
 
 from .autograd import differentiate
@@ -84,30 +85,12 @@ def build_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, input_types
         states.append({n: fb.input(f"state.{p.name}.{n}", TensorType(a.shape, DType.from_numpy(a.dtype)))
                        for n, a in init.items()})
     lr = fb.input("lr", lr_type())
-    mapping: dict[int, Value] = {id(a): fb.input(a.name, a.type) for a in fn.args}
-    derived: dict[str, Value] = {}
-
-    def symbol(o: SymRef) -> Operand:
-        if o.name in args:
-            return args[o.name]
-        node = graph.reparams.get(o.name)
-        if node is None:
-            return o  # a flag stays a symbol of the step's graph
-        if o.name not in derived:
-            operands = tuple(symbol(SymRef(n, graph.symbol(n).type)) for n in node.operands)  # type: ignore[union-attr]
-            derived[o.name] = fb.append(node.kind, operands, dict(node.attrs))[0]
-        return derived[o.name]
-
-    def mapped(o: Operand) -> Operand:
-        return symbol(o) if isinstance(o, SymRef) else mapping[id(o)]
-
-    for op in fn.ops:
-        operands = tuple(mapped(o) for o in op.operands)
-        results = tuple(Value(r.type, r.name if r.name not in fb.taken else fb.fresh_name()) for r in op.results)
-        fb.ops.append(Op(op.kind, operands, dict(op.attrs), results))
-        fb.taken.update(r.name for r in results)
-        mapping.update((id(old), new) for old, new in zip(op.results, results))
-    out = [mapped(r) for r in fn.results]
+    # parameters become the step's arguments, derivations are emitted from them once, flags stay symbols
+    symbol: SymbolResolver[Operand] = SymbolResolver(
+        graph, lambda p: args[p.name], lambda f: SymRef(f.name, f.type),
+        lambda node, operands, _: fb.append(node.kind, tuple(operands), node.attrs)[0])
+    copier = Rewriter(graph, fb, symbols=lambda ref: symbol(ref.name))
+    out = list(copier.inline(fn, [fb.input(a.name, a.type) for a in fn.args], rename=fb.unique))
     grads = out[n_forward:]
     updates = optimizer.emit_step(fb, [args[p.name] for p in trainable], grads, states, lr)  # type: ignore[arg-type]
     new_params = [new for new, _ in updates]

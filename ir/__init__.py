@@ -1,8 +1,10 @@
 """kiln.ir: the graph IR, its text form, verifier, interpreter and rewrite machinery.
 
-This layer imports nothing from the rest of kiln, nor TVM, onnx or torch.
+This layer imports nothing from the rest of kiln, nor TVM, onnx or torch. Importing it registers the built-in op
+kinds (`ops`), so the registry never imports them back.
 """
 
+from . import ops  # noqa: F401  (registers the built-in op kinds)
 from .builder import Builder, FunctionBuilder, new_param_id
 from .dtypes import DType
 from .errors import (

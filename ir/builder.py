@@ -47,6 +47,13 @@ class FunctionBuilder:
         self.taken.add(str(self._counter))
         return str(self._counter)
 
+    def unique(self, name: str) -> str:
+        """`name` when no value of this function has it yet, else a fresh numeric name; taken either way."""
+        if name in self.taken:
+            return self.fresh_name()
+        self.taken.add(name)
+        return name
+
     def input(self, name: str, type: TensorType) -> Value:
         v = Value(type, name)
         self.args.append(v)

@@ -2,20 +2,21 @@
 
 A rule is registered with `@gradient("kind")` into `registry.lookup(kind).rules["grad"]`:
 
-    rule(fb: FunctionBuilder, op: Op, out_grads: tuple[Value | None, ...]) -> tuple[Value | None, ...]
+    rule(ctx: GradContext, op: Op, out_grads: tuple[Value | None, ...]) -> tuple[Value | None, ...]
 
 `op` is an op of the function under construction (its operands and results may be used as operands of the ops
 the rule emits); `out_grads[i]` is d loss / d op.results[i], or None where no gradient reaches that result. The
-rule emits its backward ops through `fb` and returns one gradient per operand: a value of the operand's type (a
-`?` dim may come back static and vice versa), or None where there is none (integer and bool operands, indices,
-flags). `wanted(fb, i)` says whether the caller needs operand i's gradient at all; rules skip the ops of unwanted
+rule emits its backward ops through `ctx.fb` and returns one gradient per operand: a value of the operand's type
+(a `?` dim may come back static and vice versa), or None where there is none (integer and bool operands, indices,
+flags). `ctx.wanted(i)` says whether the caller needs operand i's gradient at all; rules skip the ops of unwanted
 ones (the autodiff pass prunes whatever is left unused anyway).
 
-The rules live in `kiln.ir.grad_rules`, one module per op family, and are imported on first use (`rule_for`,
-`load_rules`) so that importing `kiln.ir` does not pay for them. The helpers below are the vocabulary the rules
-share: broadcasting and its inverse (`expand`, `unbroadcast`), unit axes (`unsqueeze`, `squeeze`), filled tensors
-whose dynamic dims come from another value (`fill`), element counts (`count`), zero padding and strided
-placement along an axis (`pad`, `place`) and matmuls along one axis (`matmul_along`).
+The rules live in `kiln.ir.grad_rules`, one module per op family; importing that package registers them and
+gives `rule_for`, so importing `kiln.ir` does not pay for them and this module never imports them. The helpers
+below are the vocabulary the rules share: broadcasting and its inverse (`expand`, `unbroadcast`), unit axes
+(`unsqueeze`, `squeeze`), filled tensors whose dynamic dims come from another value (`fill`), element counts
+(`count`), zero padding and strided placement along an axis (`pad`, `place`) and matmuls along one axis
+(`matmul_along`).
 
 Dynamic dims: shapes are reasoned about statically from types. Where a `?` meets a `?`, the two are assumed equal
 (as type inference assumes when broadcasting); a tensor of a shape with dynamic dims is made by broadcasting
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,7 +38,21 @@ from .errors import PassError
 from .graph import Op, Operand, Value
 from .types import Dim, TensorType
 
-GradientRule = Callable[[FunctionBuilder, Op, tuple["Value | None", ...]], tuple["Value | None", ...]]
+
+@dataclass(frozen=True)
+class GradContext:
+    """What a rule is given besides the op: the builder its backward ops go into and which operands need gradients
+    (passed explicitly, as TVM's Relax gradient rules get theirs, rather than patched onto the builder)."""
+
+    fb: FunctionBuilder
+    wants: tuple[bool, ...]
+
+    def wanted(self, i: int) -> bool:
+        """Whether the caller needs the gradient of operand i."""
+        return i < len(self.wants) and self.wants[i]
+
+
+GradientRule = Callable[[GradContext, Op, tuple["Value | None", ...]], tuple["Value | None", ...]]
 
 BIG = 2**62  # a slice end past any real dim: numpy slicing clamps it to the dim
 
@@ -51,29 +67,6 @@ def gradient(*kinds: str) -> Callable[[GradientRule], GradientRule]:
             rules["grad"] = rule
         return rule
     return register
-
-
-_loaded = False
-
-
-def load_rules() -> None:
-    """Import the built-in rule modules (once)."""
-    global _loaded
-    if not _loaded:
-        from . import grad_rules  # noqa: F401  (registers the built-in rules on import)
-        _loaded = True
-
-
-def rule_for(kind: str) -> GradientRule | None:
-    """The gradient rule of `kind`, or None when it has none."""
-    load_rules()
-    return registry.lookup(kind).rules.get("grad")
-
-
-def wanted(fb: FunctionBuilder, i: int) -> bool:
-    """Whether the caller needs the gradient of operand i (the autodiff pass sets `fb.grad_wanted`)."""
-    w = getattr(fb, "grad_wanted", None)
-    return w is None or (i < len(w) and bool(w[i]))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -208,10 +201,6 @@ def fill(fb: FunctionBuilder, value: float, dtype: DType, shape: Sequence[Dim], 
     if z.type.shape != shape:
         z = emit(fb, "broadcast_to", z, shape=tuple(-1 if d is None else d for d in shape))
     return z
-
-
-def zeros_like(fb: FunctionBuilder, ref: Operand, dtype: DType | None = None) -> Value:
-    return fill(fb, 0.0, dtype or ref.type.dtype, ref.type.shape, ref)
 
 
 def count(fb: FunctionBuilder, x: Operand, axes: Sequence[int], dtype: DType) -> Value:

@@ -8,7 +8,7 @@ the functions that use it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -168,5 +168,13 @@ class Graph(_Replaceable):
         return self.replace(functions={**self.functions, fn.name: fn})
 
     def __str__(self) -> str:
-        from .printer import print_graph
-        return print_graph(self)
+        return _text_form(self)
+
+
+_text_form: Callable[[Graph], str] = repr  # until kiln.ir.printer (imported by kiln.ir) installs the text form
+
+
+def set_text_form(printer: Callable[[Graph], str]) -> None:
+    """Install the canonical printer as `str(graph)`; `kiln.ir.printer` calls this, so graph never imports it."""
+    global _text_form
+    _text_form = printer

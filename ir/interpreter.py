@@ -15,8 +15,9 @@ from . import init as initializers
 from . import registry
 from .dtypes import DType
 from .errors import ShapeError
-from .graph import FlagNode, Graph, ParamNode, SymRef
+from .graph import Graph, ParamNode, SymRef
 from .ops.random import run_seed
+from .symbols import SymbolResolver
 from .types import TensorType
 
 _LOW_PRECISION = (DType.f16, DType.bf16)
@@ -56,21 +57,9 @@ class Interpreter:
 
     def __init__(self, graph: Graph, overrides: Mapping[str, np.ndarray] | None = None):
         self.graph = graph
-        self.symbols: dict[str, np.ndarray] = dict(overrides or {})
-
-    def symbol(self, name: str) -> np.ndarray:
-        if name not in self.symbols:
-            node = self.graph.symbol(name)
-            if isinstance(node, ParamNode):
-                self.symbols[name] = param_value(node)
-            elif isinstance(node, FlagNode):
-                self.symbols[name] = np.asarray(node.value)
-            elif node is not None:
-                operands = [self.symbol(o) for o in node.operands]
-                self.symbols[name] = evaluate_op(node.kind, operands, node.attrs, [node.type])[0]
-            else:
-                raise ShapeError(f"@{name} is not a symbol of module @{self.graph.name}")
-        return self.symbols[name]
+        self.symbol: SymbolResolver[np.ndarray] = SymbolResolver(
+            graph, param_value, lambda flag: np.asarray(flag.value),
+            lambda node, operands, _: evaluate_op(node.kind, operands, node.attrs, [node.type])[0], overrides)
 
     def run(self, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0
             ) -> tuple[np.ndarray, ...]:

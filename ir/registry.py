@@ -62,7 +62,6 @@ def register(opdef: OpDef) -> OpDef:
 
 def lookup(kind: str) -> OpDef:
     """The registered definition of `kind`; an unknown kind is a ShapeError."""
-    _load_builtin_ops()
     try:
         return _REGISTRY[kind]
     except KeyError:
@@ -70,7 +69,6 @@ def lookup(kind: str) -> OpDef:
 
 
 def registered() -> dict[str, OpDef]:
-    _load_builtin_ops()
     return dict(_REGISTRY)
 
 
@@ -81,8 +79,3 @@ def infer(kind: str, operand_types: Sequence[TensorType], attrs: Mapping[str, An
     opdef.check_arity(len(operand_types))
     full = validate_attrs(kind, opdef.attrs, attrs)
     return full, opdef.infer(operand_types, full)
-
-
-def _load_builtin_ops() -> None:
-    if not _REGISTRY:
-        from . import ops  # noqa: F401  (registers the built-in ops on import)

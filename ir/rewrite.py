@@ -1,13 +1,16 @@
-"""The one rewrite mechanism: rebuild a function op by op, offering each op to a list of rules.
+"""The one rewrite mechanism: replay ops into a function builder, offering each op to a list of rules.
 
-A rule looks at an op whose operands are already rewritten and returns replacement operands for its
-results, or None to keep it. Ops a rule emits are offered to the rules too. Unchanged ops are reused, so a
-pass that changes nothing costs one walk and no allocation. `prune` removes ops nothing uses.
+Replaying maps each op's operands (values through a value mapping, `@symbols` through a symbol mapping) and
+offers the op to the rules. A rule looks at an op whose operands are already rewritten and returns replacement
+operands for its results, or None to keep it. Ops a rule emits are offered to the rules too. Unchanged ops are
+reused, so a pass that changes nothing costs one walk and no allocation. The same driver rewrites a function in
+place (canonicalize, cse, fold-constants), copies one into another (autodiff's forward, the captured step) and
+recomputes ops (checkpoint). `prune` removes ops nothing uses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .builder import FunctionBuilder, Operandish
@@ -19,15 +22,23 @@ _MAX_DEPTH = 32
 
 
 class Rewriter:
-    """Builds the rewritten function; rules receive it to inspect the graph and emit new ops."""
+    """Builds a function in `builder`; rules receive the rewriter to inspect the graph and emit new ops.
 
-    def __init__(self, graph: Graph, fn: Function, rules: Sequence[Rule]):
-        self.graph, self.rules = graph, rules
-        self.builder = FunctionBuilder(fn.name, graph.symbol)
-        self.builder.args = list(fn.args)
-        self.builder.taken = {a.name for a in fn.args} | {r.name for op in fn.ops for r in op.results}
+    `symbols` maps each `@name` operand of a replayed op (by default symbols stay as they are)."""
+
+    def __init__(self, graph: Graph, builder: FunctionBuilder, rules: Sequence[Rule] = (),
+                 symbols: Callable[[SymRef], Operand] | None = None):
+        self.graph, self.builder, self.rules, self.symbols = graph, builder, rules, symbols
         self.changed = False
         self._depth = 0
+
+    @classmethod
+    def in_place(cls, graph: Graph, fn: Function, rules: Sequence[Rule] = ()) -> Rewriter:
+        """A rewriter rebuilding `fn` itself: same arguments, its value names taken."""
+        builder = FunctionBuilder(fn.name, graph.symbol)
+        builder.args = list(fn.args)
+        builder.taken = {a.name for a in fn.args} | {r.name for op in fn.ops for r in op.results}
+        return cls(graph, builder, rules)
 
     def emit(self, kind: str, *operands: Operandish, **attrs: Any) -> Value:
         """Create a single-result op through the builder and offer it to the rules."""
@@ -59,27 +70,41 @@ class Rewriter:
             raise PassError(f"rule {getattr(rule, '__name__', rule)} replaced {op.kind} results of types "
                             f"{list(map(str, want))} with {list(map(str, got))}")
 
-    def run(self, fn: Function) -> Function:
-        mapping: dict[int, Operand] = {}
+    def mapped(self, o: Operand, values: Mapping[int, Operand]) -> Operand:
+        """What operand `o` of a replayed op becomes: a symbol through `symbols`, a value through `values`."""
+        if isinstance(o, SymRef):
+            return self.symbols(o) if self.symbols is not None else o
+        return values.get(id(o), o)
 
-        def mapped(o: Operand) -> Operand:
-            return o if isinstance(o, SymRef) else mapping.get(id(o), o)
-
-        for op in fn.ops:
-            operands = tuple(mapped(o) for o in op.operands)
-            changed = any(a is not b for a, b in zip(operands, op.operands))
-            candidate = _with_operands(op, operands) if changed else op
+    def replay(self, ops: Iterable[Op], values: dict[int, Operand], rename: Callable[[str], str] | None = None
+               ) -> None:
+        """Offer each op, operands mapped, to the rules; `values` learns what its results became. An op whose
+        operands are unchanged is reused, unless `rename` is given: then every op is copied, results renamed."""
+        for op in ops:
+            operands = tuple(self.mapped(o, values) for o in op.operands)
+            if rename is None and all(a is b for a, b in zip(operands, op.operands)):
+                candidate = op
+            else:
+                names = [rename(r.name) if rename is not None else r.name for r in op.results]
+                self.builder.taken.update(names)
+                candidate = Op(op.kind, operands, op.attrs, tuple(Value(r.type, n) for r, n in zip(op.results, names)))
             for old, new in zip(op.results, self.process(candidate)):
                 if new is not old:
-                    mapping[id(old)] = new
-        results = tuple(mapped(r) for r in fn.results)
+                    values[id(old)] = new
+
+    def inline(self, fn: Function, args: Sequence[Operand], rename: Callable[[str], str] | None = None
+               ) -> tuple[Operand, ...]:
+        """Replay `fn`'s ops with its arguments bound to `args`; returns what its results became."""
+        values: dict[int, Operand] = {id(a): b for a, b in zip(fn.args, args)}
+        self.replay(fn.ops, values, rename)
+        return tuple(self.mapped(r, values) for r in fn.results)
+
+    def run(self, fn: Function) -> Function:
+        """`fn` rewritten in place (the rewriter from `in_place`); `fn` itself when no rule changed anything."""
+        results = self.inline(fn, fn.args)
         if not self.changed and all(a is b for a, b in zip(results, fn.results)):
             return fn
         return Function(fn.name, fn.args, tuple(self.builder.ops), results)
-
-
-def _with_operands(op: Op, operands: tuple[Operand, ...]) -> Op:
-    return Op(op.kind, operands, op.attrs, tuple(Value(r.type, r.name) for r in op.results))
 
 
 Rule = Callable[[Rewriter, Op], Sequence[Operand] | None]
@@ -90,7 +115,7 @@ def rewrite(graph: Graph, make_rules: Callable[[], Sequence[Rule]]) -> Graph:
     functions = {}
     with gc_paused():
         for name, fn in graph.functions.items():
-            functions[name] = Rewriter(graph, fn, make_rules()).run(fn)
+            functions[name] = Rewriter.in_place(graph, fn, make_rules()).run(fn)
     if all(functions[n] is graph.functions[n] for n in functions):
         return graph
     return graph.replace(functions=functions)

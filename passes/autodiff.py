@@ -12,25 +12,27 @@ which; the order above is the contract, the names a convenience that later passe
 gradient values, canonicalize can forward one). A parameter with grad = true that the loss does not depend on gets
 zeros.
 
-How it works: the function's ops are copied, then walked backwards from the loss, calling each op kind's gradient
-rule (`kiln.ir.gradients`, rules written in IR ops) and summing the gradients of values used more than once.
-Only ops on a path from a trainable parameter to the loss are differentiated (activity analysis), and each rule
-is told which operands need a gradient; whatever backward op still ends up unused (the gradient of a frozen
-parameter, of an input) is removed by dead-code elimination at the end, so frozen parameters cost nothing.
+How it works: the function's ops are copied (replayed by `kiln.ir.Rewriter`), then walked backwards from the
+loss, calling each op kind's gradient rule (`kiln.ir.grad_rules`, written in IR ops) and summing the gradients of
+values used more than once. Only ops on a path from a trainable parameter to the loss are differentiated (activity
+analysis), and each rule is told which operands need a gradient (its `GradContext`); whatever backward op still
+ends up unused (the gradient of a frozen parameter, of an input) is removed by dead-code elimination at the end,
+so frozen parameters cost nothing.
 Derived parameters (`reparam @w = lora(@base, @a, @b)`) pass their gradient to their operands through the
 derivation's own rule: a frozen base gets none, trainable factors do.
 
 Flags (dropout, batch_norm training) are read at run time by the backward as by the forward, so a later `train`
 or `valid` keeps `forward_backward` consistent; the set of gradients returned is fixed when the pass runs.
-Checkpointing strategies are not applied yet: every forward value the backward needs is kept.
+Every forward value the backward needs is kept; the `checkpoint` pass, run afterwards, recomputes some instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.ir import Function, FunctionBuilder, Graph, Op, Operand, PassError, SymRef, Value, prune
-from kiln.ir.gradients import conform, emit, rule_for
+from kiln.ir import Function, FunctionBuilder, Graph, Op, Operand, PassError, Rewriter, SymRef, Value, prune
+from kiln.ir.grad_rules import rule_for
+from kiln.ir.gradients import GradContext, conform, emit
 
 from .base import Pass
 
@@ -61,23 +63,9 @@ def differentiate(graph: Graph, fn: Function, name: str = "forward_backward") ->
         raise PassError(f"autodiff: the first result of @{fn.name} must be a scalar float loss, got {loss.type}")
 
     fb = FunctionBuilder(name, graph.symbol)
-    mapping: dict[int, Value] = {}
-    for a in fn.args:
-        mapping[id(a)] = fb.input(a.name, a.type)
-
-    def mapped(o: Operand) -> Operand:
-        return o if isinstance(o, SymRef) else mapping[id(o)]
-
-    for op in fn.ops:
-        copy = Op(op.kind, tuple(mapped(o) for o in op.operands), dict(op.attrs),
-                  tuple(Value(r.type, r.name) for r in op.results))
-        fb.ops.append(copy)
-        fb.taken.update(r.name for r in copy.results)
-        for old, new in zip(op.results, copy.results):
-            mapping[id(old)] = new
+    results = Rewriter(graph, fb).inline(fn, [fb.input(a.name, a.type) for a in fn.args], rename=fb.unique)
     forward_ops = list(fb.ops)
     forward_values = {id(v) for v in fb.args} | {id(r) for op in forward_ops for r in op.results}
-    results = [mapped(r) for r in fn.results]
     loss = results[0]
 
     # activity: which symbols and values depend on a trainable parameter
@@ -108,11 +96,7 @@ def differentiate(graph: Graph, fn: Function, name: str = "forward_backward") ->
         rule = rule_for(op.kind)
         if rule is None:
             raise PassError(f"autodiff: op {op.kind!r} has no gradient rule")
-        fb.grad_wanted = wants  # type: ignore[attr-defined]
-        try:
-            got = tuple(rule(fb, op, out))
-        finally:
-            fb.grad_wanted = None  # type: ignore[attr-defined]
+        got = tuple(rule(GradContext(fb, wants), op, out))
         if len(got) != len(op.operands):
             raise PassError(f"autodiff: the {op.kind} gradient rule returned {len(got)} gradients for "
                             f"{len(op.operands)} operands")
@@ -130,10 +114,10 @@ def differentiate(graph: Graph, fn: Function, name: str = "forward_backward") ->
         backward(op)
     for r in graph.reparams.values():  # derived parameters hand their gradient to the stored ones
         if ("sym", r.name) in grads:
-            derive = Op(r.kind, tuple(SymRef(o, graph.params[o].type) for o in r.operands), dict(r.attrs),
-                        (Value(r.type, fb.fresh_name()),))
-            fb.ops.append(derive)  # recomputed only if the rule uses it; dead otherwise and pruned
-            backward(derive, (grads[("sym", r.name)],))
+            # recomputed only if the rule uses it; dead otherwise and pruned
+            (derived,) = fb.append(r.kind, tuple(fb.sym(o) for o in r.operands), r.attrs)
+            assert derived.owner is not None
+            backward(derived.owner, (grads[("sym", r.name)],))
 
     named: set[int] = set()
     out_grads: list[Operand] = []

@@ -4,7 +4,8 @@
 are those the forward results (loss and the other results of `@forward`, the first results) depend on; the rest
 is the backward. Each forward value a backward op uses is either kept (the backward reads the forward's value,
 which so stays alive through the forward) or recomputed: its op, and recursively every operand it needs that is
-not kept, is copied (named `%<value>.recompute`) right before the first backward op that uses it.
+not kept, is copied (replayed by `kiln.ir.Rewriter`, named `%<value>.recompute`) right before the first backward
+op that uses it.
 
     none      keep every forward value (the identity).
     balanced  recompute cheap, memory-bound ops (elementwise math and activations, dropout, data movement,
@@ -26,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from kiln.ir import Function, Graph, Op, Operand, PassError, Value, prune
+from kiln.ir import Function, Graph, Op, Operand, PassError, Rewriter, Value, prune
 
 from .base import Pass
 
@@ -72,50 +73,40 @@ def _kept(fn: Function, forward: list[Op], strategy: str) -> set[int]:
     return kept
 
 
-def checkpoint(fn: Function, n_forward: int, strategy: str) -> Function:
+def checkpoint(graph: Graph, fn: Function, n_forward: int, strategy: str) -> Function:
     """fn with the forward values its backward uses recomputed there unless the strategy keeps them."""
     forward = forward_ops(fn, n_forward)
     kept = _kept(fn, forward, strategy)
     forward_ids = {id(op) for op in forward}
     made = {id(r) for op in forward for r in op.results}
-    taken = {a.name for a in fn.args} | {r.name for op in fn.ops for r in op.results}
-    ops: list[Op] = []
-    renamed: dict[int, Value] = {}  # backward results and recomputed forward values, by original id
+    rw = Rewriter.in_place(graph, fn)
+    backward: dict[int, Operand] = {}  # backward results and recomputed forward values, by original id
 
     def fresh(name: str) -> str:
         new, k = f"{name}.recompute", 1
-        while new in taken:
+        while new in rw.builder.taken:
             new, k = f"{name}.recompute{k}", k + 1
-        taken.add(new)
         return new
 
-    def backward_operand(o: Operand) -> Operand:
-        if not isinstance(o, Value) or id(o) in kept or id(o) not in made:
-            return renamed.get(id(o), o) if isinstance(o, Value) else o
-        if id(o) not in renamed:
-            op = o.owner
-            assert op is not None
-            copy = Op(op.kind, tuple(backward_operand(x) for x in op.operands), dict(op.attrs),
-                      tuple(Value(r.type, fresh(r.name)) for r in op.results))
-            ops.append(copy)
-            renamed.update((id(r), c) for r, c in zip(op.results, copy.results))
-        return renamed[id(o)]
+    def recompute(o: Operand) -> None:
+        """Copy the op of a forward value the backward may not read as it is (and what it needs), once."""
+        if isinstance(o, Value) and id(o) in made and id(o) not in kept and id(o) not in backward:
+            assert o.owner is not None
+            for x in o.owner.operands:
+                recompute(x)
+            rw.replay([o.owner], backward, rename=fresh)
 
     for op in fn.ops:
         if id(op) in forward_ids:
-            ops.append(op)
+            rw.replay([op], {})
             continue
-        operands = tuple(backward_operand(o) for o in op.operands)
-        if all(a is b for a, b in zip(operands, op.operands)):
-            ops.append(op)
-            continue
-        copy = Op(op.kind, operands, op.attrs, tuple(Value(r.type, r.name) for r in op.results))
-        ops.append(copy)
-        renamed.update((id(r), c) for r, c in zip(op.results, copy.results))
-    if len(ops) == len(fn.ops):
+        for o in op.operands:
+            recompute(o)
+        rw.replay([op], backward)
+    if len(rw.builder.ops) == len(fn.ops):
         return fn
-    results = tuple(renamed.get(id(r), r) if isinstance(r, Value) and id(r) not in made else r for r in fn.results)
-    return prune(Function(fn.name, fn.args, tuple(ops), results))
+    results = tuple(rw.mapped(r, {} if id(r) in made else backward) for r in fn.results)
+    return prune(Function(fn.name, fn.args, tuple(rw.builder.ops), results))
 
 
 @dataclass(frozen=True)
@@ -133,5 +124,5 @@ class Checkpoint(Pass):
             missing = self.output if fn is None else self.function
             raise PassError(f"checkpoint: module @{graph.name} has no function @{missing} (run autodiff first)")
         strategy = strategy_of(graph) if self.strategy == "auto" else self.strategy
-        new = checkpoint(fn, len(forward.results), strategy)
+        new = checkpoint(graph, fn, len(forward.results), strategy)
         return graph if new is fn else graph.with_function(new)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ..builder import FunctionBuilder
-from ..gradients import emit, gradient, is_float, scalar, unbroadcast, wanted
+from ..gradients import GradContext, emit, gradient, is_float, scalar, unbroadcast
 from ..graph import Op, Value
 
 Grads = tuple[Value | None, ...]
@@ -14,9 +13,10 @@ Grads = tuple[Value | None, ...]
 def unary(*kinds: str):
     """Register fn(fb, g, x, y, attrs) -> dx as the rule of a one-operand op."""
     def register(fn):
-        def rule(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+        def rule(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+            fb = ctx.fb
             (x,), (y,), (g,) = op.operands, op.results, out_grads
-            if g is None or not is_float(x) or not wanted(fb, 0):
+            if g is None or not is_float(x) or not ctx.wanted(0):
                 return (None,)
             return (fn(fb, g, x, y, op.attrs),)
         gradient(*kinds)(rule)
@@ -137,9 +137,10 @@ def _cast(fb, g, x, y, attrs):
 def binary(*kinds: str):
     """Register fn(fb, g, lhs, rhs, y, want_l, want_r) -> (dl, dr) in the broadcast shape; unbroadcast after."""
     def register(fn):
-        def rule(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+        def rule(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+            fb = ctx.fb
             (lhs, rhs), (y,), (g,) = op.operands, op.results, out_grads
-            want = [is_float(o) and wanted(fb, i) for i, o in enumerate(op.operands)]
+            want = [is_float(o) and ctx.wanted(i) for i, o in enumerate(op.operands)]
             if g is None or not any(want):
                 return (None, None)
             dl, dr = fn(fb, g, lhs, rhs, y, *want)
@@ -209,18 +210,19 @@ binary("minimum")(_extremum("less"))
 
 
 @gradient("equal", "less", "greater")
-def _comparison(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _comparison(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """Bool results are piecewise constant: no gradient."""
     return (None, None)
 
 
 @gradient("where")
-def _where(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _where(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """The gradient goes to the chosen side; none to the condition."""
+    fb = ctx.fb
     (cond, lhs, rhs), (g,) = op.operands, out_grads
     if g is None:
         return (None, None, None)
     zero = _c(fb, 0.0, g)
-    dl = unbroadcast(fb, emit(fb, "where", cond, g, zero), lhs.type) if is_float(lhs) and wanted(fb, 1) else None
-    dr = unbroadcast(fb, emit(fb, "where", cond, zero, g), rhs.type) if is_float(rhs) and wanted(fb, 2) else None
+    dl = unbroadcast(fb, emit(fb, "where", cond, g, zero), lhs.type) if is_float(lhs) and ctx.wanted(1) else None
+    dr = unbroadcast(fb, emit(fb, "where", cond, zero, g), rhs.type) if is_float(rhs) and ctx.wanted(2) else None
     return (None, dl, dr)

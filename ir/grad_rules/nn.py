@@ -19,6 +19,7 @@ import numpy as np
 from ..builder import FunctionBuilder
 from ..errors import PassError
 from ..gradients import (
+    GradContext,
     accumulate,
     count,
     emit,
@@ -34,7 +35,6 @@ from ..gradients import (
     scalar,
     select,
     unsqueeze,
-    wanted,
 )
 from ..graph import Op, Operand, Value
 from ..ops.common import norm_axes
@@ -42,8 +42,8 @@ from ..ops.common import norm_axes
 Grads = tuple[Value | None, ...]
 
 
-def _want(fb: FunctionBuilder, op: Op, i: int) -> bool:
-    return i < len(op.operands) and is_float(op.operands[i]) and wanted(fb, i)
+def _want(ctx: GradContext, op: Op, i: int) -> bool:
+    return i < len(op.operands) and is_float(op.operands[i]) and ctx.wanted(i)
 
 
 def _c(fb: FunctionBuilder, value: float, like: Operand) -> Value:
@@ -60,7 +60,8 @@ def _static(kind: str, what: str, dims) -> tuple[int, ...]:
 
 
 @gradient("conv1d", "conv2d")
-def _conv(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _conv(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    fb = ctx.fb
     (g,) = out_grads
     x, w = op.operands[:2]
     n_ops = len(op.operands)
@@ -68,14 +69,15 @@ def _conv(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
         return (None,) * n_ops
     nd = w.type.rank - 2
     spatial = tuple(range(2, 2 + nd))
-    dx = _conv_dx(fb, op, g, nd, spatial) if _want(fb, op, 0) else None
-    dw = _conv_dw(fb, op, g, nd, spatial) if _want(fb, op, 1) else None
+    dx = _conv_dx(ctx, op, g, nd, spatial) if _want(ctx, op, 0) else None
+    dw = _conv_dw(ctx, op, g, nd, spatial) if _want(ctx, op, 1) else None
     if n_ops == 2:
         return (dx, dw)
-    return (dx, dw, emit(fb, "sum", g, axes=(0, *spatial)) if _want(fb, op, 2) else None)
+    return (dx, dw, emit(fb, "sum", g, axes=(0, *spatial)) if _want(ctx, op, 2) else None)
 
 
-def _conv_dx(fb: FunctionBuilder, op: Op, g: Value, nd: int, spatial: tuple[int, ...]) -> Value:
+def _conv_dx(ctx: GradContext, op: Op, g: Value, nd: int, spatial: tuple[int, ...]) -> Value:
+    fb = ctx.fb
     x, w = op.operands[:2]
     a = op.attrs
     groups = a["groups"]
@@ -104,9 +106,10 @@ def _conv_dx(fb: FunctionBuilder, op: Op, g: Value, nd: int, spatial: tuple[int,
     return emit(fb, "slice", dxp, starts=starts, ends=ends, axes=tuple(spatial[i] for i in cut))
 
 
-def _conv_dw(fb: FunctionBuilder, op: Op, g: Value, nd: int, spatial: tuple[int, ...]) -> Value:
+def _conv_dw(ctx: GradContext, op: Op, g: Value, nd: int, spatial: tuple[int, ...]) -> Value:
     """dw[o, c, t] = sum_{n, l} x_pad[n, c, l * stride + t * dilation] g[n, o, l]: a convolution over batch-as-channels
     with g as the kernel, stride and dilation exchanged (groups: one group of batch channels per weight group)."""
+    fb = ctx.fb
     x, w = op.operands[:2]
     a = op.attrs
     groups = a["groups"]
@@ -149,10 +152,11 @@ def _crop(fb: FunctionBuilder, v: Value, padding, size) -> Value:
 
 
 @gradient("max_pool2d")
-def _max_pool2d(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _max_pool2d(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """Each window's g goes to its first maximal element in kernel row-major order (torch's choice on ties)."""
+    fb = ctx.fb
     (x,), (y,), (g,) = op.operands, op.results, out_grads
-    if g is None or not _want(fb, op, 0):
+    if g is None or not _want(ctx, op, 0):
         return (None,)
     kernel, stride, padding, dilation, size, out = _pool_geometry(op)
     padded = [size[i] + 2 * padding[i] for i in range(2)]
@@ -180,10 +184,11 @@ def _max_pool2d(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
 
 
 @gradient("avg_pool2d")
-def _avg_pool2d(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _avg_pool2d(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """g / divisor spread over each window; separable, so one placement per kernel row and column."""
+    fb = ctx.fb
     (g,) = out_grads
-    if g is None or not _want(fb, op, 0):
+    if g is None or not _want(ctx, op, 0):
         return (None,)
     kernel, stride, padding, _, size, out = _pool_geometry(op)
     padded = [size[i] + 2 * padding[i] for i in range(2)]
@@ -213,10 +218,11 @@ def _bins(n: int, n_out: int) -> np.ndarray:
 
 
 @gradient("adaptive_avg_pool2d")
-def _adaptive_avg_pool2d(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _adaptive_avg_pool2d(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """The pool is A_h x A_w^T per (n, c), so the gradient is A_h^T g A_w: two matmuls with constant matrices."""
+    fb = ctx.fb
     (x,), (g,) = op.operands, out_grads
-    if g is None or not _want(fb, op, 0):
+    if g is None or not _want(ctx, op, 0):
         return (None,)
     size = _static(op.kind, "spatial dims", x.type.shape[2:])
     oh, ow = op.attrs["output_size"]
@@ -235,11 +241,12 @@ def _reduce_other(fb: FunctionBuilder, v: Value, other: tuple[int, ...]) -> Valu
     return emit(fb, "sum", v, axes=other) if other else v
 
 
-def _norm_grads(fb: FunctionBuilder, op: Op, out_grads: Grads, centered: bool) -> Grads:
+def _norm_grads(ctx: GradContext, op: Op, out_grads: Grads, centered: bool) -> Grads:
     """Gradients of a normalization over `axes` (layer norm when `centered`, else RMS norm): with xc = x - mean(x)
     (or x), s = rsqrt(mean(xc^2) + eps), xhat = xc s and gx = g * gamma,
     dx = s * (gx [- mean(gx)] - xhat * mean(gx * xhat)); d gamma = sum(g * xhat), d beta = sum(g) over the other
     axes."""
+    fb = ctx.fb
     (g,) = out_grads
     x = op.operands[0]
     n_ops = len(op.operands)
@@ -252,44 +259,45 @@ def _norm_grads(fb: FunctionBuilder, op: Op, out_grads: Grads, centered: bool) -
     scale = emit(fb, "rsqrt", emit(fb, "add", var, _c(fb, op.attrs["eps"], x)))
     xhat = emit(fb, "mul", xc, scale)
     out: list[Value | None] = [None] * n_ops
-    if _want(fb, op, 0):
+    if _want(ctx, op, 0):
         gx = emit(fb, "mul", g, _laid(fb, op.operands[1], other)) if n_ops > 1 else g
         d = emit(fb, "sub", gx, emit(fb, "mean", gx, axes=axes, keepdims=True)) if centered else gx
         m = emit(fb, "mean", emit(fb, "mul", gx, xhat), axes=axes, keepdims=True)
         out[0] = emit(fb, "mul", scale, emit(fb, "sub", d, emit(fb, "mul", xhat, m)))
-    if _want(fb, op, 1):
+    if _want(ctx, op, 1):
         out[1] = _reduce_other(fb, emit(fb, "mul", g, xhat), other)
-    if centered and _want(fb, op, 2):
+    if centered and _want(ctx, op, 2):
         out[2] = _reduce_other(fb, g, other)
     return tuple(out)
 
 
 @gradient("layer_norm")
-def _layer_norm(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
-    return _norm_grads(fb, op, out_grads, centered=True)
+def _layer_norm(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    return _norm_grads(ctx, op, out_grads, centered=True)
 
 
 @gradient("rms_norm")
-def _rms_norm(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
-    return _norm_grads(fb, op, out_grads, centered=False)
+def _rms_norm(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    return _norm_grads(ctx, op, out_grads, centered=False)
 
 
 @gradient("batch_norm")
-def _batch_norm(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _batch_norm(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """Training differentiates through the batch statistics (and the running-stat updates, results 1 and 2);
     evaluation through the running statistics. A training flag that is not a constant is selected at run time."""
+    fb = ctx.fb
     x, gamma, beta, rm, rv, training = op.operands
     if all(g is None for g in out_grads):
         return (None,) * 6
     mode = known_bool(fb, training)
     if mode is True:
-        grads = _bn_train(fb, op, out_grads)
+        grads = _bn_train(ctx, op, out_grads)
     elif mode is False:
-        grads = _bn_eval(fb, op, out_grads)
+        grads = _bn_eval(ctx, op, out_grads)
     else:
-        t, e = _bn_train(fb, op, out_grads), _bn_eval(fb, op, out_grads)
+        t, e = _bn_train(ctx, op, out_grads), _bn_eval(ctx, op, out_grads)
         grads = tuple(select(fb, training, a, b) for a, b in zip(t, e))
-    return tuple(gr if gr is not None and _want(fb, op, i) else None for i, gr in enumerate(grads)) + (None,)
+    return tuple(gr if gr is not None and _want(ctx, op, i) else None for i, gr in enumerate(grads)) + (None,)
 
 
 def _chan(fb: FunctionBuilder, v: Operand, rank: int) -> Operand:
@@ -297,7 +305,8 @@ def _chan(fb: FunctionBuilder, v: Operand, rank: int) -> Operand:
     return v if rank == 2 else emit(fb, "reshape", v, shape=(-1, *(1,) * (rank - 2)))
 
 
-def _bn_train(fb: FunctionBuilder, op: Op, out_grads: Grads) -> tuple[Value | None, ...]:
+def _bn_train(ctx: GradContext, op: Op, out_grads: Grads) -> tuple[Value | None, ...]:
+    fb = ctx.fb
     x, gamma, _, _, _, _ = op.operands
     g0, g1, g2 = out_grads
     mom, rank = op.attrs["momentum"], x.type.rank
@@ -328,7 +337,8 @@ def _bn_train(fb: FunctionBuilder, op: Op, out_grads: Grads) -> tuple[Value | No
     return (dx, dgamma, dbeta, drm, drv)
 
 
-def _bn_eval(fb: FunctionBuilder, op: Op, out_grads: Grads) -> tuple[Value | None, ...]:
+def _bn_eval(ctx: GradContext, op: Op, out_grads: Grads) -> tuple[Value | None, ...]:
+    fb = ctx.fb
     x, gamma, _, rm, rv, _ = op.operands
     g0, g1, g2 = out_grads
     rank = x.type.rank

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..builder import FunctionBuilder
 from ..dtypes import DType
-from ..gradients import emit, gradient, is_float, reshape_to, scalar, wanted
+from ..gradients import GradContext, emit, gradient, is_float, reshape_to, scalar
 from ..graph import Op, Operand, Value
 from ..ops.quant import VALUE_RANGES, block_dims
 
@@ -34,9 +34,10 @@ def _cast(fb: FunctionBuilder, v: Operand, dtype: DType) -> Operand:
 
 
 @gradient("dequantize")
-def _dequantize(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _dequantize(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    fb = ctx.fb
     (codes, scales), (g,) = op.operands, out_grads
-    if g is None or not is_float(scales) or not wanted(fb, 1):
+    if g is None or not is_float(scales) or not ctx.wanted(1):
         return (None, None)
     dt = scales.type.dtype
     blocked, inner, _ = _views(codes.type.shape, op.attrs["block"])
@@ -46,9 +47,10 @@ def _dequantize(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
 
 
 @gradient("quantize")
-def _quantize(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _quantize(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    fb = ctx.fb
     (x,), (_, gs) = op.operands, out_grads
-    if gs is None or not is_float(x) or not wanted(fb, 0):
+    if gs is None or not is_float(x) or not ctx.wanted(0):
         return (None,)
     f32 = DType.f32  # quantize computes in f32
     lo, hi = VALUE_RANGES[op.attrs["value"]]

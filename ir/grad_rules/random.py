@@ -3,14 +3,14 @@ dropout of the gradient with the same seed, p and training flag draws the same m
 
 from __future__ import annotations
 
-from ..builder import FunctionBuilder
-from ..gradients import emit, gradient, is_float, wanted
+from ..gradients import GradContext, emit, gradient, is_float
 from ..graph import Op, Value
 
 
 @gradient("dropout")
-def _dropout(fb: FunctionBuilder, op: Op, out_grads: tuple[Value | None, ...]) -> tuple[Value | None, ...]:
+def _dropout(ctx: GradContext, op: Op, out_grads: tuple[Value | None, ...]) -> tuple[Value | None, ...]:
+    fb = ctx.fb
     (x, training), (g,) = op.operands, out_grads
-    if g is None or not is_float(x) or not wanted(fb, 0):
+    if g is None or not is_float(x) or not ctx.wanted(0):
         return (None, None)
     return (emit(fb, "dropout", g, training, p=op.attrs["p"], seed=op.attrs["seed"]), None)

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from ..builder import FunctionBuilder
-from ..gradients import count, emit, expand, gradient, is_float, unsqueeze, wanted
+from ..gradients import GradContext, count, emit, expand, gradient, is_float, unsqueeze
 from ..graph import Op, Value
 from ..ops.common import norm_axes, norm_axis
 
 Grads = tuple[Value | None, ...]
 
 
-def _setup(fb: FunctionBuilder, op: Op, out_grads: Grads):
+def _setup(ctx: GradContext, op: Op, out_grads: Grads):
+    fb = ctx.fb
     (x,), (g,) = op.operands, out_grads
-    if g is None or not is_float(x) or not wanted(fb, 0):
+    if g is None or not is_float(x) or not ctx.wanted(0):
         return None
     axes = norm_axes(op.kind, op.attrs["axes"], x.type.rank)
     keep = g if op.attrs["keepdims"] or not axes or g.type.rank == 0 else unsqueeze(fb, g, axes)
@@ -20,9 +20,10 @@ def _setup(fb: FunctionBuilder, op: Op, out_grads: Grads):
 
 
 @gradient("sum")
-def _sum(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _sum(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """g broadcast back over the reduced axes."""
-    s = _setup(fb, op, out_grads)
+    fb = ctx.fb
+    s = _setup(ctx, op, out_grads)
     if s is None:
         return (None,)
     x, axes, gk = s
@@ -30,9 +31,10 @@ def _sum(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
 
 
 @gradient("mean")
-def _mean(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _mean(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """g / n broadcast back; n is counted at run time when a reduced dim is dynamic."""
-    s = _setup(fb, op, out_grads)
+    fb = ctx.fb
+    s = _setup(ctx, op, out_grads)
     if s is None:
         return (None,)
     x, axes, gk = s
@@ -42,9 +44,10 @@ def _mean(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
 
 
 @gradient("max", "min")
-def _extremum(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _extremum(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """As torch's amax/amin: g split evenly over the elements equal to the extremum."""
-    s = _setup(fb, op, out_grads)
+    fb = ctx.fb
+    s = _setup(ctx, op, out_grads)
     if s is None:
         return (None,)
     x, axes, gk = s
@@ -56,10 +59,11 @@ def _extremum(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
 
 
 @gradient("softmax")
-def _softmax(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _softmax(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """y * (g - sum(g * y))."""
+    fb = ctx.fb
     (x,), (y,), (g,) = op.operands, op.results, out_grads
-    if g is None or not wanted(fb, 0):
+    if g is None or not ctx.wanted(0):
         return (None,)
     axis = norm_axis("softmax", op.attrs["axis"], x.type.rank)
     dot = emit(fb, "sum", emit(fb, "mul", g, y), axes=(axis,), keepdims=True)
@@ -67,10 +71,11 @@ def _softmax(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
 
 
 @gradient("log_softmax")
-def _log_softmax(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _log_softmax(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """g - exp(y) * sum(g)."""
+    fb = ctx.fb
     (x,), (y,), (g,) = op.operands, op.results, out_grads
-    if g is None or not wanted(fb, 0):
+    if g is None or not ctx.wanted(0):
         return (None,)
     axis = norm_axis("log_softmax", op.attrs["axis"], x.type.rank)
     total = emit(fb, "sum", g, axes=(axis,), keepdims=True)

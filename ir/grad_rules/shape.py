@@ -18,6 +18,7 @@ from ..builder import FunctionBuilder
 from ..errors import PassError
 from ..gradients import (
     BIG,
+    GradContext,
     emit,
     fill,
     flip,
@@ -32,7 +33,6 @@ from ..gradients import (
     scalar,
     unbroadcast,
     unsqueeze,
-    wanted,
 )
 from ..graph import Op, Operand, Value
 from ..ops.common import norm_axis
@@ -41,14 +41,15 @@ Grads = tuple[Value | None, ...]
 OPEN_END = 2**31 - 1  # a slice end at least this large is taken to mean "to the end" of a dynamic dim
 
 
-def _single(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Value | None:
+def _single(ctx: GradContext, op: Op, out_grads: Grads) -> Value | None:
     x, (g,) = op.operands[0], out_grads
-    return g if g is not None and is_float(x) and wanted(fb, 0) else None
+    return g if g is not None and is_float(x) and ctx.wanted(0) else None
 
 
 @gradient("transpose")
-def _transpose(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
-    g = _single(fb, op, out_grads)
+def _transpose(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    fb = ctx.fb
+    g = _single(ctx, op, out_grads)
     if g is None:
         return (None,)
     perm = op.attrs["perm"]
@@ -58,24 +59,27 @@ def _transpose(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
 
 
 @gradient("reshape")
-def _reshape(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _reshape(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """Reshape back; an operand with several dynamic dims has no reshape target (an error)."""
-    g = _single(fb, op, out_grads)
+    fb = ctx.fb
+    g = _single(ctx, op, out_grads)
     if g is None:
         return (None,)
     return (reshape_to(fb, g, op.operands[0].type.shape, "reshape"),)
 
 
 @gradient("broadcast_to")
-def _broadcast_to(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
-    g = _single(fb, op, out_grads)
+def _broadcast_to(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    fb = ctx.fb
+    g = _single(ctx, op, out_grads)
     return (None if g is None else unbroadcast(fb, g, op.operands[0].type),)
 
 
 @gradient("concat")
-def _concat(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _concat(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """Each operand's slice of g. A slice needs its bounds: counted from the start while the sizes before the
     operand are static, from the end while those after it are."""
+    fb = ctx.fb
     (g,) = out_grads
     xs = op.operands
     if g is None:
@@ -84,7 +88,7 @@ def _concat(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
     sizes = [x.type.shape[axis] for x in xs]
     out: list[Value | None] = []
     for i, x in enumerate(xs):
-        if not is_float(x) or not wanted(fb, i):
+        if not is_float(x) or not ctx.wanted(i):
             out.append(None)
             continue
         before, size, after = sizes[:i], sizes[i], sizes[i + 1:]
@@ -109,10 +113,11 @@ def _concat(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
 
 
 @gradient("slice")
-def _slice(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _slice(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """g put back where the slice took it, zeros elsewhere: per sliced axis a flip (negative steps), a dilation
     (|step| > 1) and zero padding. A dynamic sliced dim is supported for step 1 from a start to the end."""
-    g = _single(fb, op, out_grads)
+    fb = ctx.fb
+    g = _single(ctx, op, out_grads)
     if g is None:
         return (None,)
     x = op.operands[0]
@@ -160,10 +165,11 @@ def _static_axis(kind: str, x: Operand, axis: int) -> int:
 
 
 @gradient("take")
-def _take(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _take(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """g summed into the taken rows: a one-hot [K, n] of the indices times g with its index dims merged."""
+    fb = ctx.fb
     (x, idx), (g,) = op.operands, out_grads
-    if g is None or not is_float(x) or not wanted(fb, 0):
+    if g is None or not is_float(x) or not ctx.wanted(0):
         return (None, None)
     r, q = x.type.rank, idx.type.rank
     axis = norm_axis("take", op.attrs["axis"], r)
@@ -193,10 +199,11 @@ def _take(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
 
 
 @gradient("gather")
-def _gather(fb: FunctionBuilder, op: Op, out_grads: Grads) -> Grads:
+def _gather(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """g summed into the gathered positions: where(one-hot [.., K, n, ..], g, 0) summed over K."""
+    fb = ctx.fb
     (x, idx), (g,) = op.operands, out_grads
-    if g is None or not is_float(x) or not wanted(fb, 0):
+    if g is None or not is_float(x) or not ctx.wanted(0):
         return (None, None)
     r = x.type.rank
     axis = norm_axis("gather", op.attrs["axis"], r)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from ..builder import FunctionBuilder
-from ..gradients import gradient
+from ..gradients import GradContext, gradient
 from ..graph import Op, Value
 
 
 @gradient("constant", "zeros", "ones", "full")
-def _source(fb: FunctionBuilder, op: Op, out_grads: tuple[Value | None, ...]) -> tuple[Value | None, ...]:
+def _source(ctx: GradContext, op: Op, out_grads: tuple[Value | None, ...]) -> tuple[Value | None, ...]:
     return ()

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -25,6 +26,7 @@ from onnx import GraphProto, ModelProto, ValueInfoProto, helper, numpy_helper
 
 from kiln.ir import FlagNode, Function, Graph, KilnError, Operand, SymRef, TensorType, Value, registry
 from kiln.ir.interpreter import param_value
+from kiln.ir.symbols import SymbolResolver
 from kiln.passes import PassManager
 from kiln.passes.patterns import constant_of
 
@@ -46,37 +48,38 @@ class _Lowering:
         self.graph = graph
         self.initializers = [initializer(p.name, param_value(p), p.type.dtype, p.id) for p in graph.params.values()]
         self.sink = NodeSink(graph.params)
-        self.symbols: dict[str, str] = {name: name for name in graph.params}
+        # a symbol's ONNX name and its value at export time: parameters are initializers; a flag becomes a
+        # constant and a derived parameter is computed from its stored ones, each once
+        self.symbol: SymbolResolver[tuple[str, np.ndarray | None]] = SymbolResolver(
+            graph, lambda p: (p.name, None), self._flag,
+            lambda node, operands, types: (self.call(node.kind, operands, types, node.attrs, [node.type])[0], None))
         self.values: dict[int, str] = {}  # id(Value) -> ONNX name
 
-    def name(self, o: Operand) -> str:
-        return self.symbol(o.name) if isinstance(o, SymRef) else self.values[id(o)]
+    def _flag(self, node: FlagNode) -> tuple[str, np.ndarray]:
+        value = np.asarray(node.value)
+        (name,) = self.sink.node("Constant", [], [self.sink.fresh(node.name)], value=numpy_helper.from_array(value))
+        return name, value
 
-    def symbol(self, name: str) -> str:
-        """A symbol's ONNX name: parameters are initializers; a flag becomes a constant and a derived parameter is
-        computed from its stored ones, each once."""
-        if name not in self.symbols:
-            node = self.graph.symbol(name)
-            if isinstance(node, FlagNode):
-                value = numpy_helper.from_array(np.asarray(node.value))
-                self.symbols[name] = self.sink.node("Constant", [], [self.sink.fresh(name)], value=value)[0]
-            else:
-                operands = [SymRef(o, self.graph.symbol(o).type) for o in node.operands]
-                self.symbols[name] = self.lower(node.kind, operands, node.attrs, [node.type])[0]
-        return self.symbols[name]
+    def name(self, o: Operand) -> str:
+        return self.symbol(o.name)[0] if isinstance(o, SymRef) else self.values[id(o)]
 
     def known(self, o: Operand) -> np.ndarray | None:
         """An operand's value at export time: a flag's or a constant's."""
-        node = self.graph.symbol(o.name) if isinstance(o, SymRef) else None
-        return np.asarray(node.value) if isinstance(node, FlagNode) else constant_of(o)
+        return self.symbol(o.name)[1] if isinstance(o, SymRef) else constant_of(o)
 
     def lower(self, kind: str, operands: Sequence[Operand], attrs: dict, results: Sequence[TensorType]
               ) -> tuple[str, ...]:
+        return self.call(kind, [(self.name(o), self.known(o)) for o in operands], [o.type for o in operands], attrs,
+                         results)
+
+    def call(self, kind: str, operands: Sequence[tuple[str, np.ndarray | None]], types: Sequence[TensorType],
+             attrs: Mapping[str, Any], results: Sequence[TensorType]) -> tuple[str, ...]:
+        """The op's ONNX rule on operands given as (ONNX name, value known at export time or None)."""
         rule = registry.lookup(kind).rules.get("onnx")
         if rule is None:
             raise KilnError(f"{kind}: no ONNX lowering is registered")
-        call = OnnxCall(kind, self.sink, [self.name(o) for o in operands], [o.type for o in operands],
-                        [self.known(o) for o in operands], attrs, results)
+        call = OnnxCall(kind, self.sink, [n for n, _ in operands], list(types), [k for _, k in operands], attrs,
+                        results)
         return as_names(rule(call))
 
     def function(self, fn: Function) -> GraphProto:

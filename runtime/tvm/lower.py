@@ -20,8 +20,21 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from kiln.ir import DType, Graph, KilnError, Operand, ParamNode, SymRef, TensorType, Value, registry
+from kiln.ir import (
+    DType,
+    FlagNode,
+    Graph,
+    KilnError,
+    Operand,
+    ParamNode,
+    ReparamNode,
+    SymRef,
+    TensorType,
+    Value,
+    registry,
+)
 from kiln.ir.interpreter import param_value
+from kiln.ir.symbols import SymbolResolver
 
 from . import nn_ops, ops, quant_ops, random_ops, shape_ops  # noqa: F401  (register rules)
 from .dtypes import to_storage, tvm_dtype
@@ -96,7 +109,6 @@ class _FunctionLowering:
     def __init__(self, graph: Graph, name: str, params: str, plan: _Plan):
         self.graph, self.fn, self.params, self.plan = graph, graph.functions[name], params, plan
         self.dims: dict[tirx.Var, DimKey] = {}
-        self.symbols: dict[str, tuple[relax.Expr, np.ndarray | None]] = {}
         self.param_vars: dict[str, relax.Var] = {}
         self.run_seed: relax.Var | None = None
         self.opened = False  # whether the builder holds this function's (unfinished) scope
@@ -126,47 +138,45 @@ class _FunctionLowering:
             self.run_seed = relax.Var("seed", relax.TensorType([], "int64"))
             extra.append(self.run_seed)
         env: dict[int, tuple[relax.Expr, np.ndarray | None]] = {id(a): (v, None) for a, v in zip(self.fn.args, inputs)}
+        self.symbols = self._resolver(bb)
         with bb.function(self.fn.name, [*inputs, *extra]):
             self.opened = True
             with bb.dataflow():
                 for op in self.fn.ops:
-                    operands = [self._operand(bb, o, env) for o in op.operands]
+                    operands = [self._operand(o, env) for o in op.operands]
                     outs = self.apply(bb, op.kind, operands, [o.type for o in op.operands], op.attrs,
                                       [r.type for r in op.results])
                     known = op.attrs["value"] if op.kind == "constant" else None
                     env.update((id(r), (e, known)) for r, e in zip(op.results, outs))
-                results = [self._operand(bb, r, env)[0] for r in self.fn.results]
+                results = [self._operand(r, env)[0] for r in self.fn.results]
                 output = bb.emit_output(relax.Tuple(results))
             bb.emit_func_output(output)
         self.opened = False
         return FunctionSignature(self.fn.name, tuple((a.name or f"x{i}", a.type) for i, a in enumerate(self.fn.args)),
                                  tuple((p.name, p.type) for p in stored), self.fn.result_types, self.plan.seeded)
 
-    def _operand(self, bb: relax.BlockBuilder, o: Operand, env: dict) -> tuple[relax.Expr, np.ndarray | None]:
+    def _operand(self, o: Operand, env: dict) -> tuple[relax.Expr, np.ndarray | None]:
         if isinstance(o, Value):
             return env[id(o)]
-        return self._symbol(bb, o.name)
+        return self.symbols(o.name)
 
-    def _symbol(self, bb: relax.BlockBuilder, name: str) -> tuple[relax.Expr, np.ndarray | None]:
-        """A parameter (constant or input), a flag (constant of its effective value) or a derived parameter."""
-        if name not in self.symbols:
-            node = self.graph.symbol(name)
-            if isinstance(node, ParamNode):
-                value = self.param_vars.get(name)
-                if value is None:
-                    value = relax.const(to_storage(param_value(node), node.type.dtype), tvm_dtype(node.type.dtype))
-                self.symbols[name] = (value, None)
-            elif name in self.graph.flags:
-                flag = np.asarray(self.graph.flags[name].value)
-                self.symbols[name] = (relax.const(flag, "bool"), flag)
-            elif node is not None:
-                operands = [self._symbol(bb, o) for o in node.operands]
-                types = [self.graph.symbol(o).type for o in node.operands]
-                (value,) = self.apply(bb, node.kind, operands, types, node.attrs, [node.type])
-                self.symbols[name] = (value, None)
-            else:
-                raise KilnError(f"@{name} is not a symbol of module @{self.graph.name}")
-        return self.symbols[name]
+    def _resolver(self, bb: relax.BlockBuilder) -> SymbolResolver[tuple[relax.Expr, np.ndarray | None]]:
+        """Parameters as inputs or constants, flags as constants of their effective value, derived parameters
+        computed in the function."""
+        def param(node: ParamNode) -> tuple[relax.Expr, np.ndarray | None]:
+            value = self.param_vars.get(node.name)
+            if value is None:
+                value = relax.const(to_storage(param_value(node), node.type.dtype), tvm_dtype(node.type.dtype))
+            return value, None
+
+        def flag(node: FlagNode) -> tuple[relax.Expr, np.ndarray | None]:
+            value = np.asarray(node.value)
+            return relax.const(value, "bool"), value
+
+        def derive(node: ReparamNode, operands: list, types: list[TensorType]) -> tuple[relax.Expr, None]:
+            return self.apply(bb, node.kind, operands, types, dict(node.attrs), [node.type])[0], None
+
+        return SymbolResolver(self.graph, param, flag, derive)
 
     def apply(self, bb: relax.BlockBuilder, kind: str, operands: Sequence[tuple[relax.Expr, np.ndarray | None]],
               types: Sequence[TensorType], attrs: dict, results: Sequence[TensorType]) -> list[relax.Expr]:

@@ -31,7 +31,8 @@ from kiln.ir import (
     registered,
     verify,
 )
-from kiln.ir.gradients import BIG, rule_for
+from kiln.ir.grad_rules import rule_for
+from kiln.ir.gradients import BIG, GradContext
 from kiln.passes.autodiff import Autodiff, gradient_name
 
 DATA = np.random.default_rng(20240917)
@@ -447,7 +448,7 @@ def test_rules_return_none_for_integer_and_flag_operands() -> None:
             fb = FunctionBuilder("t", built.graph.symbol)
             seeds = tuple(fb.emit("zeros", shape=tuple(res.type.shape), dtype=res.type.dtype)
                           if res.type.dtype.is_float else None for res in op.results)
-            got = rule_for(c.kind)(fb, op, seeds)
+            got = rule_for(c.kind)(GradContext(fb, (True,) * len(op.operands)), op, seeds)
             assert len(got) == len(op.operands)
             for o, g in zip(op.operands, got):
                 if not o.type.dtype.is_float:
@@ -598,5 +599,56 @@ def test_importing_kiln_ir_does_not_load_the_rules() -> None:
     import sys
     code = ("import sys, kiln.ir, kiln.ir.gradients; "
             "assert 'kiln.ir.grad_rules' not in sys.modules; "
-            "kiln.ir.gradients.rule_for('add'); assert 'kiln.ir.grad_rules.nn' in sys.modules")
+            "from kiln.ir.grad_rules import rule_for; "
+            "assert rule_for('add') is not None and 'kiln.ir.grad_rules.nn' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the rule's context
+
+
+def test_a_rule_emits_only_the_gradients_its_context_wants() -> None:
+    """matmul's rule asked for operand 1 only: no gradient (and no ops) for operand 0; both asked: both, equal to
+    g @ b^T and a^T @ g evaluated by the interpreter."""
+    b = Builder("M")
+    x, w = b.input("x", ((2, 3), "f64")), b.input("w", ((3, 4), "f64"))
+    b.ret(b.matmul(x, w))
+    graph = b.build()
+    op = graph.functions["forward"].ops[0]
+    for wants in [(False, True), (True, True)]:
+        fb = FunctionBuilder("t", graph.symbol)
+        for a in (x, w):
+            fb.args.append(a)
+        g = fb.input("g", TensorType((2, 4), DType.f64))
+        dx, dw = rule_for("matmul")(GradContext(fb, wants), op, (g,))
+        assert (dx is not None) == wants[0] and dw is not None
+        grads = Graph("G", functions={"t": fb.finish([d for d in (dx, dw) if d is not None])})
+        xv, wv, gv = r(2, 3), r(3, 4), r(2, 4)
+        got = Interpreter(grads).run([xv, wv, gv], "t")
+        np.testing.assert_allclose(got[-1], xv.T @ gv)
+        if wants[0]:
+            np.testing.assert_allclose(got[0], gv @ wv.T)
+        else:
+            assert all(o.kind != "transpose" or o.operands[0] is not w for o in fb.ops)
+
+
+def test_autodiff_hands_each_rule_a_context_with_the_active_operands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass passes a GradContext (not an attribute on the builder) marking only operands that need gradients:
+    a frozen parameter's operand is not wanted."""
+    seen: list[GradContext] = []
+    rules = registered()["mul"].rules
+    real = rules["grad"]
+
+    def spy(ctx: GradContext, op, out_grads):
+        seen.append(ctx)
+        return real(ctx, op, out_grads)
+
+    monkeypatch.setitem(rules, "grad", spy)
+    b = Builder("M")
+    w = b.param("w", (3,), DType.f64, data=r(3), grad=True)
+    f = b.param("f", (3,), DType.f64, data=r(3), grad=False)
+    b.ret(b.sum(b.mul(w, f)))
+    Autodiff().apply(b.build())
+    assert [ctx.wants for ctx in seen] == [(True, False)]
+    assert not hasattr(seen[0].fb, "grad_wanted")
