@@ -1,8 +1,10 @@
 """kiln.ir: the graph IR, its text form, verifier, interpreter and rewrite machinery.
 
-This layer imports nothing from the rest of kiln, nor TVM, onnx or torch.
+This layer imports nothing from the rest of kiln, nor TVM, onnx or torch. Importing it registers the built-in ops
+(`kiln.ir.ops`), so every `registry.lookup` after any import of `kiln.ir` finds them.
 """
 
+from . import ops  # noqa: F401  (registers the built-in ops)
 from .builder import Builder, FunctionBuilder, new_param_id
 from .dtypes import DType
 from .errors import IRParseError, KilnError, ParamGroupError, PassError, RecordError, ShapeError, VerifyError
@@ -12,8 +14,9 @@ from .interpreter import Interpreter, evaluate_op, interpret
 from .nx import to_dot, to_networkx
 from .parser import parse, parse_file
 from .printer import print_graph
-from .registry import OpDef, lookup, registered
+from .registry import OpDef, lookup, ops_with, registered
 from .rewrite import Rewriter, prune, rewrite
+from .traits import Trait
 from .types import TensorType
 from .verifier import verify
 
@@ -21,7 +24,7 @@ __all__ = [
     "Builder", "DType", "FlagNode", "Function", "FunctionBuilder", "Graph", "IRParseError", "Init",
     "Interpreter", "KilnError", "Op", "OpDef", "Operand", "ParamGroupError", "ParamNode", "PassError",
     "RecordError", "ReparamNode",
-    "Rewriter", "ShapeError", "SymRef", "TensorType", "Value", "VerifyError", "evaluate_op", "interpret",
-    "lookup", "new_param_id", "parse", "parse_file", "print_graph", "prune", "registered", "rewrite",
+    "Rewriter", "ShapeError", "SymRef", "TensorType", "Trait", "Value", "VerifyError", "evaluate_op", "interpret",
+    "lookup", "new_param_id", "ops_with", "parse", "parse_file", "print_graph", "prune", "registered", "rewrite",
     "structural_hash", "to_dot", "to_networkx", "verify",
 ]
