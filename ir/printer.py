@@ -154,3 +154,6 @@ def print_graph(graph: Graph, elide_data: bool = False) -> str:
         lines.extend(function_lines(fn))
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+Graph.printer = print_graph
