@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.ir import DType, FunctionBuilder, Graph, TensorType, registry
+from kiln.ir import DType, FunctionBuilder, Graph, TensorType, Trait, registry
 from kiln.runtime.backend import default_backend
 
 from .autograd import backward
@@ -120,7 +120,7 @@ def apply(kind: str, *operands: Any, **attrs: Any) -> Tensor | tuple[Tensor, ...
             arr = np.asarray(o, dtype=first.dtype.numpy if not isinstance(o, np.ndarray) else None)
             o = leaf(arr, first.device)
         inputs.append(o)
-    if registry.lookup(kind).stochastic and "seed" not in attrs:
+    if registry.lookup(kind).has(Trait.STOCHASTIC) and "seed" not in attrs:
         attrs["seed"] = next(_seeds)
     full, types = registry.infer(kind, [t.type for t in inputs], attrs)
     node = Node(kind, tuple((t.node, t.index) for t in inputs), full, types,

@@ -23,9 +23,10 @@ from .interpreter import Interpreter, evaluate_op, interpret
 from .nx import to_dot, to_networkx
 from .parser import parse, parse_file
 from .printer import print_graph
-from .registry import OpDef, lookup, registered
+from .registry import OpDef, lookup, ops_with, registered
 from .rewrite import Rewriter, prune, rewrite
 from .structural import assert_structurally_equal, canonical_text, structurally_equal
+from .traits import Trait
 from .types import TensorType
 from .verifier import verify
 
@@ -33,8 +34,8 @@ __all__ = [
     "Builder", "DType", "FlagNode", "Function", "FunctionBuilder", "Graph", "IRParseError", "Init",
     "Interpreter", "KilnError", "Op", "OpDef", "Operand", "ParamGroupError", "ParamGroupWarning",
     "ParamNode", "PassError", "RecordError", "ReparamNode",
-    "Rewriter", "ShapeError", "SymRef", "TensorType", "Value", "VerifyError", "evaluate_op", "interpret",
-    "lookup", "new_param_id", "parse", "parse_file", "print_graph", "prune", "registered", "rewrite",
+    "Rewriter", "ShapeError", "SymRef", "TensorType", "Trait", "Value", "VerifyError", "evaluate_op", "interpret",
+    "lookup", "new_param_id", "ops_with", "parse", "parse_file", "print_graph", "prune", "registered", "rewrite",
     "structural_hash", "to_dot", "to_networkx", "verify",
     "assert_structurally_equal", "canonical_text", "structurally_equal",
 ]

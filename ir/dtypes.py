@@ -50,6 +50,12 @@ class DType(enum.Enum):
         return int(info.min), int(info.max)
 
     @property
+    def compute(self) -> DType:
+        """The dtype arithmetic on this one runs in: f32 for f16 and bf16 (as torch computes on CPU, rounding
+        results back), the dtype itself otherwise. The interpreter, Relax and ONNX lowerings all widen by it."""
+        return DType.f32 if self in (DType.f16, DType.bf16) else self
+
+    @property
     def bits(self) -> int:
         return _BITS[self]
 

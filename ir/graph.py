@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
@@ -154,6 +154,9 @@ class Graph(_Replaceable):
     flags: Mapping[str, FlagNode] = field(default_factory=dict)
     reparams: Mapping[str, ReparamNode] = field(default_factory=dict)
     functions: Mapping[str, Function] = field(default_factory=dict)
+    printer: ClassVar[Callable[[Graph], str]]
+    """What `str(graph)` gives: `kiln.ir.printer` installs its `.kir` printer here when imported (as `kiln.ir`
+    always does), since the printer imports this module and this module must not import it back."""
 
     def symbol(self, name: str) -> Node | None:
         """The node a `@name` refers to, or None."""
@@ -168,13 +171,4 @@ class Graph(_Replaceable):
         return self.replace(functions={**self.functions, fn.name: fn})
 
     def __str__(self) -> str:
-        return _text_form(self)
-
-
-_text_form: Callable[[Graph], str] = repr  # until kiln.ir.printer (imported by kiln.ir) installs the text form
-
-
-def set_text_form(printer: Callable[[Graph], str]) -> None:
-    """Install the canonical printer as `str(graph)`; `kiln.ir.printer` calls this, so graph never imports it."""
-    global _text_form
-    _text_form = printer
+        return Graph.printer(self)

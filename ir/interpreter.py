@@ -20,13 +20,11 @@ from .ops.random import run_seed
 from .symbols import SymbolResolver
 from .types import TensorType
 
-_LOW_PRECISION = (DType.f16, DType.bf16)
-
 
 def evaluate_op(kind: str, arrays: Sequence[np.ndarray], attrs: Mapping[str, Any],
                 result_types: Sequence[TensorType]) -> tuple[np.ndarray, ...]:
     """One op's numpy semantics, with results cast to and checked against their declared types."""
-    widened = [a.astype(np.float32) if a.dtype in (DType.f16.numpy, DType.bf16.numpy) else a for a in arrays]
+    widened = [a.astype(DType.from_numpy(a.dtype).compute.numpy, copy=False) for a in arrays]
     try:
         with np.errstate(all="ignore"):
             outs = registry.lookup(kind).reference(widened, attrs)

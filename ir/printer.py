@@ -11,7 +11,7 @@ import numpy as np
 
 from . import registry
 from .dtypes import DType
-from .graph import FlagNode, Function, Graph, Init, Op, Operand, ParamNode, ReparamNode, SymRef, set_text_form
+from .graph import FlagNode, Function, Graph, Init, Op, Operand, ParamNode, ReparamNode, SymRef
 from .types import TensorType
 
 _BARE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.$\-]*\Z")
@@ -156,4 +156,4 @@ def print_graph(graph: Graph, elide_data: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-set_text_form(print_graph)
+Graph.printer = print_graph

@@ -1,6 +1,7 @@
 """The op registry: each op kind is registered once with its schema, type inference and numpy semantics.
 
-Later layers attach more per-kind rules (gradients, Relax and ONNX lowerings) to the same `OpDef`.
+Later layers attach more per-kind rules (gradients, Relax and ONNX lowerings) to the same `OpDef`. The built-in
+ops register when `kiln.ir` is imported (its `__init__` imports `kiln.ir.ops`); this module imports none of them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 
 from .attrs import Attr, validate_attrs
 from .errors import ShapeError
+from .traits import Trait, closure
 from .types import TensorType
 
 InferFn = Callable[[Sequence[TensorType], Mapping[str, Any]], tuple[TensorType, ...]]
@@ -24,7 +26,8 @@ class OpDef:
     """Everything kiln knows about one op kind.
 
     `operands` names each operand; a name ending in `*` takes any number (at least one) of trailing ones,
-    and a name ending in `?` is optional. `infer` raises ShapeError naming the operand at fault.
+    and a name ending in `?` is optional. `infer` raises ShapeError naming the operand at fault. `traits` are
+    closed under the traits they imply (see `kiln.ir.traits`).
     """
 
     name: str
@@ -33,8 +36,15 @@ class OpDef:
     infer: InferFn
     reference: ReferenceFn
     doc: str = ""
-    stochastic: bool = False
+    traits: frozenset[Trait] = frozenset()
     rules: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.traits = closure(self.traits)
+
+    def has(self, trait: Trait) -> bool:
+        """Whether this op kind has `trait`, declared or implied."""
+        return trait in self.traits
 
     def check_arity(self, n: int) -> None:
         fixed = [o for o in self.operands if not o.endswith(("*", "?"))]
@@ -43,11 +53,6 @@ class OpDef:
         if n < len(fixed) + (1 if variadic else 0) or (not variadic and n > len(fixed) + optional):
             want = ", ".join(self.operands)
             raise ShapeError(f"{self.name}: takes operands ({want}) but got {n}")
-
-    def operand_name(self, i: int) -> str:
-        if i < len(self.operands):
-            return self.operands[i].rstrip("*?")
-        return self.operands[-1].rstrip("*?")
 
 
 _REGISTRY: dict[str, OpDef] = {}
@@ -70,6 +75,11 @@ def lookup(kind: str) -> OpDef:
 
 def registered() -> dict[str, OpDef]:
     return dict(_REGISTRY)
+
+
+def ops_with(trait: Trait) -> frozenset[str]:
+    """The registered op kinds that have `trait`."""
+    return frozenset(name for name, opdef in _REGISTRY.items() if opdef.has(trait))
 
 
 def infer(kind: str, operand_types: Sequence[TensorType], attrs: Mapping[str, Any]

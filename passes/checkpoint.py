@@ -8,9 +8,9 @@ not kept, is copied (replayed by `kiln.ir.Rewriter`, named `%<value>.recompute`)
 op that uses it.
 
     none      keep every forward value (the identity).
-    balanced  recompute cheap, memory-bound ops (elementwise math and activations, dropout, data movement,
-              constants); keep compute-bound and reducing ones (matmul, linear, convolutions, pooling,
-              normalizations, softmax, reductions).
+    balanced  recompute the ops with `Trait.MEMORY_BOUND` (elementwise math and activations, dropout, data
+              movement including take and gather, constants); keep compute-bound and reducing ones (matmul,
+              linear, convolutions, pooling, normalizations, softmax, reductions).
     all       recompute everything inside regions and keep only the regions' inputs: the forward ops are cut
               into regions of about sqrt(n) consecutive ops, and a value is kept only when a later region
               (or the function's results) uses it.
@@ -27,16 +27,9 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from kiln.ir import Function, Graph, Op, Operand, PassError, Rewriter, Value, prune
+from kiln.ir import Function, Graph, Op, Operand, PassError, Rewriter, Trait, Value, lookup, prune
 
 from .base import Pass
-
-MEMORY_BOUND = frozenset({
-    "neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "leaky_relu", "erf",
-    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "equal", "less", "greater", "where", "cast", "dropout",
-    "reshape", "transpose", "broadcast_to", "slice", "concat", "constant", "zeros", "ones", "full",
-})
-STRATEGIES = ("none", "balanced", "all")
 
 
 def strategy_of(graph: Graph) -> str:
@@ -64,7 +57,7 @@ def _kept(fn: Function, forward: list[Op], strategy: str) -> set[int]:
     if strategy == "none":
         return {id(r) for op in forward for r in op.results}
     if strategy == "balanced":
-        return {id(r) for op in forward for r in op.results if op.kind not in MEMORY_BOUND} | returned
+        return {id(r) for op in forward for r in op.results if not lookup(op.kind).has(Trait.MEMORY_BOUND)} | returned
     size = max(1, math.isqrt(len(forward) - 1) + 1) if forward else 1
     region = {id(r): i // size for i, op in enumerate(forward) for r in op.results}
     kept = set(returned)

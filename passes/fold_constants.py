@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kiln.ir import Graph, Op, Operand, Rewriter, evaluate_op, lookup, rewrite
+from kiln.ir import Graph, Op, Operand, Rewriter, Trait, evaluate_op, lookup, rewrite
 
 from .base import Pass
 from .patterns import constant_of
@@ -19,7 +19,7 @@ class FoldConstants(Pass):
     max_elements: int = 1 << 16
 
     def rule(self, rw: Rewriter, op: Op) -> Sequence[Operand] | None:
-        if not op.operands or lookup(op.kind).stochastic:
+        if not op.operands or lookup(op.kind).has(Trait.STOCHASTIC):
             return None
         values = [constant_of(o) for o in op.operands]
         if any(v is None for v in values):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -10,6 +10,7 @@ import numpy as np
 from ..attrs import Attr
 from ..errors import ShapeError
 from ..registry import OpDef, register
+from ..traits import Trait
 from ..types import TensorType
 
 Check = Callable[[str, int, TensorType], None]
@@ -59,5 +60,5 @@ def one(fn: Callable[..., np.ndarray]) -> Callable[[Sequence[np.ndarray], Mappin
 
 
 def define(name: str, operands: tuple[str, ...], infer, reference, attrs: Mapping[str, Attr] | None = None,
-           doc: str = "", stochastic: bool = False) -> OpDef:
-    return register(OpDef(name, operands, attrs or {}, infer, reference, doc, stochastic))
+           doc: str = "", traits: Iterable[Trait] = ()) -> OpDef:
+    return register(OpDef(name, operands, attrs or {}, infer, reference, doc, frozenset(traits)))

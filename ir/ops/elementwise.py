@@ -8,6 +8,7 @@ import numpy as np
 
 from ..attrs import DTYPE, FLOAT, Attr, one_of
 from ..dtypes import DType
+from ..traits import Trait
 from ..types import TensorType, broadcast_shapes
 from .common import Check, any_dtype, define, floating, numeric, one, same_dtype
 
@@ -15,20 +16,23 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 
 
 def _unary(name: str, fn, check: Check = floating, attrs=None, doc: str = "") -> None:
+    """Register an elementwise op of one operand whose result has the operand's type."""
     def infer(ts, attrs):
         check(name, 0, ts[0])
         return (ts[0],)
-    define(name, ("x",), infer, one(fn), attrs, doc)
+    define(name, ("x",), infer, one(fn), attrs, doc, {Trait.ELEMENTWISE})
 
 
-def _binary(name: str, fn, check: Check = numeric, result: DType | None = None, doc: str = "") -> None:
+def _binary(name: str, fn, check: Check = numeric, result: DType | None = None, doc: str = "",
+            commutative: bool = False) -> None:
     def infer(ts, attrs):
         for i, t in enumerate(ts):
             check(name, i, t)
         same_dtype(name, ts)
         shape = broadcast_shapes(ts[0].shape, ts[1].shape, what=name)
         return (TensorType(shape, result or ts[0].dtype),)
-    define(name, ("lhs", "rhs"), infer, one(fn), doc=doc)
+    traits = {Trait.ELEMENTWISE, Trait.COMMUTATIVE} if commutative else {Trait.ELEMENTWISE}
+    define(name, ("lhs", "rhs"), infer, one(fn), doc=doc, traits=traits)
 
 
 def _div(a, b):
@@ -66,14 +70,14 @@ _unary("gelu", _gelu, attrs={"approximate": Attr(one_of("none", "tanh"), "none")
 _unary("leaky_relu", lambda x, alpha: np.where(x >= 0, x, alpha * x).astype(x.dtype),
        attrs={"alpha": Attr(FLOAT, 0.01)})
 
-_binary("add", np.add)
+_binary("add", np.add, commutative=True)
 _binary("sub", np.subtract)
-_binary("mul", np.multiply)
+_binary("mul", np.multiply, commutative=True)
 _binary("div", _div, doc="true division for floats; integer division truncates toward zero (x/0 gives 0)")
 _binary("pow", np.power, floating)
 _binary("maximum", np.maximum)
 _binary("minimum", np.minimum)
-_binary("equal", np.equal, any_dtype, DType.bool)
+_binary("equal", np.equal, any_dtype, DType.bool, commutative=True)
 _binary("less", np.less, any_dtype, DType.bool)
 _binary("greater", np.greater, any_dtype, DType.bool)
 
@@ -86,7 +90,7 @@ def _where_infer(ts, attrs):
     return (TensorType(broadcast_shapes(*(t.shape for t in ts), what="where"), ts[1].dtype),)
 
 
-define("where", ("cond", "lhs", "rhs"), _where_infer, one(np.where))
+define("where", ("cond", "lhs", "rhs"), _where_infer, one(np.where), traits={Trait.ELEMENTWISE, Trait.EXACT})
 
 
 def _cast(x, dtype: DType):
@@ -101,4 +105,5 @@ def _cast_infer(ts, attrs):
 
 
 define("cast", ("x",), _cast_infer, one(_cast), {"dtype": Attr(DTYPE)},
-       doc="convert element type; floats to ints truncate toward zero, nonzero to bool is true")
+       doc="convert element type; floats to ints truncate toward zero, nonzero to bool is true",
+       traits={Trait.ELEMENTWISE, Trait.EXACT})

@@ -12,6 +12,7 @@ import numpy as np
 from ..attrs import FLOAT, INT, Attr
 from ..dtypes import DType
 from ..errors import ShapeError
+from ..traits import Trait
 from .common import define, floating
 
 _run_seed: contextvars.ContextVar[int] = contextvars.ContextVar("kiln_run_seed", default=0)
@@ -48,4 +49,4 @@ def _dropout(xs, attrs):
 define("dropout", ("x", "training"), _dropout_infer, _dropout,
        {"p": Attr(FLOAT, 0.5), "seed": Attr(INT, 0, "per-op stream, mixed with the run seed")},
        doc="zero each element with probability p and scale the rest by 1/(1-p) while training is true",
-       stochastic=True)
+       traits={Trait.ELEMENTWISE, Trait.STOCHASTIC})

@@ -7,8 +7,11 @@ import numpy as np
 from ..attrs import INT, INTS, Attr, optional
 from ..dtypes import DType
 from ..errors import ShapeError
+from ..traits import Trait
 from ..types import TensorType, broadcast_shapes
 from .common import any_dtype, define, norm_axis, one, same_dtype
+
+_MOVES = {Trait.DATA_MOVEMENT}
 
 
 def _transpose_infer(ts, attrs):
@@ -23,7 +26,7 @@ def _transpose_infer(ts, attrs):
 
 
 define("transpose", ("x",), _transpose_infer, one(lambda x, perm: np.transpose(x, perm)),
-       {"perm": Attr(optional(INTS), None, "absent reverses the dims")})
+       {"perm": Attr(optional(INTS), None, "absent reverses the dims")}, traits=_MOVES)
 
 
 def _reshape_infer(ts, attrs):
@@ -46,7 +49,7 @@ def _reshape_infer(ts, attrs):
 
 
 define("reshape", ("x",), _reshape_infer, one(lambda x, shape: np.reshape(x, shape)),
-       {"shape": Attr(INTS, doc="target shape; one -1 is inferred")})
+       {"shape": Attr(INTS, doc="target shape; one -1 is inferred")}, traits=_MOVES)
 
 
 def _broadcast_target(x: tuple, shape: tuple[int, ...]) -> tuple:
@@ -73,7 +76,7 @@ def _broadcast_infer(ts, attrs):
 
 define("broadcast_to", ("x",), _broadcast_infer,
        one(lambda x, shape: np.broadcast_to(x, _broadcast_target(x.shape, shape)).copy()),
-       {"shape": Attr(INTS, doc="target shape; -1 keeps the input's dim")})
+       {"shape": Attr(INTS, doc="target shape; -1 keeps the input's dim")}, traits=_MOVES)
 
 
 def _concat_infer(ts, attrs):
@@ -97,7 +100,7 @@ def _concat_infer(ts, attrs):
 
 
 define("concat", ("xs*",), _concat_infer, lambda xs, attrs: (np.concatenate(xs, axis=attrs["axis"]),),
-       {"axis": Attr(INT, 0)})
+       {"axis": Attr(INT, 0)}, traits=_MOVES)
 
 
 def _slices(op: str, rank: int, attrs) -> dict[int, slice]:
@@ -130,7 +133,7 @@ def _slice(x, **attrs):
 define("slice", ("x",), _slice_infer, one(_slice),
        {"starts": Attr(INTS), "ends": Attr(INTS), "axes": Attr(optional(INTS), None),
         "steps": Attr(optional(INTS), None)},
-       doc="numpy basic slicing along the given axes (clamped, negative indices count from the end)")
+       doc="numpy basic slicing along the given axes (clamped, negative indices count from the end)", traits=_MOVES)
 
 
 def _index_dtype(op: str, t: TensorType) -> None:
@@ -148,7 +151,7 @@ def _take_infer(ts, attrs):
 
 define("take", ("x", "indices"), _take_infer,
        one(lambda x, i, axis: np.take(x, i, axis=axis, mode="raise")), {"axis": Attr(INT, 0)},
-       doc="select slices along axis by index, numpy.take (embedding lookup)")
+       doc="select slices along axis by index, numpy.take (embedding lookup)", traits=_MOVES)
 
 
 def _gather_infer(ts, attrs):
@@ -165,4 +168,4 @@ def _gather_infer(ts, attrs):
 
 define("gather", ("x", "indices"), _gather_infer,
        one(lambda x, i, axis: np.take_along_axis(x, i, axis=axis)), {"axis": Attr(INT, 0)},
-       doc="pick one element along axis per index position, torch.gather")
+       doc="pick one element along axis per index position, torch.gather", traits=_MOVES)

@@ -7,6 +7,7 @@ import numpy as np
 from ..attrs import DENSE, DTYPE, FLOAT, INTS, Attr
 from ..dtypes import DType
 from ..errors import ShapeError
+from ..traits import Trait
 from ..types import TensorType
 from .common import define
 
@@ -20,7 +21,8 @@ def _constant_infer(ts, attrs):
     return (TensorType(tuple(value.shape), dtype),)
 
 
-define("constant", (), _constant_infer, lambda xs, attrs: (attrs["value"],), {"value": Attr(DENSE)})
+define("constant", (), _constant_infer, lambda xs, attrs: (attrs["value"],), {"value": Attr(DENSE)},
+       traits={Trait.SOURCE})
 
 
 def _filled(name: str, fill) -> None:
@@ -35,7 +37,7 @@ def _filled(name: str, fill) -> None:
     schema = {"shape": Attr(INTS), "dtype": Attr(DTYPE, DType.f32)}
     if name == "full":
         schema["value"] = Attr(FLOAT)
-    define(name, (), infer, reference, schema)
+    define(name, (), infer, reference, schema, traits={Trait.SOURCE})
 
 
 _filled("zeros", lambda attrs: 0)

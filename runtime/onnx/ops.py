@@ -76,7 +76,7 @@ def _div(call: OnnxCall) -> OnnxResult:
     return call.node("Where", by_zero, zero, call.node("Div", multiple, safe))
 
 
-@onnx_rule("cast", exact=True)
+@onnx_rule("cast")
 def _cast(call: OnnxCall) -> OnnxResult:
     """Cast truncates floats toward zero and maps nonzero (NaN included) to true, as kiln's cast does."""
     return call.cast(call.inputs[0], call.attrs["dtype"])
@@ -109,12 +109,12 @@ def _normalized(call: OnnxCall) -> OnnxResult:
     return call.node(_NORMALIZED[call.kind], call.inputs[0], axis=call.attrs["axis"])
 
 
-@onnx_rule("constant", exact=True)
+@onnx_rule("constant")
 def _constant(call: OnnxCall) -> OnnxResult:
     return call.const(call.attrs["value"])
 
 
-@onnx_rule("zeros", "ones", "full", exact=True)
+@onnx_rule("zeros", "ones", "full")
 def _filled(call: OnnxCall) -> OnnxResult:
     """ConstantOfShape holding the op's own one-element value, so `full` converts its value as the op does."""
     (one,) = registry.lookup(call.kind).reference([], {**call.attrs, "shape": (1,)})

@@ -2,8 +2,9 @@
 
 A rule receives an `OnnxCall` (the op's operands as ONNX value names with their kiln types, compile-time values
 where known, the attributes and the result types), adds the nodes computing the op through it, and returns one
-ONNX value name per result. Rules never see f16 or bf16 unless registered `exact` (data movement): those operands
-are cast to f32 and the results rounded back to their declared dtypes, as the interpreter computes.
+ONNX value name per result. Rules of ops without `Trait.EXACT` never see f16 or bf16: those operands are cast to
+their `DType.compute` (f32) and the results rounded back to their declared dtypes, as the interpreter computes.
+Exact ops (data movement, `where`, `cast`, sources) run in their operands' own dtype.
 """
 
 from __future__ import annotations
@@ -16,14 +17,12 @@ from typing import Any
 import numpy as np
 from onnx import NodeProto, helper, numpy_helper
 
-from kiln.ir import DType, KilnError, TensorType, registry
+from kiln.ir import DType, KilnError, TensorType, Trait, registry
 
 from .tensors import onnx_dtype
 
 OnnxResult = str | tuple[str, ...]
 OnnxRule = Callable[["OnnxCall"], OnnxResult]
-
-_LOW_PRECISION = (DType.f16, DType.bf16)
 
 
 class NodeSink:
@@ -102,17 +101,18 @@ class OnnxCall:
 
 
 def _widened(rule: OnnxRule) -> OnnxRule:
-    """`rule` run on f32 in place of f16 and bf16, with its results rounded back to their declared dtypes."""
+    """`rule` run in each dtype's `compute` dtype (f32 for f16 and bf16), its results rounded back to their
+    declared dtypes."""
     def low(t: TensorType) -> bool:
-        return t.dtype in _LOW_PRECISION
+        return t.dtype.compute is not t.dtype
 
     def wide(t: TensorType) -> TensorType:
-        return t.with_dtype(DType.f32) if low(t) else t
+        return t.with_dtype(t.dtype.compute)
 
     def lower(call: OnnxCall) -> OnnxResult:
         if not any(low(t) for t in (*call.types, *call.results)):
             return rule(call)
-        inputs = [call.cast(n, DType.f32) if low(t) else n for n, t in zip(call.inputs, call.types)]
+        inputs = [call.cast(n, t.dtype.compute) if low(t) else n for n, t in zip(call.inputs, call.types)]
         out = as_names(rule(dataclasses.replace(call, inputs=inputs, types=[wide(t) for t in call.types],
                                                 results=[wide(t) for t in call.results])))
         return tuple(call.cast(n, t.dtype) if low(t) else n for n, t in zip(out, call.results))
@@ -123,11 +123,12 @@ def as_names(result: OnnxResult) -> tuple[str, ...]:
     return (result,) if isinstance(result, str) else tuple(result)
 
 
-def onnx_rule(*kinds: str, exact: bool = False) -> Callable[[OnnxRule], OnnxRule]:
-    """Register the decorated function as the ONNX lowering of each op kind; `exact` ones see f16 and bf16."""
+def onnx_rule(*kinds: str) -> Callable[[OnnxRule], OnnxRule]:
+    """Register the decorated function as the ONNX lowering of each op kind, widened unless the op is exact."""
     def register(fn: OnnxRule) -> OnnxRule:
-        lowering = fn if exact else _widened(fn)
+        widened = _widened(fn)
         for kind in kinds:
-            registry.lookup(kind).rules["onnx"] = lowering
+            opdef = registry.lookup(kind)
+            opdef.rules["onnx"] = fn if opdef.has(Trait.EXACT) else widened
         return fn
     return register

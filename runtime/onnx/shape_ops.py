@@ -1,6 +1,6 @@
 """ONNX lowerings of kiln's data-movement ops: transpose, reshape, broadcast_to, concat, slice, take, gather.
 
-They move values without computing on them, so they run in the operands' own dtype (`exact`).
+They move values without computing on them, so they run in the operands' own dtype (`Trait.EXACT`).
 """
 
 from __future__ import annotations
@@ -15,30 +15,30 @@ from .rule import OnnxCall, OnnxResult, onnx_rule
 _INT64 = np.iinfo(np.int64)
 
 
-@onnx_rule("transpose", exact=True)
+@onnx_rule("transpose")
 def _transpose(call: OnnxCall) -> OnnxResult:
     perm = call.attrs["perm"]
     return call.node("Transpose", call.inputs[0], perm=perm or tuple(reversed(range(call.types[0].rank))))
 
 
-@onnx_rule("reshape", exact=True)
+@onnx_rule("reshape")
 def _reshape(call: OnnxCall) -> OnnxResult:
     """numpy's reshape: -1 is inferred and 0 is a zero-length dim (`allowzero`), not ONNX's copied dim."""
     return call.node("Reshape", call.inputs[0], call.ints(call.attrs["shape"]), allowzero=1)
 
 
-@onnx_rule("broadcast_to", exact=True)
+@onnx_rule("broadcast_to")
 def _broadcast_to(call: OnnxCall) -> OnnxResult:
     """Expand broadcasts both ways, so a 1 where the target says -1 keeps the input's (even dynamic) dim."""
     return call.node("Expand", call.inputs[0], call.ints([1 if d == -1 else d for d in call.attrs["shape"]]))
 
 
-@onnx_rule("concat", exact=True)
+@onnx_rule("concat")
 def _concat(call: OnnxCall) -> OnnxResult:
     return call.node("Concat", *call.inputs, axis=norm_axis("concat", call.attrs["axis"], call.types[0].rank))
 
 
-@onnx_rule("slice", exact=True)
+@onnx_rule("slice")
 def _slice(call: OnnxCall) -> OnnxResult:
     """ONNX Slice clamps its bounds as Python's `slice.indices` does; bounds beyond int64 clamp to it first."""
     cuts = _slices("slice", call.types[0].rank, call.attrs)
@@ -51,13 +51,13 @@ def _slice(call: OnnxCall) -> OnnxResult:
                      bounds([cuts[a].stop for a in axes]), call.ints(axes), call.ints([cuts[a].step for a in axes]))
 
 
-@onnx_rule("take", exact=True)
+@onnx_rule("take")
 def _take(call: OnnxCall) -> OnnxResult:
     """numpy.take is Gather (negative indices count from the end in both)."""
     return call.node("Gather", *call.inputs, axis=norm_axis("take", call.attrs["axis"], call.types[0].rank))
 
 
-@onnx_rule("gather", exact=True)
+@onnx_rule("gather")
 def _gather(call: OnnxCall) -> OnnxResult:
     """numpy.take_along_axis is GatherElements."""
     return call.node("GatherElements", *call.inputs, axis=norm_axis("gather", call.attrs["axis"], call.types[0].rank))

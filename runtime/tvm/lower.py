@@ -7,7 +7,8 @@
   them) or trailing function inputs (`params="inputs"`, for training: one build serves every weight value).
 * Derived parameters (reparam nodes such as `lora`) are computed inside the function from their stored bases.
 * Flags lower to constants of their effective value: rules such as `dropout` and `batch_norm` specialize on them.
-* f16 and bf16 arithmetic runs in f32 with results rounded to the declared dtype, as the interpreter does.
+* f16 and bf16 arithmetic runs in `DType.compute` (f32) with results rounded to the declared dtype, as the
+  interpreter does; ops with `Trait.EXACT` (data movement, `where`, `cast`, sources) run in their own dtype.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import tvm
 from tvm import relax, tirx
 
 from kiln.ir import (
-    DType,
     FlagNode,
     Graph,
     KilnError,
@@ -30,6 +30,7 @@ from kiln.ir import (
     ReparamNode,
     SymRef,
     TensorType,
+    Trait,
     Value,
     registry,
 )
@@ -43,9 +44,6 @@ from .signature import FunctionSignature
 
 LOWERING_VERSION = "4"  # bump when lowering or pipelines change what a compile-cache key builds
 PARAM_MODES = ("bound", "inputs")
-_LOW_PRECISION = (DType.f16, DType.bf16)
-_DATA_MOVEMENT = {"transpose", "reshape", "broadcast_to", "concat", "slice", "take", "gather", "cast", "where",
-                  "constant", "zeros", "ones", "full"}
 
 DimKey = tuple[int, int]  # (input index, axis)
 
@@ -181,14 +179,15 @@ class _FunctionLowering:
     def apply(self, bb: relax.BlockBuilder, kind: str, operands: Sequence[tuple[relax.Expr, np.ndarray | None]],
               types: Sequence[TensorType], attrs: dict, results: Sequence[TensorType]) -> list[relax.Expr]:
         """Run the op's Relax rule and emit its results, checked against (and cast to) the declared types."""
-        rule = registry.lookup(kind).rules.get("relax")
+        opdef = registry.lookup(kind)
+        rule = opdef.rules.get("relax")
         if rule is None:
             raise KilnError(f"op {kind!r} has no Relax lowering")
         args = [e for e, _ in operands]
-        if kind not in _DATA_MOVEMENT:
-            widened = [t.dtype in _LOW_PRECISION for t in types]
-            args = [bb.emit(relax.op.astype(a, "float32")) if w else a for a, w in zip(args, widened)]
-            types = [t.with_dtype(DType.f32) if w else t for t, w in zip(types, widened)]
+        if not opdef.has(Trait.EXACT):
+            args = [a if t.dtype.compute is t.dtype else bb.emit(relax.op.astype(a, tvm_dtype(t.dtype.compute)))
+                    for a, t in zip(args, types)]
+            types = [t.with_dtype(t.dtype.compute) for t in types]
         call = OpCall(kind, bb, args, types, [k for _, k in operands], attrs, self.run_seed)
         outs = rule(call)
         outs = outs if isinstance(outs, tuple) else (outs,)

@@ -9,10 +9,14 @@ import pytest
 import kiln
 from kiln import nn
 from kiln.frontend.autograd import differentiate
+from kiln.frontend.module import Module
+from kiln.frontend.nn import functional as F
+from kiln.frontend.tensor import apply
 from kiln.frontend.trace import trace_function
-from kiln.ir import Graph, Interpreter, PassError
+from kiln.ir import DType, Function, Graph, Interpreter, Op, PassError, TensorType, Trait, Value, ops_with, registered
 from kiln.ir.liveness import peak_live_bytes
 from kiln.passes import PassManager
+from kiln.passes.checkpoint import checkpoint
 
 SHAPE = (4, 16, 32)
 X = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
@@ -68,3 +72,42 @@ def test_parameters_must_agree_on_a_strategy(block: Graph) -> None:
     mixed = block.replace(params={k: v.replace(checkpointing=v.checkpointing or "balanced") for k, v in params.items()})
     with pytest.raises(PassError, match="disagree on checkpointing"):
         PassManager.parse("autodiff,checkpoint").run(mixed)
+
+
+def test_balanced_recomputes_exactly_the_memory_bound_ops() -> None:
+    """Every op kind's value read by the backward: balanced recomputes those with Trait.MEMORY_BOUND, no others."""
+    t = TensorType((2,), DType.f32)
+    x = Value(t, "x")
+    values = {kind: Op(kind, (x,), {}, (Value(t, kind),)).results[0] for kind in registered()}
+    loss = Op("concat", tuple(values.values()), {}, (Value(t, "loss"),)).results[0]
+    grad = Op("concat", tuple(values.values()), {}, (Value(t, "grad"),)).results[0]
+    fn = Function("forward_backward", (x,), tuple(v.owner for v in (*values.values(), loss, grad)), (loss, grad))
+    out = checkpoint(Graph("Kinds"), fn, 1, "balanced")
+    recomputed = {op.kind for op in out.ops if op.results[0].name.endswith(".recompute")}
+    assert recomputed == ops_with(Trait.MEMORY_BOUND)
+
+
+class Tagger(Module):
+    """An embedding lookup (take) and a linear head."""
+
+    def __init__(self, device: kiln.Device):
+        self.emb = nn.Embedding(10, 8, device=device)
+        self.head = nn.Linear(8, 5, device=device)
+
+
+def test_balanced_recomputes_take_and_gather_and_keeps_every_result() -> None:
+    model = Tagger(kiln.Device("cpu").autodiff())
+
+    def loss(tokens, targets):
+        logp = F.log_softmax(model.head(model.emb(tokens)), axis=-1)
+        picked = apply("gather", logp, apply("reshape", targets, shape=(-1, 1)), axis=1)
+        return apply("mean", picked * picked)  # the backward reads the gathered value
+
+    graph, _ = trace_function(model, loss, ((6,), "i64"), ((6,), "i64"))
+    none, balanced = checkpointed(graph, "none"), checkpointed(graph, "balanced")
+    fn = balanced.functions["forward_backward"]
+    assert {"take", "gather"} <= {op.kind for op in fn.ops if op.results[0].name.endswith(".recompute")}
+    inputs = [np.array([1, 3, 3, 0, 9, 2]), np.array([4, 0, 1, 1, 3, 2])]
+    for a, b in zip(Interpreter(balanced).run(inputs, "forward_backward"),
+                    Interpreter(none).run(inputs, "forward_backward")):
+        np.testing.assert_array_equal(a, b)

@@ -15,19 +15,23 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from tvm import relax
 
 import kiln
 from kiln import nn
 from kiln.frontend.module import Module
 from kiln.frontend.tensor import Tensor, apply
 from kiln.ir import Builder, DType, Graph, Init, Interpreter, KilnError, TensorType, interpret, registered
+from kiln.ir.registry import ops_with
+from kiln.ir.traits import Trait
 from kiln.passes.autodiff import Autodiff
 from kiln.runtime.backend import InterpreterBackend, set_default_backend
 from kiln.runtime.tvm import compile_cache
 from kiln.runtime.tvm.backend import TVMBackend
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.executable import Executable
-from kiln.runtime.tvm.lower import lower
+from kiln.runtime.tvm.lower import _FunctionLowering, _Plan, lower
+from kiln.runtime.tvm.rule import OpCall
 
 RNG = np.random.default_rng(7)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -161,6 +165,10 @@ def _cases() -> list[Case]:
     c.append(Case("take", "negative-index", [f32(5, 3), np.array([[0, -1], [4, 2]], np.int64)], {"axis": 0}))
     c.append(Case("take", "axis1-i32", [f32(2, 5, 3), np.array([4, 0, -2], np.int32)], {"axis": 1}))
     c.append(Case("gather", "axis1", [f32(3, 4), np.array([[0, 3], [1, -1], [2, 2]], np.int64)], {"axis": 1}))
+    c.append(Case("where", "bf16", [RNG.random((3, 4)) < 0.5, f32(3, 4, dtype=BF16), f32(4, dtype=BF16)]))
+    c.append(Case("take", "bf16", [f32(5, 3, dtype=BF16), np.array([4, 0, -2], np.int64)]))
+    c.append(Case("gather", "f16", [f32(3, 4, dtype=np.float16), np.array([[0, 3], [1, -1], [2, 2]], np.int64)],
+                  {"axis": 1}))
     c.append(Case("constant", "f32", [], {"value": f32(2, 3)}))
     c.append(Case("zeros", "f32", [], {"shape": (2, 3)}))
     c.append(Case("ones", "i64", [], {"shape": (4,), "dtype": DType.i64}))
@@ -218,6 +226,40 @@ def test_op_matches_interpreter(op_table: tuple[Graph, Executable], case: Case) 
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert_close(g, w)
+
+
+@pytest.mark.parametrize(("case_id", "widened"), [("where-bf16", False), ("take-bf16", False), ("gather-f16", False),
+                                                   ("mul-bf16", True)])
+def test_exact_ops_lower_in_their_own_dtype(case_id: str, widened: bool) -> None:
+    """Ops with Trait.EXACT (where, take and gather among them) run on f16 and bf16 as is; others widen to f32."""
+    case = next(c for c in CASES if c.id == case_id)
+    text = lower(op_table_graph(), functions=[case.function]).module.script()
+    assert ("astype" in text) == widened
+
+
+def test_relax_lowering_widens_exactly_the_ops_without_the_exact_trait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe rule for every op kind sees f16 operands just where the op has Trait.EXACT."""
+    seen: dict[str, DType] = {}
+
+    def probe(call: OpCall) -> relax.Expr:
+        seen[call.kind] = call.types[0].dtype
+        return call.args[0]
+
+    f16 = TensorType((2,), DType.f16)
+    b = Builder("Probe")
+    b.ret(b.input("x", f16))
+    lowering = _FunctionLowering(b.build(), "forward", "bound", _Plan())
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([2], "float16"))
+    with bb.function("probe", [x]):
+        with bb.dataflow():
+            for kind, opdef in registered().items():
+                monkeypatch.setitem(opdef.rules, "relax", probe)
+                lowering.apply(bb, kind, [(x, None)], [f16], {}, [f16])
+            out = bb.emit_output(x)
+        bb.emit_func_output(out)
+    assert {kind for kind, dtype in seen.items() if dtype is DType.f16} == ops_with(Trait.EXACT)
+    assert set(seen) == set(registered())
 
 
 def test_out_of_range_indices_are_clamped_not_read_out_of_bounds() -> None:

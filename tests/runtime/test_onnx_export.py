@@ -21,9 +21,13 @@ import kiln
 from kiln import nn
 from kiln.frontend.tensor import apply
 from kiln.ir import Builder, DType, Graph, KilnError, interpret, parse, print_graph, registered
+from kiln.ir.registry import ops_with
+from kiln.ir.traits import Trait
+from kiln.ir.types import TensorType
 from kiln.passes import get_pass
 from kiln.runtime.onnx import export as onnx_export
 from kiln.runtime.onnx.export import export_graph, to_onnx
+from kiln.runtime.onnx.rule import NodeSink, OnnxCall, onnx_rule
 from kiln.runtime.onnx.tensors import read_record as read_onnx_record
 from kiln.runtime.records.record import ModuleRecord, RecordEntry
 
@@ -196,6 +200,9 @@ CASES: list[tuple[str, Case]] = [
     ("layer_norm-f16", case("layer_norm", X.astype(np.float16), params={"g": floats(4).astype(np.float16)},
                             tol=1e-2)),
     ("transpose-f16", case("transpose", X.astype(np.float16))),
+    ("where-f16", case("where", X > 0, X.astype(np.float16), floats(4).astype(np.float16))),
+    ("take-f16", case("take", X.astype(np.float16), np.array([2, -1, 0]))),
+    ("gather-f16", case("gather", X.astype(np.float16), np.array([[0, 3], [-1, 1], [2, 2]]), axis=1)),
     ("constant", case("constant", value=np.arange(6, dtype=np.int64).reshape(2, 3))),
     ("zeros", case("zeros", shape=(2, 3))),
     ("ones-bool-scalar", case("ones", shape=(), dtype=DType.bool)),
@@ -227,6 +234,31 @@ def test_every_op_kind_has_an_onnx_lowering_and_a_test():
 @pytest.mark.parametrize("case", [c for _, c in CASES], ids=[name for name, _ in CASES])
 def test_op_exports_match_the_interpreter(case: Case):
     check(case.graph(), *case.input_sets(), tol=case.tol)
+
+
+@pytest.mark.parametrize(("name", "casts"), [("where-f16", False), ("take-f16", False), ("gather-f16", False),
+                                             ("transpose-f16", False), ("add-f16", True)])
+def test_exact_ops_export_in_their_own_dtype(name: str, casts: bool):
+    """Ops with Trait.EXACT (where, take and gather among them) run on f16 as is; others widen to f32 and back."""
+    model = to_onnx(dict(CASES)[name].graph())
+    assert any(n.op_type == "Cast" for n in model.graph.node) == casts
+
+
+def test_onnx_widens_exactly_the_ops_without_the_exact_trait(monkeypatch: pytest.MonkeyPatch):
+    """A probe rule registered for every op kind sees f16 operands just where the op has Trait.EXACT."""
+    seen: dict[str, DType] = {}
+
+    def probe(call: OnnxCall) -> str:
+        seen[call.kind] = call.types[0].dtype
+        return call.inputs[0]
+
+    f16 = TensorType((2,), DType.f16)
+    for kind, opdef in registered().items():
+        monkeypatch.setitem(opdef.rules, "onnx", opdef.rules["onnx"])  # restored after the test
+        onnx_rule(kind)(probe)
+        opdef.rules["onnx"](OnnxCall(kind, NodeSink(), ["x"], [f16], [None], {}, [f16]))
+    assert {kind for kind, dtype in seen.items() if dtype is DType.f16} == ops_with(Trait.EXACT)
+    assert set(seen) == set(registered())
 
 
 @pytest.mark.parametrize(("kind", "lowered"), [("dropout", "Identity"), ("batch_norm", "BatchNormalization")])
