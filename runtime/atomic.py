@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_file", "atomic_path"]
+__all__ = ["atomic_file", "atomic_path", "install"]
 
 
 @contextlib.contextmanager
@@ -27,13 +27,11 @@ def atomic_path(destination: str | os.PathLike[str], suffix: str = "") -> Iterat
     os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666))
     try:
         yield temporary
-        _fsync(os.open(temporary, os.O_RDWR | getattr(os, "O_BINARY", 0)))
-        os.replace(temporary, destination)
+        install(temporary, destination)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-    _fsync_directory(destination.parent)
 
 
 @contextlib.contextmanager
@@ -41,6 +39,14 @@ def atomic_file(destination: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """A binary file object writing a temporary sibling of `destination`, which replaces it on success."""
     with atomic_path(destination) as temporary, open(temporary, "wb") as out:
         yield out
+
+
+def install(temporary: Path, destination: Path) -> None:
+    """Flush a finished file in `destination`'s folder to disk, rename it over `destination`, make the rename
+    durable: the step every atomic write ends with (a staged folder of files takes it once per file)."""
+    _fsync(os.open(temporary, os.O_RDWR | getattr(os, "O_BINARY", 0)))
+    os.replace(temporary, destination)
+    _fsync_directory(destination.parent)
 
 
 def _fsync_directory(directory: Path) -> None:

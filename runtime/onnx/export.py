@@ -8,8 +8,8 @@
 * Dynamic dims (`?`) of the inputs become named dim params: "batch" at axis 0, `<input>_<axis>` elsewhere.
 * Models whose initializers pass `external_data_threshold` bytes (protobuf caps a model at 2 GiB) keep them in
   external data beside the model, `<model file name>.data`.
-* Files are written to a temporary sibling directory, checked with `onnx.checker`, then renamed into place
-  (external data first), so a failed export leaves any existing model untouched.
+* Files are written to a temporary sibling directory, checked with `onnx.checker`, then installed one by one
+  (external data first) by `kiln.runtime.atomic.install`, so a failed export leaves any existing model untouched.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from kiln.ir.interpreter import param_value
 from kiln.ir.symbols import SymbolResolver
 from kiln.passes import PassManager
 from kiln.passes.patterns import constant_of
+from kiln.runtime.atomic import install
 
 from . import nn_ops, ops, quant_ops, shape_ops  # noqa: F401  (register rules)
 from .rule import NodeSink, OnnxCall, as_names
@@ -147,10 +148,4 @@ def save_atomically(model: ModelProto, destination: Path, data_name: str | None)
         onnx.checker.check_model(str(staged))
         files = [Path(staging) / data_name] if data_name else []
         for f in [*files, staged]:
-            _fsync(f)
-            os.replace(f, destination.parent / f.name)
-
-
-def _fsync(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
+            install(f, destination.parent / f.name)

@@ -421,6 +421,17 @@ def test_a_failed_save_leaves_the_existing_model_intact(tmp_path: Path, monkeypa
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+def test_an_undurable_save_leaves_the_existing_model_intact(tmp_path: Path, request: pytest.FixtureRequest):
+    """Each staged file goes through kiln.runtime.atomic.install: a failing fsync stops the export before a rename."""
+    graph = kiln.trace(MLP().valid(), ((None, 6), "f32"))
+    path = export_graph(graph, tmp_path / "mlp.onnx", external_data_threshold=0)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    request.getfixturevalue("failing_fsync")
+    with pytest.raises(OSError, match="Input/output error"):
+        export_graph(kiln.trace(randomized(MLP()).valid(), ((None, 6), "f32")), path, external_data_threshold=0)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 # command line -----------------------------------------------------------------------------------------------------
 def kiln_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kiln", *args], capture_output=True, text=True)
