@@ -51,8 +51,13 @@ class GradContext:
         """Whether the caller needs the gradient of operand i."""
         return i < len(self.wants) and self.wants[i]
 
+    def wanted_float(self, op: Op, i: int) -> bool:
+        """Whether op's operand i exists, is floating (only floats have gradients) and its gradient is wanted."""
+        return i < len(op.operands) and op.operands[i].type.dtype.is_float and self.wanted(i)
 
-GradientRule = Callable[[GradContext, Op, tuple["Value | None", ...]], tuple["Value | None", ...]]
+
+Grads = tuple[Value | None, ...]  # one gradient (or None) per operand or result
+GradientRule = Callable[[GradContext, Op, Grads], Grads]
 
 BIG = 2**62  # a slice end past any real dim: numpy slicing clamps it to the dim
 

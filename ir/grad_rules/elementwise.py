@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import math
 
-from ..gradients import GradContext, emit, gradient, is_float, scalar, unbroadcast
+from ..gradients import GradContext, Grads, emit, gradient, is_float, scalar, unbroadcast
 from ..graph import Op, Value
-
-Grads = tuple[Value | None, ...]
 
 
 def unary(*kinds: str):

@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-from ..gradients import GradContext, emit, gradient, is_float, matmul_grads, scalar, transpose_last2, unbroadcast
-from ..graph import Op, Value
-
-Grads = tuple[Value | None, ...]
-
-
-def _want(ctx: GradContext, op: Op, i: int) -> bool:
-    return i < len(op.operands) and is_float(op.operands[i]) and ctx.wanted(i)
+from ..gradients import GradContext, Grads, emit, gradient, matmul_grads, scalar, transpose_last2, unbroadcast
+from ..graph import Op
 
 
 @gradient("matmul")
@@ -18,7 +12,7 @@ def _matmul(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     (a, b), (g,) = op.operands, out_grads
     if g is None:
         return (None, None)
-    return matmul_grads(fb, a, b, g, _want(ctx, op, 0), _want(ctx, op, 1))
+    return matmul_grads(fb, a, b, g, ctx.wanted_float(op, 0), ctx.wanted_float(op, 1))
 
 
 @gradient("linear")
@@ -29,10 +23,10 @@ def _linear(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     x, w = op.operands[:2]
     if g is None:
         return (None,) * len(op.operands)
-    dx, dw = matmul_grads(fb, x, w, g, _want(ctx, op, 0), _want(ctx, op, 1))
+    dx, dw = matmul_grads(fb, x, w, g, ctx.wanted_float(op, 0), ctx.wanted_float(op, 1))
     if len(op.operands) == 2:
         return (dx, dw)
-    return (dx, dw, unbroadcast(fb, g, op.operands[2].type) if _want(ctx, op, 2) else None)
+    return (dx, dw, unbroadcast(fb, g, op.operands[2].type) if ctx.wanted_float(op, 2) else None)
 
 
 @gradient("lora")
@@ -43,8 +37,8 @@ def _lora(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     if g is None:
         return (None, None, None)
     scaled = None
-    if _want(ctx, op, 1) or _want(ctx, op, 2):
+    if ctx.wanted_float(op, 1) or ctx.wanted_float(op, 2):
         scaled = emit(fb, "mul", g, scalar(fb, op.attrs["scale"], g.type.dtype))
-    return (g if _want(ctx, op, 0) else None,
-            emit(fb, "matmul", scaled, transpose_last2(fb, b)) if _want(ctx, op, 1) else None,
-            emit(fb, "matmul", transpose_last2(fb, a), scaled) if _want(ctx, op, 2) else None)
+    return (g if ctx.wanted_float(op, 0) else None,
+            emit(fb, "matmul", scaled, transpose_last2(fb, b)) if ctx.wanted_float(op, 1) else None,
+            emit(fb, "matmul", transpose_last2(fb, a), scaled) if ctx.wanted_float(op, 2) else None)

@@ -20,13 +20,13 @@ from ..builder import FunctionBuilder
 from ..errors import PassError
 from ..gradients import (
     GradContext,
+    Grads,
     accumulate,
     count,
     emit,
     expand,
     flip,
     gradient,
-    is_float,
     known_bool,
     matmul_along,
     pad,
@@ -38,12 +38,6 @@ from ..gradients import (
 )
 from ..graph import Op, Operand, Value
 from ..ops.common import norm_axes
-
-Grads = tuple[Value | None, ...]
-
-
-def _want(ctx: GradContext, op: Op, i: int) -> bool:
-    return i < len(op.operands) and is_float(op.operands[i]) and ctx.wanted(i)
 
 
 def _c(fb: FunctionBuilder, value: float, like: Operand) -> Value:
@@ -69,11 +63,11 @@ def _conv(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
         return (None,) * n_ops
     nd = w.type.rank - 2
     spatial = tuple(range(2, 2 + nd))
-    dx = _conv_dx(ctx, op, g, nd, spatial) if _want(ctx, op, 0) else None
-    dw = _conv_dw(ctx, op, g, nd, spatial) if _want(ctx, op, 1) else None
+    dx = _conv_dx(ctx, op, g, nd, spatial) if ctx.wanted_float(op, 0) else None
+    dw = _conv_dw(ctx, op, g, nd, spatial) if ctx.wanted_float(op, 1) else None
     if n_ops == 2:
         return (dx, dw)
-    return (dx, dw, emit(fb, "sum", g, axes=(0, *spatial)) if _want(ctx, op, 2) else None)
+    return (dx, dw, emit(fb, "sum", g, axes=(0, *spatial)) if ctx.wanted_float(op, 2) else None)
 
 
 def _conv_dx(ctx: GradContext, op: Op, g: Value, nd: int, spatial: tuple[int, ...]) -> Value:
@@ -156,7 +150,7 @@ def _max_pool2d(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """Each window's g goes to its first maximal element in kernel row-major order (torch's choice on ties)."""
     fb = ctx.fb
     (x,), (y,), (g,) = op.operands, op.results, out_grads
-    if g is None or not _want(ctx, op, 0):
+    if g is None or not ctx.wanted_float(op, 0):
         return (None,)
     kernel, stride, padding, dilation, size, out = _pool_geometry(op)
     padded = [size[i] + 2 * padding[i] for i in range(2)]
@@ -188,7 +182,7 @@ def _avg_pool2d(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """g / divisor spread over each window; separable, so one placement per kernel row and column."""
     fb = ctx.fb
     (g,) = out_grads
-    if g is None or not _want(ctx, op, 0):
+    if g is None or not ctx.wanted_float(op, 0):
         return (None,)
     kernel, stride, padding, _, size, out = _pool_geometry(op)
     padded = [size[i] + 2 * padding[i] for i in range(2)]
@@ -222,7 +216,7 @@ def _adaptive_avg_pool2d(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """The pool is A_h x A_w^T per (n, c), so the gradient is A_h^T g A_w: two matmuls with constant matrices."""
     fb = ctx.fb
     (x,), (g,) = op.operands, out_grads
-    if g is None or not _want(ctx, op, 0):
+    if g is None or not ctx.wanted_float(op, 0):
         return (None,)
     size = _static(op.kind, "spatial dims", x.type.shape[2:])
     oh, ow = op.attrs["output_size"]
@@ -259,14 +253,14 @@ def _norm_grads(ctx: GradContext, op: Op, out_grads: Grads, centered: bool) -> G
     scale = emit(fb, "rsqrt", emit(fb, "add", var, _c(fb, op.attrs["eps"], x)))
     xhat = emit(fb, "mul", xc, scale)
     out: list[Value | None] = [None] * n_ops
-    if _want(ctx, op, 0):
+    if ctx.wanted_float(op, 0):
         gx = emit(fb, "mul", g, _laid(fb, op.operands[1], other)) if n_ops > 1 else g
         d = emit(fb, "sub", gx, emit(fb, "mean", gx, axes=axes, keepdims=True)) if centered else gx
         m = emit(fb, "mean", emit(fb, "mul", gx, xhat), axes=axes, keepdims=True)
         out[0] = emit(fb, "mul", scale, emit(fb, "sub", d, emit(fb, "mul", xhat, m)))
-    if _want(ctx, op, 1):
+    if ctx.wanted_float(op, 1):
         out[1] = _reduce_other(fb, emit(fb, "mul", g, xhat), other)
-    if centered and _want(ctx, op, 2):
+    if centered and ctx.wanted_float(op, 2):
         out[2] = _reduce_other(fb, g, other)
     return tuple(out)
 
@@ -297,7 +291,7 @@ def _batch_norm(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     else:
         t, e = _bn_train(ctx, op, out_grads), _bn_eval(ctx, op, out_grads)
         grads = tuple(select(fb, training, a, b) for a, b in zip(t, e))
-    return tuple(gr if gr is not None and _want(ctx, op, i) else None for i, gr in enumerate(grads)) + (None,)
+    return tuple(gr if gr is not None and ctx.wanted_float(op, i) else None for i, gr in enumerate(grads)) + (None,)
 
 
 def _chan(fb: FunctionBuilder, v: Operand, rank: int) -> Operand:

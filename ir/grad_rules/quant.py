@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from ..builder import FunctionBuilder
 from ..dtypes import DType
-from ..gradients import GradContext, emit, gradient, is_float, reshape_to, scalar
-from ..graph import Op, Operand, Value
+from ..gradients import GradContext, Grads, emit, gradient, is_float, reshape_to, scalar
+from ..graph import Op, Operand
 from ..ops.quant import VALUE_RANGES, block_dims
-
-Grads = tuple[Value | None, ...]
 
 
 def _views(shape, block):

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from ..gradients import GradContext, count, emit, expand, gradient, is_float, unsqueeze
-from ..graph import Op, Value
+from ..gradients import GradContext, Grads, count, emit, expand, gradient, is_float, unsqueeze
+from ..graph import Op
 from ..ops.common import norm_axes, norm_axis
-
-Grads = tuple[Value | None, ...]
 
 
 def _setup(ctx: GradContext, op: Op, out_grads: Grads):

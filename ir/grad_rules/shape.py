@@ -19,6 +19,7 @@ from ..errors import PassError
 from ..gradients import (
     BIG,
     GradContext,
+    Grads,
     emit,
     fill,
     flip,
@@ -37,7 +38,6 @@ from ..gradients import (
 from ..graph import Op, Operand, Value
 from ..ops.common import norm_axis
 
-Grads = tuple[Value | None, ...]
 OPEN_END = 2**31 - 1  # a slice end at least this large is taken to mean "to the end" of a dynamic dim
 
 
