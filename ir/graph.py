@@ -8,7 +8,7 @@ the functions that use it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -161,6 +161,18 @@ class Graph(_Replaceable):
     def symbol(self, name: str) -> Node | None:
         """The node a `@name` refers to, or None."""
         return self.params.get(name) or self.flags.get(name) or self.reparams.get(name)
+
+    def reads(self, names: Iterable[str]) -> set[str]:
+        """The symbols `names` and every symbol their derivations read, through derived operands."""
+        seen: set[str] = set()
+        pending = list(names)
+        while pending:
+            name = pending.pop()
+            if name not in seen:
+                seen.add(name)
+                reparam = self.reparams.get(name)
+                pending.extend(reparam.operands if reparam is not None else ())
+        return seen
 
     def nodes(self) -> Iterator[Node]:
         yield from self.params.values()

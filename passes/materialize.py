@@ -10,20 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.ir import Graph, Interpreter, ReparamNode
+from kiln.ir import Graph, Interpreter
 from kiln.ir.naming import stored_base
 from kiln.ir.verifier import DEQUANTIZE
 
 from .param_state import StatePass
-
-
-def sources(graph: Graph, r: ReparamNode) -> set[str]:
-    """Every symbol a derivation reads, through derived operands."""
-    out = set(r.operands)
-    for o in r.operands:
-        if o in graph.reparams:
-            out |= sources(graph, graph.reparams[o])
-    return out
 
 
 @dataclass(frozen=True)
@@ -39,7 +30,7 @@ class Materialize(StatePass):
             return graph
         values = Interpreter(graph)
         into = {stored_base(graph, r.name): r for r in folded}
-        dropped = set().union(*(sources(graph, r) for r in folded)) - into.keys()
+        dropped = graph.reads(o for r in folded for o in r.operands) - into.keys()
         params = {}
         for name, p in graph.params.items():
             if name in into:

@@ -89,15 +89,8 @@ def _identifier(name: str) -> str:
 def used_params(graph: Graph, function: str) -> list[ParamNode]:
     """The stored parameters a function reads, directly or through derived parameters, in graph order."""
     fn = graph.functions[function]
-    pending = [o.name for op in fn.ops for o in op.operands if isinstance(o, SymRef)]
-    pending += [r.name for r in fn.results if isinstance(r, SymRef)]
-    seen: set[str] = set()
-    while pending:
-        name = pending.pop()
-        if name not in seen:
-            seen.add(name)
-            reparam = graph.reparams.get(name)
-            pending.extend(reparam.operands if reparam is not None else ())
+    seen = graph.reads([o.name for op in fn.ops for o in op.operands if isinstance(o, SymRef)]
+                       + [r.name for r in fn.results if isinstance(r, SymRef)])
     return [p for name, p in graph.params.items() if name in seen]
 
 

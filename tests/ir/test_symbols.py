@@ -46,3 +46,11 @@ def test_the_interpreter_resolves_derivations_through_it() -> None:
     """Against numpy: w = (p + q) * p; an override replaces a stored value before anything derives from it."""
     np.testing.assert_allclose(Interpreter(derived_of_derived()).symbol("w"), (P + Q) * P)
     np.testing.assert_allclose(Interpreter(derived_of_derived(), {"p": Q}).symbol("w"), (Q + Q) * Q)
+
+
+def test_graph_reads_follows_derivations_to_every_stored_symbol() -> None:
+    """What lowering passes as parameters and materialize drops: a derived symbol reads its operands, recursively."""
+    graph = derived_of_derived()
+    assert graph.reads(["w"]) == {"w", "h", "p", "q"}
+    assert graph.reads(["h", "training"]) == {"h", "p", "q", "training"}
+    assert graph.reads(["p"]) == {"p"} and graph.reads([]) == set()
