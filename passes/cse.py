@@ -15,9 +15,9 @@ from kiln.ir.attrs import attrs_key
 from .base import Pass
 
 
-def _operand_key(o: Operand) -> tuple[int, str | int]:
-    """A sortable identity of an operand: symbols by name, values by object."""
-    return (0, o.name) if isinstance(o, SymRef) else (1, id(o))
+def _order(key: SymRef | int) -> tuple[int, str | int]:
+    """Sorts operand identities (symbols by name, values by object id) for a commutative op's canonical order."""
+    return (0, key.name) if isinstance(key, SymRef) else (1, key)
 
 
 class _Table:
@@ -30,10 +30,10 @@ class _Table:
         opdef = lookup(op.kind)
         if opdef.has(Trait.STOCHASTIC):
             return None
-        operands = [_operand_key(o) for o in op.operands]
+        operands = tuple(o if isinstance(o, SymRef) else id(o) for o in op.operands)
         if opdef.has(Trait.COMMUTATIVE):
-            operands.sort()
-        key = (op.kind, tuple(operands), attrs_key(op.attrs), tuple(r.type for r in op.results))
+            operands = tuple(sorted(operands, key=_order))
+        key = (op.kind, operands, attrs_key(op.attrs), tuple(r.type for r in op.results))
         first = self.seen.setdefault(key, op)
         return None if first is op else first.results
 
