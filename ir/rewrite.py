@@ -80,9 +80,10 @@ class Rewriter:
                ) -> None:
         """Offer each op, operands mapped, to the rules; `values` learns what its results became. An op whose
         operands are unchanged is reused, unless `rename` is given: then every op is copied, results renamed."""
+        mapped = self.mapped
         for op in ops:
-            operands = tuple(self.mapped(o, values) for o in op.operands)
-            if rename is None and all(a is b for a, b in zip(operands, op.operands)):
+            operands = tuple([mapped(o, values) for o in op.operands])
+            if rename is None and operands == op.operands:  # values compare by identity, symbols by name and type
                 candidate = op
             else:
                 names = [rename(r.name) if rename is not None else r.name for r in op.results]

@@ -11,7 +11,7 @@ import enum
 from collections.abc import Iterable
 
 
-class Trait(enum.Enum):
+class Trait(enum.StrEnum):
     """One property of an op kind.
 
     ELEMENTWISE    each result element depends only on the operand elements at its (broadcast) position:
