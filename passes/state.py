@@ -13,6 +13,7 @@ take and the rule its flags take (`param_state`); its `-group` twin applies them
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from kiln.ir import FlagNode, Graph, ParamNode
 
@@ -98,28 +99,24 @@ class NoGrad(Transition):
 
 @dataclass(frozen=True)
 class Freeze(Transition):
-    """No gradients and every flag disabled, persistently."""
+    """No gradients and every flag disabled, persistently (set, not restored)."""
 
     name = "freeze"
+    enabled: ClassVar[bool] = False
 
     def param_rule(self, p: ParamNode) -> ParamNode:
-        return request_grad(p, False)
+        return request_grad(p, self.enabled)
 
     def flag_rule(self, f: FlagNode) -> FlagNode:
-        return set_flag(f, False)
+        return set_flag(f, self.enabled)
 
 
 @dataclass(frozen=True)
-class Unfreeze(Transition):
+class Unfreeze(Freeze):
     """Every floating parameter requires gradients and every flag is enabled (set, not restored)."""
 
     name = "unfreeze"
-
-    def param_rule(self, p: ParamNode) -> ParamNode:
-        return request_grad(p, True)
-
-    def flag_rule(self, f: FlagNode) -> FlagNode:
-        return set_flag(f, True)
+    enabled: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)
