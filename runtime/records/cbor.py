@@ -81,8 +81,9 @@ class Encoder:
         self.out += encoded
 
     def value(self, value: object, depth: int) -> None:
-        """Write a generic Python value (for opaque schemes); dicts keep their insertion order."""
-        if depth > MAX_DEPTH:
+        """Write a generic Python value (for opaque schemes); dicts keep their insertion order. `depth` counts the
+        containers around it; a container (array, map or tag) past MAX_DEPTH is refused, as the decoder would."""
+        if depth >= MAX_DEPTH and isinstance(value, CborTag | list | tuple | Mapping):
             self.fail(f"value nests deeper than {MAX_DEPTH}")
         if value is None or isinstance(value, bool):
             self.out.append({None: 0xF6, False: 0xF4, True: 0xF5}[value])

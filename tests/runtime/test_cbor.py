@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 
 import pytest
 
@@ -65,10 +66,27 @@ def nested(depth: int) -> object:
     return value
 
 
+def empty_nest(depth: int, container: Callable[[object], object]) -> object:
+    """`depth` containers with nothing inside the innermost one (tags wrap an empty array)."""
+    value: object = []
+    for _ in range(depth - 1):
+        value = container(value)
+    return value
+
+
 def test_encoding_refuses_what_decoding_would_refuse() -> None:
     assert decode(encode(nested(MAX_DEPTH))) == nested(MAX_DEPTH)
     with pytest.raises(RecordError, match=f"deeper than {MAX_DEPTH}"):
         encode(nested(MAX_DEPTH + 1))
+
+
+@pytest.mark.parametrize("container", [lambda v: [v], lambda v: {"k": v}, lambda v: CborTag(6, v)])
+def test_empty_containers_count_as_nesting_both_ways(container) -> None:
+    """An empty innermost container is one level too: what the encoder writes, the decoder reads back."""
+    assert decode(encode(empty_nest(MAX_DEPTH, container))) == empty_nest(MAX_DEPTH, container)
+    too_deep = empty_nest(MAX_DEPTH + 1, container)
+    with pytest.raises(RecordError, match=f"deeper than {MAX_DEPTH}"):
+        encode(too_deep)
 
 
 @pytest.mark.parametrize(("depth", "accepted"), [(MAX_DEPTH, True), (MAX_DEPTH + 1, False)])
