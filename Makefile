@@ -26,6 +26,7 @@ test: lint
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/passes.py
+	$(PY) bench/gradient_pipeline.py --layers 2
 	$(PY) bench/train_step.py
 
 clean:
