@@ -41,11 +41,18 @@ from .types import Dim, TensorType
 
 @dataclass(frozen=True)
 class GradContext:
-    """What a rule is given besides the op: the builder its backward ops go into and which operands need gradients
-    (passed explicitly, as TVM's Relax gradient rules get theirs, rather than patched onto the builder)."""
+    """What a rule is given besides the op: where its backward ops go (it emits like the builder it wraps, so the
+    helpers below take either) and which operands need gradients (passed explicitly, as TVM's Relax gradient
+    rules get their block builder, rather than patched onto the builder)."""
 
     fb: FunctionBuilder
     wants: tuple[bool, ...]
+
+    def emit(self, kind: str, *operands: Operand, **attrs: object) -> Value | tuple[Value, ...]:
+        return self.fb.emit(kind, *operands, **attrs)
+
+    def constant(self, value: np.ndarray | float, dtype: DType | None = None) -> Value:
+        return self.fb.constant(value, dtype)
 
     def wanted(self, i: int) -> bool:
         """Whether the caller needs the gradient of operand i."""
@@ -56,6 +63,7 @@ class GradContext:
         return i < len(op.operands) and op.operands[i].type.dtype.is_float and self.wanted(i)
 
 
+Emitter = FunctionBuilder | GradContext  # what the helpers emit through
 Grads = tuple[Value | None, ...]  # one gradient (or None) per operand or result
 GradientRule = Callable[[GradContext, Op, Grads], Grads]
 
@@ -78,14 +86,14 @@ def gradient(*kinds: str) -> Callable[[GradientRule], GradientRule]:
 # small emitters
 
 
-def emit(fb: FunctionBuilder, kind: str, *operands, **attrs) -> Value:
+def emit(fb: Emitter, kind: str, *operands, **attrs) -> Value:
     """A single-result op."""
     out = fb.emit(kind, *operands, **attrs)
     assert isinstance(out, Value), f"{kind} has several results"
     return out
 
 
-def scalar(fb: FunctionBuilder, value: float, dtype: DType) -> Value:
+def scalar(fb: Emitter, value: float, dtype: DType) -> Value:
     return fb.constant(value, dtype)
 
 
@@ -93,7 +101,7 @@ def is_float(o: Operand) -> bool:
     return o.type.dtype.is_float
 
 
-def known_bool(fb: FunctionBuilder, o: Operand) -> bool | None:
+def known_bool(fb: Emitter, o: Operand) -> bool | None:
     """A bool scalar fixed forever (a `constant`), else None. Flags count as unknown on purpose: a later state pass
     (`train`, `valid`) may flip them, so rules select on a flag at run time (`select`) instead of baking its
     current value into the backward."""
@@ -103,7 +111,7 @@ def known_bool(fb: FunctionBuilder, o: Operand) -> bool | None:
     return None
 
 
-def select(fb: FunctionBuilder, cond: Operand, a: Value | None, b: Value | None) -> Value | None:
+def select(fb: Emitter, cond: Operand, a: Value | None, b: Value | None) -> Value | None:
     """where(cond, a, b) for gradients; a missing side is zero, both missing is None."""
     if a is None and b is None:
         return None
@@ -112,13 +120,13 @@ def select(fb: FunctionBuilder, cond: Operand, a: Value | None, b: Value | None)
     return emit(fb, "where", cond, a if a is not None else zero, b if b is not None else zero)
 
 
-def accumulate(fb: FunctionBuilder, a: Value | None, b: Value | None) -> Value | None:
+def accumulate(fb: Emitter, a: Value | None, b: Value | None) -> Value | None:
     if a is None:
         return b
     return a if b is None else emit(fb, "add", a, b)
 
 
-def transpose_last2(fb: FunctionBuilder, v: Operand) -> Value:
+def transpose_last2(fb: Emitter, v: Operand) -> Value:
     r = v.type.rank
     return emit(fb, "transpose", v, perm=(*range(r - 2), r - 1, r - 2))
 
@@ -130,7 +138,7 @@ def reshape_target(shape: Sequence[Dim]) -> tuple[int, ...] | None:
     return tuple(-1 if d is None else d for d in shape)
 
 
-def reshape_to(fb: FunctionBuilder, v: Operand, shape: Sequence[Dim], what: str) -> Value:
+def reshape_to(fb: Emitter, v: Operand, shape: Sequence[Dim], what: str) -> Value:
     target = reshape_target(shape)
     if target is None:
         raise PassError(f"{what}: the gradient needs a reshape to {TensorType(tuple(shape), v.type.dtype)}, which "
@@ -138,7 +146,7 @@ def reshape_to(fb: FunctionBuilder, v: Operand, shape: Sequence[Dim], what: str)
     return emit(fb, "reshape", v, shape=target)
 
 
-def conform(fb: FunctionBuilder, v: Value, t: TensorType) -> Value:
+def conform(fb: Emitter, v: Value, t: TensorType) -> Value:
     """v retyped to the static type t (a gradient computed with `?` dims for a value known to be static)."""
     if v.type == t or not t.is_static:
         return v
@@ -149,7 +157,7 @@ def conform(fb: FunctionBuilder, v: Value, t: TensorType) -> Value:
 # broadcasting
 
 
-def unbroadcast(fb: FunctionBuilder, grad: Value, target: TensorType) -> Value:
+def unbroadcast(fb: Emitter, grad: Value, target: TensorType) -> Value:
     """Sum a gradient of broadcast shape back to `target`'s shape: over the leading axes `target` lacks and, with
     kept dims, over axes where `target` has 1 and the gradient does not. `?` against `?` is assumed equal."""
     gs, ts = grad.type.shape, target.shape
@@ -165,7 +173,7 @@ def unbroadcast(fb: FunctionBuilder, grad: Value, target: TensorType) -> Value:
     return out
 
 
-def expand(fb: FunctionBuilder, g: Value, ref: Operand) -> Value:
+def expand(fb: Emitter, g: Value, ref: Operand) -> Value:
     """Broadcast g (of rank <= ref's) to ref's shape, dynamic dims included; g keeps its dtype."""
     rs = ref.type.shape
     if tuple(g.type.shape) == rs:
@@ -185,7 +193,7 @@ def expand(fb: FunctionBuilder, g: Value, ref: Operand) -> Value:
     return emit(fb, "where", mask, g, g)
 
 
-def fill(fb: FunctionBuilder, value: float, dtype: DType, shape: Sequence[Dim], ref: Operand | None = None
+def fill(fb: Emitter, value: float, dtype: DType, shape: Sequence[Dim], ref: Operand | None = None
          ) -> Value:
     """A tensor of `shape` filled with `value`; its dynamic dims are those of `ref` (same rank) at the same axes."""
     shape = tuple(shape)
@@ -208,7 +216,7 @@ def fill(fb: FunctionBuilder, value: float, dtype: DType, shape: Sequence[Dim], 
     return z
 
 
-def count(fb: FunctionBuilder, x: Operand, axes: Sequence[int], dtype: DType) -> Value:
+def count(fb: Emitter, x: Operand, axes: Sequence[int], dtype: DType) -> Value:
     """The number of elements of x over `axes`: a scalar constant when static, else a keepdims tensor."""
     dims = [x.type.shape[a] for a in axes]
     if None not in dims:
@@ -221,7 +229,7 @@ def count(fb: FunctionBuilder, x: Operand, axes: Sequence[int], dtype: DType) ->
 # unit axes
 
 
-def unsqueeze(fb: FunctionBuilder, v: Operand, axes: Sequence[int]) -> Value:
+def unsqueeze(fb: Emitter, v: Operand, axes: Sequence[int]) -> Value:
     """Insert unit dims at `axes` (positions in the result). A reshape when it has a target; else (several
     dynamic dims) a broadcast_to adding leading unit dims and a transpose moving them into place."""
     out_rank = v.type.rank + len(axes)
@@ -244,7 +252,7 @@ def unsqueeze(fb: FunctionBuilder, v: Operand, axes: Sequence[int]) -> Value:
     return emit(fb, "transpose", b, perm=tuple(perm))
 
 
-def squeeze(fb: FunctionBuilder, v: Operand, axes: Sequence[int]) -> Value:
+def squeeze(fb: Emitter, v: Operand, axes: Sequence[int]) -> Value:
     """Drop unit dims at `axes`: a reshape when it has a target, else a sum over them (which keeps the values)."""
     axes = sorted(a % v.type.rank for a in axes)
     shape = [d for i, d in enumerate(v.type.shape) if i not in axes]
@@ -258,14 +266,14 @@ def squeeze(fb: FunctionBuilder, v: Operand, axes: Sequence[int]) -> Value:
 # along one axis
 
 
-def move_last(fb: FunctionBuilder, v: Operand, axis: int) -> Value:
+def move_last(fb: Emitter, v: Operand, axis: int) -> Value:
     r = v.type.rank
     if axis == r - 1:
         return v  # type: ignore[return-value]
     return emit(fb, "transpose", v, perm=(*(i for i in range(r) if i != axis), axis))
 
 
-def move_back(fb: FunctionBuilder, v: Value, axis: int) -> Value:
+def move_back(fb: Emitter, v: Value, axis: int) -> Value:
     """Inverse of move_last."""
     r = v.type.rank
     if axis == r - 1:
@@ -273,23 +281,23 @@ def move_back(fb: FunctionBuilder, v: Value, axis: int) -> Value:
     return emit(fb, "transpose", v, perm=(*range(axis), r - 1, *range(axis, r - 1)))
 
 
-def matmul_along(fb: FunctionBuilder, v: Operand, axis: int, matrix: np.ndarray) -> Value:
+def matmul_along(fb: Emitter, v: Operand, axis: int, matrix: np.ndarray) -> Value:
     """v's `axis` (length m) mapped through a constant [m, n] matrix M: out[.., j, ..] = sum_i v[.., i, ..] M[i, j]."""
     m = fb.constant(matrix.astype(v.type.dtype.numpy))
     moved = move_last(fb, v, axis)
     return move_back(fb, emit(fb, "matmul", moved, m), axis)
 
 
-def slice_axis(fb: FunctionBuilder, v: Operand, axis: int, start: int, stop: int, step: int = 1) -> Value:
+def slice_axis(fb: Emitter, v: Operand, axis: int, start: int, stop: int, step: int = 1) -> Value:
     return emit(fb, "slice", v, starts=(start,), ends=(stop,), axes=(axis,), steps=(step,))
 
 
-def flip(fb: FunctionBuilder, v: Operand, axes: Sequence[int]) -> Value:
+def flip(fb: Emitter, v: Operand, axes: Sequence[int]) -> Value:
     n = len(axes)
     return emit(fb, "slice", v, starts=(-1,) * n, ends=(-BIG,) * n, axes=tuple(axes), steps=(-1,) * n)
 
 
-def pad(fb: FunctionBuilder, v: Value, axis: int, before: int, after: int, value: float = 0.0) -> Value:
+def pad(fb: Emitter, v: Value, axis: int, before: int, after: int, value: float = 0.0) -> Value:
     """v with `before` and `after` constant elements added along `axis`."""
     if not before and not after:
         return v
@@ -302,7 +310,7 @@ def pad(fb: FunctionBuilder, v: Value, axis: int, before: int, after: int, value
     return emit(fb, "concat", *pieces, axis=axis)
 
 
-def dilate(fb: FunctionBuilder, v: Value, axis: int, stride: int) -> Value:
+def dilate(fb: Emitter, v: Value, axis: int, stride: int) -> Value:
     """v[i] moved to i * stride along `axis` (length n * stride), zeros between."""
     n = v.type.shape[axis]
     if stride == 1:
@@ -322,7 +330,7 @@ def dilate(fb: FunctionBuilder, v: Value, axis: int, stride: int) -> Value:
     return matmul_along(fb, v, axis, matrix)
 
 
-def place(fb: FunctionBuilder, v: Value, axis: int, stride: int, offset: int, length: int) -> Value:
+def place(fb: Emitter, v: Value, axis: int, stride: int, offset: int, length: int) -> Value:
     """A zero tensor of `length` along `axis` holding v's elements at offset + i * stride (all inside)."""
     n = v.type.shape[axis]
     if n is None:
@@ -342,7 +350,7 @@ def place(fb: FunctionBuilder, v: Value, axis: int, stride: int, offset: int, le
 # matmul
 
 
-def matmul_grads(fb: FunctionBuilder, a: Operand, b: Operand, g: Value, want_a: bool, want_b: bool
+def matmul_grads(fb: Emitter, a: Operand, b: Operand, g: Value, want_a: bool, want_b: bool
                  ) -> tuple[Value | None, Value | None]:
     """Gradients of numpy-semantics `a @ b` (1-D operands promoted, batch dims broadcast) for output gradient g."""
     ra, rb = a.type.rank, b.type.rank

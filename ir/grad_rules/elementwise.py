@@ -12,11 +12,10 @@ def unary(*kinds: str):
     """Register fn(fb, g, x, y, attrs) -> dx as the rule of a one-operand op."""
     def register(fn):
         def rule(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
-            fb = ctx.fb
             (x,), (y,), (g,) = op.operands, op.results, out_grads
             if g is None or not is_float(x) or not ctx.wanted(0):
                 return (None,)
-            return (fn(fb, g, x, y, op.attrs),)
+            return (fn(ctx, g, x, y, op.attrs),)
         gradient(*kinds)(rule)
         return fn
     return register
@@ -136,14 +135,13 @@ def binary(*kinds: str):
     """Register fn(fb, g, lhs, rhs, y, want_l, want_r) -> (dl, dr) in the broadcast shape; unbroadcast after."""
     def register(fn):
         def rule(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
-            fb = ctx.fb
             (lhs, rhs), (y,), (g,) = op.operands, op.results, out_grads
             want = [is_float(o) and ctx.wanted(i) for i, o in enumerate(op.operands)]
             if g is None or not any(want):
                 return (None, None)
-            dl, dr = fn(fb, g, lhs, rhs, y, *want)
-            return (unbroadcast(fb, dl, lhs.type) if want[0] and dl is not None else None,
-                    unbroadcast(fb, dr, rhs.type) if want[1] and dr is not None else None)
+            dl, dr = fn(ctx, g, lhs, rhs, y, *want)
+            return (unbroadcast(ctx, dl, lhs.type) if want[0] and dl is not None else None,
+                    unbroadcast(ctx, dr, rhs.type) if want[1] and dr is not None else None)
         gradient(*kinds)(rule)
         return fn
     return register
@@ -216,11 +214,10 @@ def _comparison(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
 @gradient("where")
 def _where(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """The gradient goes to the chosen side; none to the condition."""
-    fb = ctx.fb
     (cond, lhs, rhs), (g,) = op.operands, out_grads
     if g is None:
         return (None, None, None)
-    zero = _c(fb, 0.0, g)
-    dl = unbroadcast(fb, emit(fb, "where", cond, g, zero), lhs.type) if is_float(lhs) and ctx.wanted(1) else None
-    dr = unbroadcast(fb, emit(fb, "where", cond, zero, g), rhs.type) if is_float(rhs) and ctx.wanted(2) else None
+    zero = _c(ctx, 0.0, g)
+    dl = unbroadcast(ctx, emit(ctx, "where", cond, g, zero), lhs.type) if is_float(lhs) and ctx.wanted(1) else None
+    dr = unbroadcast(ctx, emit(ctx, "where", cond, zero, g), rhs.type) if is_float(rhs) and ctx.wanted(2) else None
     return (None, dl, dr)

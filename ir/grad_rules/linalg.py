@@ -8,37 +8,34 @@ from ..graph import Op
 
 @gradient("matmul")
 def _matmul(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
-    fb = ctx.fb
     (a, b), (g,) = op.operands, out_grads
     if g is None:
         return (None, None)
-    return matmul_grads(fb, a, b, g, ctx.wanted_float(op, 0), ctx.wanted_float(op, 1))
+    return matmul_grads(ctx, a, b, g, ctx.wanted_float(op, 0), ctx.wanted_float(op, 1))
 
 
 @gradient("linear")
 def _linear(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """x @ weight + bias: the matmul's gradients, and g summed to the bias's shape."""
-    fb = ctx.fb
     (g,) = out_grads
     x, w = op.operands[:2]
     if g is None:
         return (None,) * len(op.operands)
-    dx, dw = matmul_grads(fb, x, w, g, ctx.wanted_float(op, 0), ctx.wanted_float(op, 1))
+    dx, dw = matmul_grads(ctx, x, w, g, ctx.wanted_float(op, 0), ctx.wanted_float(op, 1))
     if len(op.operands) == 2:
         return (dx, dw)
-    return (dx, dw, unbroadcast(fb, g, op.operands[2].type) if ctx.wanted_float(op, 2) else None)
+    return (dx, dw, unbroadcast(ctx, g, op.operands[2].type) if ctx.wanted_float(op, 2) else None)
 
 
 @gradient("lora")
 def _lora(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """base + scale * (a @ b): d base = g, d a = scale * g @ b^T, d b = scale * a^T @ g."""
-    fb = ctx.fb
     (_, a, b), (g,) = op.operands, out_grads
     if g is None:
         return (None, None, None)
     scaled = None
     if ctx.wanted_float(op, 1) or ctx.wanted_float(op, 2):
-        scaled = emit(fb, "mul", g, scalar(fb, op.attrs["scale"], g.type.dtype))
+        scaled = emit(ctx, "mul", g, scalar(ctx, op.attrs["scale"], g.type.dtype))
     return (g if ctx.wanted_float(op, 0) else None,
-            emit(fb, "matmul", scaled, transpose_last2(fb, b)) if ctx.wanted_float(op, 1) else None,
-            emit(fb, "matmul", transpose_last2(fb, a), scaled) if ctx.wanted_float(op, 2) else None)
+            emit(ctx, "matmul", scaled, transpose_last2(ctx, b)) if ctx.wanted_float(op, 1) else None,
+            emit(ctx, "matmul", transpose_last2(ctx, a), scaled) if ctx.wanted_float(op, 2) else None)

@@ -16,9 +16,9 @@ import math
 
 import numpy as np
 
-from ..builder import FunctionBuilder
 from ..errors import PassError
 from ..gradients import (
+    Emitter,
     GradContext,
     Grads,
     accumulate,
@@ -40,7 +40,7 @@ from ..graph import Op, Operand, Value
 from ..ops.common import norm_axes
 
 
-def _c(fb: FunctionBuilder, value: float, like: Operand) -> Value:
+def _c(fb: Emitter, value: float, like: Operand) -> Value:
     return scalar(fb, value, like.type.dtype)
 
 
@@ -55,7 +55,6 @@ def _static(kind: str, what: str, dims) -> tuple[int, ...]:
 
 @gradient("conv1d", "conv2d")
 def _conv(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
-    fb = ctx.fb
     (g,) = out_grads
     x, w = op.operands[:2]
     n_ops = len(op.operands)
@@ -67,60 +66,58 @@ def _conv(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     dw = _conv_dw(ctx, op, g, nd, spatial) if ctx.wanted_float(op, 1) else None
     if n_ops == 2:
         return (dx, dw)
-    return (dx, dw, emit(fb, "sum", g, axes=(0, *spatial)) if ctx.wanted_float(op, 2) else None)
+    return (dx, dw, emit(ctx, "sum", g, axes=(0, *spatial)) if ctx.wanted_float(op, 2) else None)
 
 
 def _conv_dx(ctx: GradContext, op: Op, g: Value, nd: int, spatial: tuple[int, ...]) -> Value:
-    fb = ctx.fb
     x, w = op.operands[:2]
     a = op.attrs
     groups = a["groups"]
     o, cg, *kernel = _static(op.kind, "weight dims", w.type.shape)
     if groups == 1:
-        wt = emit(fb, "transpose", w, perm=(1, 0, *spatial))
+        wt = emit(ctx, "transpose", w, perm=(1, 0, *spatial))
     else:
-        wt = emit(fb, "reshape", w, shape=(groups, o // groups, cg, *kernel))
-        wt = emit(fb, "transpose", wt, perm=(0, 2, 1, *(s + 1 for s in spatial)))
-        wt = emit(fb, "reshape", wt, shape=(cg * groups, o // groups, *kernel))
-    wt = flip(fb, wt, spatial)
+        wt = emit(ctx, "reshape", w, shape=(groups, o // groups, cg, *kernel))
+        wt = emit(ctx, "transpose", wt, perm=(0, 2, 1, *(s + 1 for s in spatial)))
+        wt = emit(ctx, "reshape", wt, shape=(cg * groups, o // groups, *kernel))
+    wt = flip(ctx, wt, spatial)
     gd = g
     for i, axis in enumerate(spatial):
         if a["stride"][i] > 1:
             (size,) = _static(op.kind, "spatial dims with a stride > 1", (x.type.shape[axis],))
             length = size + 2 * a["padding"][i] - a["dilation"][i] * (kernel[i] - 1)
-            gd = place(fb, gd, axis, a["stride"][i], 0, length)
+            gd = place(ctx, gd, axis, a["stride"][i], 0, length)
     full = tuple(d * (k - 1) for d, k in zip(a["dilation"], kernel))
-    dxp = emit(fb, op.kind, gd, wt, stride=(1,) * nd, padding=full, dilation=a["dilation"], groups=groups)
+    dxp = emit(ctx, op.kind, gd, wt, stride=(1,) * nd, padding=full, dilation=a["dilation"], groups=groups)
     cut = [i for i in range(nd) if a["padding"][i]]
     if not cut:
         return dxp
     starts = tuple(a["padding"][i] for i in cut)
     ends = tuple(-a["padding"][i] if x.type.shape[spatial[i]] is None else x.type.shape[spatial[i]] + a["padding"][i]
                  for i in cut)
-    return emit(fb, "slice", dxp, starts=starts, ends=ends, axes=tuple(spatial[i] for i in cut))
+    return emit(ctx, "slice", dxp, starts=starts, ends=ends, axes=tuple(spatial[i] for i in cut))
 
 
 def _conv_dw(ctx: GradContext, op: Op, g: Value, nd: int, spatial: tuple[int, ...]) -> Value:
     """dw[o, c, t] = sum_{n, l} x_pad[n, c, l * stride + t * dilation] g[n, o, l]: a convolution over batch-as-channels
     with g as the kernel, stride and dilation exchanged (groups: one group of batch channels per weight group)."""
-    fb = ctx.fb
     x, w = op.operands[:2]
     a = op.attrs
     groups = a["groups"]
     _, cg, *kernel = _static(op.kind, "weight dims", w.type.shape)
     swap = (1, 0, *spatial)
     if groups == 1:
-        xt = emit(fb, "transpose", x, perm=swap)
+        xt = emit(ctx, "transpose", x, perm=swap)
     else:
         n, *rest = x.type.shape[:1] + x.type.shape[2:]
-        xt = reshape_to(fb, x, (n, groups, cg, *rest), op.kind)
-        xt = emit(fb, "transpose", xt, perm=(2, 1, 0, *(s + 1 for s in spatial)))
-        xt = reshape_to(fb, xt, (cg, None if n is None else groups * n, *rest), op.kind)
-    gt = emit(fb, "transpose", g, perm=swap)
-    r = emit(fb, op.kind, xt, gt, stride=a["dilation"], padding=a["padding"], dilation=a["stride"], groups=groups)
+        xt = reshape_to(ctx, x, (n, groups, cg, *rest), op.kind)
+        xt = emit(ctx, "transpose", xt, perm=(2, 1, 0, *(s + 1 for s in spatial)))
+        xt = reshape_to(ctx, xt, (cg, None if n is None else groups * n, *rest), op.kind)
+    gt = emit(ctx, "transpose", g, perm=swap)
+    r = emit(ctx, op.kind, xt, gt, stride=a["dilation"], padding=a["padding"], dilation=a["stride"], groups=groups)
     if tuple(r.type.shape[2:]) != tuple(kernel):
-        r = emit(fb, "slice", r, starts=(0,) * nd, ends=tuple(kernel), axes=spatial)
-    return emit(fb, "transpose", r, perm=swap)
+        r = emit(ctx, "slice", r, starts=(0,) * nd, ends=tuple(kernel), axes=spatial)
+    return emit(ctx, "transpose", r, perm=swap)
 
 
 # --- pooling
@@ -137,7 +134,7 @@ def _pool_geometry(op: Op):
     return kernel, stride, padding, dilation, size, out
 
 
-def _crop(fb: FunctionBuilder, v: Value, padding, size) -> Value:
+def _crop(fb: Emitter, v: Value, padding, size) -> Value:
     cut = [i for i in range(2) if padding[i]]
     if not cut:
         return v
@@ -148,7 +145,6 @@ def _crop(fb: FunctionBuilder, v: Value, padding, size) -> Value:
 @gradient("max_pool2d")
 def _max_pool2d(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """Each window's g goes to its first maximal element in kernel row-major order (torch's choice on ties)."""
-    fb = ctx.fb
     (x,), (y,), (g,) = op.operands, op.results, out_grads
     if g is None or not ctx.wanted_float(op, 0):
         return (None,)
@@ -156,50 +152,49 @@ def _max_pool2d(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     padded = [size[i] + 2 * padding[i] for i in range(2)]
     xp = x
     for i in range(2):
-        xp = pad(fb, xp, 2 + i, padding[i], padding[i], -math.inf)
-    one = _c(fb, 1.0, g)
+        xp = pad(ctx, xp, 2 + i, padding[i], padding[i], -math.inf)
+    one = _c(ctx, 1.0, g)
     taken = total = None
     for kh in range(kernel[0]):
         row = None
         for kw in range(kernel[1]):
             starts = (kh * dilation[0], kw * dilation[1])
             ends = tuple(s + (o - 1) * st + 1 for s, o, st in zip(starts, out, stride))
-            win = emit(fb, "slice", xp, starts=starts, ends=ends, axes=(2, 3), steps=tuple(stride))
-            hit = emit(fb, "cast", emit(fb, "equal", win, y), dtype=g.type.dtype)
+            win = emit(ctx, "slice", xp, starts=starts, ends=ends, axes=(2, 3), steps=tuple(stride))
+            hit = emit(ctx, "cast", emit(ctx, "equal", win, y), dtype=g.type.dtype)
             if taken is None:
                 sel = taken = hit
             else:
-                sel = emit(fb, "mul", hit, emit(fb, "sub", one, taken))
-                taken = emit(fb, "add", taken, sel)
-            share = place(fb, emit(fb, "mul", g, sel), 3, stride[1], starts[1], padded[1])
-            row = accumulate(fb, row, share)
-        total = accumulate(fb, total, place(fb, row, 2, stride[0], kh * dilation[0], padded[0]))  # type: ignore
-    return (_crop(fb, total, padding, size),)  # type: ignore[arg-type]
+                sel = emit(ctx, "mul", hit, emit(ctx, "sub", one, taken))
+                taken = emit(ctx, "add", taken, sel)
+            share = place(ctx, emit(ctx, "mul", g, sel), 3, stride[1], starts[1], padded[1])
+            row = accumulate(ctx, row, share)
+        total = accumulate(ctx, total, place(ctx, row, 2, stride[0], kh * dilation[0], padded[0]))  # type: ignore
+    return (_crop(ctx, total, padding, size),)  # type: ignore[arg-type]
 
 
 @gradient("avg_pool2d")
 def _avg_pool2d(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """g / divisor spread over each window; separable, so one placement per kernel row and column."""
-    fb = ctx.fb
     (g,) = out_grads
     if g is None or not ctx.wanted_float(op, 0):
         return (None,)
     kernel, stride, padding, _, size, out = _pool_geometry(op)
     padded = [size[i] + 2 * padding[i] for i in range(2)]
     if op.attrs["count_include_pad"]:
-        share = emit(fb, "div", g, _c(fb, float(math.prod(kernel)), g))
+        share = emit(ctx, "div", g, _c(ctx, float(math.prod(kernel)), g))
     else:
         inside = [np.array([sum(padding[i] <= j * stride[i] + k < padding[i] + size[i] for k in range(kernel[i]))
                             for j in range(out[i])], dtype=np.float64) for i in range(2)]
         counts = np.outer(inside[0], inside[1]).astype(g.type.dtype.numpy)
-        share = emit(fb, "div", g, fb.constant(counts))
+        share = emit(ctx, "div", g, ctx.constant(counts))
     rows = None
     for kw in range(kernel[1]):
-        rows = accumulate(fb, rows, place(fb, share, 3, stride[1], kw, padded[1]))
+        rows = accumulate(ctx, rows, place(ctx, share, 3, stride[1], kw, padded[1]))
     total = None
     for kh in range(kernel[0]):
-        total = accumulate(fb, total, place(fb, rows, 2, stride[0], kh, padded[0]))  # type: ignore[arg-type]
-    return (_crop(fb, total, padding, size),)  # type: ignore[arg-type]
+        total = accumulate(ctx, total, place(ctx, rows, 2, stride[0], kh, padded[0]))  # type: ignore[arg-type]
+    return (_crop(ctx, total, padding, size),)  # type: ignore[arg-type]
 
 
 def _bins(n: int, n_out: int) -> np.ndarray:
@@ -214,24 +209,23 @@ def _bins(n: int, n_out: int) -> np.ndarray:
 @gradient("adaptive_avg_pool2d")
 def _adaptive_avg_pool2d(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """The pool is A_h x A_w^T per (n, c), so the gradient is A_h^T g A_w: two matmuls with constant matrices."""
-    fb = ctx.fb
     (x,), (g,) = op.operands, out_grads
     if g is None or not ctx.wanted_float(op, 0):
         return (None,)
     size = _static(op.kind, "spatial dims", x.type.shape[2:])
     oh, ow = op.attrs["output_size"]
-    return (matmul_along(fb, matmul_along(fb, g, 3, _bins(size[1], ow)), 2, _bins(size[0], oh)),)
+    return (matmul_along(ctx, matmul_along(ctx, g, 3, _bins(size[1], ow)), 2, _bins(size[0], oh)),)
 
 
 # --- normalization
 
 
-def _laid(fb: FunctionBuilder, v: Operand, other: tuple[int, ...]) -> Operand:
+def _laid(fb: Emitter, v: Operand, other: tuple[int, ...]) -> Operand:
     """An affine parameter (x's dims at the normalized axes) with unit dims at the other axes, to broadcast."""
     return unsqueeze(fb, v, other) if other else v
 
 
-def _reduce_other(fb: FunctionBuilder, v: Value, other: tuple[int, ...]) -> Value:
+def _reduce_other(fb: Emitter, v: Value, other: tuple[int, ...]) -> Value:
     return emit(fb, "sum", v, axes=other) if other else v
 
 
@@ -240,7 +234,6 @@ def _norm_grads(ctx: GradContext, op: Op, out_grads: Grads, centered: bool) -> G
     (or x), s = rsqrt(mean(xc^2) + eps), xhat = xc s and gx = g * gamma,
     dx = s * (gx [- mean(gx)] - xhat * mean(gx * xhat)); d gamma = sum(g * xhat), d beta = sum(g) over the other
     axes."""
-    fb = ctx.fb
     (g,) = out_grads
     x = op.operands[0]
     n_ops = len(op.operands)
@@ -248,20 +241,20 @@ def _norm_grads(ctx: GradContext, op: Op, out_grads: Grads, centered: bool) -> G
         return (None,) * n_ops
     axes = norm_axes(op.kind, op.attrs["axes"], x.type.rank)
     other = tuple(i for i in range(x.type.rank) if i not in axes)
-    xc = emit(fb, "sub", x, emit(fb, "mean", x, axes=axes, keepdims=True)) if centered else x
-    var = emit(fb, "mean", emit(fb, "mul", xc, xc), axes=axes, keepdims=True)
-    scale = emit(fb, "rsqrt", emit(fb, "add", var, _c(fb, op.attrs["eps"], x)))
-    xhat = emit(fb, "mul", xc, scale)
+    xc = emit(ctx, "sub", x, emit(ctx, "mean", x, axes=axes, keepdims=True)) if centered else x
+    var = emit(ctx, "mean", emit(ctx, "mul", xc, xc), axes=axes, keepdims=True)
+    scale = emit(ctx, "rsqrt", emit(ctx, "add", var, _c(ctx, op.attrs["eps"], x)))
+    xhat = emit(ctx, "mul", xc, scale)
     out: list[Value | None] = [None] * n_ops
     if ctx.wanted_float(op, 0):
-        gx = emit(fb, "mul", g, _laid(fb, op.operands[1], other)) if n_ops > 1 else g
-        d = emit(fb, "sub", gx, emit(fb, "mean", gx, axes=axes, keepdims=True)) if centered else gx
-        m = emit(fb, "mean", emit(fb, "mul", gx, xhat), axes=axes, keepdims=True)
-        out[0] = emit(fb, "mul", scale, emit(fb, "sub", d, emit(fb, "mul", xhat, m)))
+        gx = emit(ctx, "mul", g, _laid(ctx, op.operands[1], other)) if n_ops > 1 else g
+        d = emit(ctx, "sub", gx, emit(ctx, "mean", gx, axes=axes, keepdims=True)) if centered else gx
+        m = emit(ctx, "mean", emit(ctx, "mul", gx, xhat), axes=axes, keepdims=True)
+        out[0] = emit(ctx, "mul", scale, emit(ctx, "sub", d, emit(ctx, "mul", xhat, m)))
     if ctx.wanted_float(op, 1):
-        out[1] = _reduce_other(fb, emit(fb, "mul", g, xhat), other)
+        out[1] = _reduce_other(ctx, emit(ctx, "mul", g, xhat), other)
     if centered and ctx.wanted_float(op, 2):
-        out[2] = _reduce_other(fb, g, other)
+        out[2] = _reduce_other(ctx, g, other)
     return tuple(out)
 
 
@@ -279,76 +272,73 @@ def _rms_norm(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
 def _batch_norm(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """Training differentiates through the batch statistics (and the running-stat updates, results 1 and 2);
     evaluation through the running statistics. A training flag that is not a constant is selected at run time."""
-    fb = ctx.fb
     x, gamma, beta, rm, rv, training = op.operands
     if all(g is None for g in out_grads):
         return (None,) * 6
-    mode = known_bool(fb, training)
+    mode = known_bool(ctx, training)
     if mode is True:
         grads = _bn_train(ctx, op, out_grads)
     elif mode is False:
         grads = _bn_eval(ctx, op, out_grads)
     else:
         t, e = _bn_train(ctx, op, out_grads), _bn_eval(ctx, op, out_grads)
-        grads = tuple(select(fb, training, a, b) for a, b in zip(t, e))
+        grads = tuple(select(ctx, training, a, b) for a, b in zip(t, e))
     return tuple(gr if gr is not None and ctx.wanted_float(op, i) else None for i, gr in enumerate(grads)) + (None,)
 
 
-def _chan(fb: FunctionBuilder, v: Operand, rank: int) -> Operand:
+def _chan(fb: Emitter, v: Operand, rank: int) -> Operand:
     """A per-channel [C] vector as [C, 1, ...], broadcasting against x [N, C, ...]."""
     return v if rank == 2 else emit(fb, "reshape", v, shape=(-1, *(1,) * (rank - 2)))
 
 
 def _bn_train(ctx: GradContext, op: Op, out_grads: Grads) -> tuple[Value | None, ...]:
-    fb = ctx.fb
     x, gamma, _, _, _, _ = op.operands
     g0, g1, g2 = out_grads
     mom, rank = op.attrs["momentum"], x.type.rank
     axes = (0, *range(2, rank))
-    mu = emit(fb, "mean", x, axes=axes, keepdims=True)
-    xc = emit(fb, "sub", x, mu)
-    var = emit(fb, "mean", emit(fb, "mul", xc, xc), axes=axes, keepdims=True)
-    rstd = emit(fb, "rsqrt", emit(fb, "add", var, _c(fb, op.attrs["eps"], x)))
+    mu = emit(ctx, "mean", x, axes=axes, keepdims=True)
+    xc = emit(ctx, "sub", x, mu)
+    var = emit(ctx, "mean", emit(ctx, "mul", xc, xc), axes=axes, keepdims=True)
+    rstd = emit(ctx, "rsqrt", emit(ctx, "add", var, _c(ctx, op.attrs["eps"], x)))
     dx = dgamma = dbeta = drm = drv = None
     if g0 is not None:
-        xhat = emit(fb, "mul", xc, rstd)
-        gx = emit(fb, "mul", g0, _chan(fb, gamma, rank))
-        m1 = emit(fb, "mean", gx, axes=axes, keepdims=True)
-        m2 = emit(fb, "mean", emit(fb, "mul", gx, xhat), axes=axes, keepdims=True)
-        dx = emit(fb, "mul", rstd, emit(fb, "sub", emit(fb, "sub", gx, m1), emit(fb, "mul", xhat, m2)))
-        dgamma = emit(fb, "sum", emit(fb, "mul", g0, xhat), axes=axes)
-        dbeta = emit(fb, "sum", g0, axes=axes)
+        xhat = emit(ctx, "mul", xc, rstd)
+        gx = emit(ctx, "mul", g0, _chan(ctx, gamma, rank))
+        m1 = emit(ctx, "mean", gx, axes=axes, keepdims=True)
+        m2 = emit(ctx, "mean", emit(ctx, "mul", gx, xhat), axes=axes, keepdims=True)
+        dx = emit(ctx, "mul", rstd, emit(ctx, "sub", emit(ctx, "sub", gx, m1), emit(ctx, "mul", xhat, m2)))
+        dgamma = emit(ctx, "sum", emit(ctx, "mul", g0, xhat), axes=axes)
+        dbeta = emit(ctx, "sum", g0, axes=axes)
     if g1 is not None or g2 is not None:
-        n = count(fb, x, axes, x.type.dtype)
+        n = count(ctx, x, axes, x.type.dtype)
         if g1 is not None:  # new_mean = (1 - m) rm + m mean(x)
-            share = emit(fb, "mul", _chan(fb, g1, rank), emit(fb, "div", _c(fb, mom, x), n))
-            dx = accumulate(fb, dx, expand(fb, share, x))
-            drm = emit(fb, "mul", g1, _c(fb, 1 - mom, g1))
+            share = emit(ctx, "mul", _chan(ctx, g1, rank), emit(ctx, "div", _c(ctx, mom, x), n))
+            dx = accumulate(ctx, dx, expand(ctx, share, x))
+            drm = emit(ctx, "mul", g1, _c(ctx, 1 - mom, g1))
         if g2 is not None:  # new_var = (1 - m) rv + m n / (n - 1) var(x)
-            factor = emit(fb, "div", _c(fb, 2 * mom, x), emit(fb, "sub", n, _c(fb, 1.0, x)))
-            dx = accumulate(fb, dx, emit(fb, "mul", emit(fb, "mul", _chan(fb, g2, rank), factor), xc))
-            drv = emit(fb, "mul", g2, _c(fb, 1 - mom, g2))
+            factor = emit(ctx, "div", _c(ctx, 2 * mom, x), emit(ctx, "sub", n, _c(ctx, 1.0, x)))
+            dx = accumulate(ctx, dx, emit(ctx, "mul", emit(ctx, "mul", _chan(ctx, g2, rank), factor), xc))
+            drv = emit(ctx, "mul", g2, _c(ctx, 1 - mom, g2))
     return (dx, dgamma, dbeta, drm, drv)
 
 
 def _bn_eval(ctx: GradContext, op: Op, out_grads: Grads) -> tuple[Value | None, ...]:
-    fb = ctx.fb
     x, gamma, _, rm, rv, _ = op.operands
     g0, g1, g2 = out_grads
     rank = x.type.rank
     axes = (0, *range(2, rank))
     dx = dgamma = dbeta = drm = drv = None
     if g0 is not None:
-        rstd = emit(fb, "rsqrt", emit(fb, "add", rv, _c(fb, op.attrs["eps"], rv)))
-        scale = emit(fb, "mul", gamma, rstd)
-        dx = emit(fb, "mul", g0, _chan(fb, scale, rank))
-        total = emit(fb, "sum", g0, axes=axes)
-        centered = emit(fb, "sum", emit(fb, "mul", g0, emit(fb, "sub", x, _chan(fb, rm, rank))), axes=axes)
-        dgamma = emit(fb, "mul", centered, rstd)
+        rstd = emit(ctx, "rsqrt", emit(ctx, "add", rv, _c(ctx, op.attrs["eps"], rv)))
+        scale = emit(ctx, "mul", gamma, rstd)
+        dx = emit(ctx, "mul", g0, _chan(ctx, scale, rank))
+        total = emit(ctx, "sum", g0, axes=axes)
+        centered = emit(ctx, "sum", emit(ctx, "mul", g0, emit(ctx, "sub", x, _chan(ctx, rm, rank))), axes=axes)
+        dgamma = emit(ctx, "mul", centered, rstd)
         dbeta = total
-        drm = emit(fb, "neg", emit(fb, "mul", total, scale))
-        cube = emit(fb, "mul", emit(fb, "mul", rstd, rstd), rstd)
-        drv = emit(fb, "mul", emit(fb, "mul", centered, gamma), emit(fb, "mul", cube, _c(fb, -0.5, rv)))
-    drm = accumulate(fb, drm, g1)
-    drv = accumulate(fb, drv, g2)
+        drm = emit(ctx, "neg", emit(ctx, "mul", total, scale))
+        cube = emit(ctx, "mul", emit(ctx, "mul", rstd, rstd), rstd)
+        drv = emit(ctx, "mul", emit(ctx, "mul", centered, gamma), emit(ctx, "mul", cube, _c(ctx, -0.5, rv)))
+    drm = accumulate(ctx, drm, g1)
+    drv = accumulate(ctx, drv, g2)
     return (dx, dgamma, dbeta, drm, drv)

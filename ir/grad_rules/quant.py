@@ -10,9 +10,8 @@ Both work on the blocked view [n0, b0, n1, b1, ...] of the tensor (a reshape, so
 
 from __future__ import annotations
 
-from ..builder import FunctionBuilder
 from ..dtypes import DType
-from ..gradients import GradContext, Grads, emit, gradient, is_float, reshape_to, scalar
+from ..gradients import Emitter, GradContext, Grads, emit, gradient, is_float, reshape_to, scalar
 from ..graph import Op, Operand
 from ..ops.quant import VALUE_RANGES, block_dims
 
@@ -27,45 +26,43 @@ def _views(shape, block):
     return blocked, inner, kept
 
 
-def _cast(fb: FunctionBuilder, v: Operand, dtype: DType) -> Operand:
+def _cast(fb: Emitter, v: Operand, dtype: DType) -> Operand:
     return v if v.type.dtype is dtype else emit(fb, "cast", v, dtype=dtype)
 
 
 @gradient("dequantize")
 def _dequantize(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
-    fb = ctx.fb
     (codes, scales), (g,) = op.operands, out_grads
     if g is None or not is_float(scales) or not ctx.wanted(1):
         return (None, None)
     dt = scales.type.dtype
     blocked, inner, _ = _views(codes.type.shape, op.attrs["block"])
-    prod = emit(fb, "mul", _cast(fb, g, dt), _cast(fb, codes, dt))
-    per_block = emit(fb, "sum", reshape_to(fb, prod, blocked, "dequantize"), axes=inner)
-    return (None, reshape_to(fb, per_block, scales.type.shape, "dequantize"))
+    prod = emit(ctx, "mul", _cast(ctx, g, dt), _cast(ctx, codes, dt))
+    per_block = emit(ctx, "sum", reshape_to(ctx, prod, blocked, "dequantize"), axes=inner)
+    return (None, reshape_to(ctx, per_block, scales.type.shape, "dequantize"))
 
 
 @gradient("quantize")
 def _quantize(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
-    fb = ctx.fb
     (x,), (_, gs) = op.operands, out_grads
     if gs is None or not is_float(x) or not ctx.wanted(0):
         return (None,)
     f32 = DType.f32  # quantize computes in f32
     lo, hi = VALUE_RANGES[op.attrs["value"]]
     blocked, inner, kept = _views(x.type.shape, op.attrs["block"])
-    xb = reshape_to(fb, _cast(fb, x, f32), blocked, "quantize")
-    zero = scalar(fb, 0.0, f32)
-    sign = emit(fb, "where", emit(fb, "greater", xb, zero), scalar(fb, 1.0, f32),
-                emit(fb, "where", emit(fb, "less", xb, zero), scalar(fb, -1.0, f32), zero))
-    share = emit(fb, "mul", reshape_to(fb, gs, kept, "quantize"), scalar(fb, 2.0 / (hi - lo), f32))
+    xb = reshape_to(ctx, _cast(ctx, x, f32), blocked, "quantize")
+    zero = scalar(ctx, 0.0, f32)
+    sign = emit(ctx, "where", emit(ctx, "greater", xb, zero), scalar(ctx, 1.0, f32),
+                emit(ctx, "where", emit(ctx, "less", xb, zero), scalar(ctx, -1.0, f32), zero))
+    share = emit(ctx, "mul", reshape_to(ctx, gs, kept, "quantize"), scalar(ctx, 2.0 / (hi - lo), f32))
     if op.attrs["calibration"] == "absmean":
         size = 1
         for i in inner:
             size *= blocked[i]
-        weight = emit(fb, "div", sign, scalar(fb, float(size), f32))
+        weight = emit(ctx, "div", sign, scalar(ctx, float(size), f32))
     else:
-        mag = emit(fb, "abs", xb)
-        hit = emit(fb, "cast", emit(fb, "equal", mag, emit(fb, "max", mag, axes=inner, keepdims=True)), dtype=f32)
-        weight = emit(fb, "div", emit(fb, "mul", sign, hit), emit(fb, "sum", hit, axes=inner, keepdims=True))
-    dx = reshape_to(fb, emit(fb, "mul", weight, share), x.type.shape, "quantize")
-    return (_cast(fb, dx, x.type.dtype),)
+        mag = emit(ctx, "abs", xb)
+        hit = emit(ctx, "cast", emit(ctx, "equal", mag, emit(ctx, "max", mag, axes=inner, keepdims=True)), dtype=f32)
+        weight = emit(ctx, "div", emit(ctx, "mul", sign, hit), emit(ctx, "sum", hit, axes=inner, keepdims=True))
+    dx = reshape_to(ctx, emit(ctx, "mul", weight, share), x.type.shape, "quantize")
+    return (_cast(ctx, dx, x.type.dtype),)

@@ -9,8 +9,7 @@ from ..graph import Op, Value
 
 @gradient("dropout")
 def _dropout(ctx: GradContext, op: Op, out_grads: tuple[Value | None, ...]) -> tuple[Value | None, ...]:
-    fb = ctx.fb
     (x, training), (g,) = op.operands, out_grads
     if g is None or not is_float(x) or not ctx.wanted(0):
         return (None, None)
-    return (emit(fb, "dropout", g, training, p=op.attrs["p"], seed=op.attrs["seed"]), None)
+    return (emit(ctx, "dropout", g, training, p=op.attrs["p"], seed=op.attrs["seed"]), None)

@@ -14,10 +14,10 @@ import math
 
 import numpy as np
 
-from ..builder import FunctionBuilder
 from ..errors import PassError
 from ..gradients import (
     BIG,
+    Emitter,
     GradContext,
     Grads,
     emit,
@@ -48,38 +48,34 @@ def _single(ctx: GradContext, op: Op, out_grads: Grads) -> Value | None:
 
 @gradient("transpose")
 def _transpose(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
-    fb = ctx.fb
     g = _single(ctx, op, out_grads)
     if g is None:
         return (None,)
     perm = op.attrs["perm"]
     if perm is None:
-        return (emit(fb, "transpose", g),)
-    return (emit(fb, "transpose", g, perm=tuple(int(i) for i in np.argsort(perm))),)
+        return (emit(ctx, "transpose", g),)
+    return (emit(ctx, "transpose", g, perm=tuple(int(i) for i in np.argsort(perm))),)
 
 
 @gradient("reshape")
 def _reshape(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """Reshape back; an operand with several dynamic dims has no reshape target (an error)."""
-    fb = ctx.fb
     g = _single(ctx, op, out_grads)
     if g is None:
         return (None,)
-    return (reshape_to(fb, g, op.operands[0].type.shape, "reshape"),)
+    return (reshape_to(ctx, g, op.operands[0].type.shape, "reshape"),)
 
 
 @gradient("broadcast_to")
 def _broadcast_to(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
-    fb = ctx.fb
     g = _single(ctx, op, out_grads)
-    return (None if g is None else unbroadcast(fb, g, op.operands[0].type),)
+    return (None if g is None else unbroadcast(ctx, g, op.operands[0].type),)
 
 
 @gradient("concat")
 def _concat(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """Each operand's slice of g. A slice needs its bounds: counted from the start while the sizes before the
     operand are static, from the end while those after it are."""
-    fb = ctx.fb
     (g,) = out_grads
     xs = op.operands
     if g is None:
@@ -108,7 +104,7 @@ def _concat(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
         if stop is None:
             raise PassError(f"concat: the gradient of operand {i} needs its offset along axis {axis}, but dynamic "
                             f"sizes lie on both sides of it ({['?' if s is None else s for s in sizes]})")
-        out.append(emit(fb, "slice", g, starts=(start,), ends=(stop,), axes=(axis,)))
+        out.append(emit(ctx, "slice", g, starts=(start,), ends=(stop,), axes=(axis,)))
     return tuple(out)
 
 
@@ -116,7 +112,6 @@ def _concat(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
 def _slice(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """g put back where the slice took it, zeros elsewhere: per sliced axis a flip (negative steps), a dilation
     (|step| > 1) and zero padding. A dynamic sliced dim is supported for step 1 from a start to the end."""
-    fb = ctx.fb
     g = _single(ctx, op, out_grads)
     if g is None:
         return (None,)
@@ -126,18 +121,18 @@ def _slice(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
         n = x.type.shape[axis]
         if n is None:
             if cut.step in (None, 1) and (cut.start or 0) >= 0 and cut.stop >= OPEN_END:
-                out = pad(fb, out, axis, cut.start or 0, 0)
+                out = pad(ctx, out, axis, cut.start or 0, 0)
                 continue
             raise PassError(f"slice: the gradient along dynamic axis {axis} is supported only for x[start:] "
                             f"(got start {cut.start}, end {cut.stop}, step {cut.step})")
         picked = np.arange(n)[cut]
         if picked.size == 0:  # nothing taken along this axis: the whole gradient is zero
-            return (fill(fb, 0.0, x.type.dtype, x.type.shape, x),)
+            return (fill(ctx, 0.0, x.type.dtype, x.type.shape, x),)
         step = cut.step or 1
         if step < 0:
-            out = flip(fb, out, [axis])
+            out = flip(ctx, out, [axis])
             picked = picked[::-1]
-        out = place(fb, out, axis, abs(step), int(picked[0]), n)
+        out = place(ctx, out, axis, abs(step), int(picked[0]), n)
     return (out,)
 
 
@@ -149,7 +144,7 @@ def _cuts(rank: int, attrs) -> dict[int, slice]:
     return {norm_axis("slice", a, rank): slice(s, e, st) for a, s, e, st in zip(axes, starts, ends, steps)}
 
 
-def _normalized(fb: FunctionBuilder, idx: Operand, n: int) -> Value:
+def _normalized(fb: Emitter, idx: Operand, n: int) -> Value:
     """Negative indices counted from the end, as numpy's."""
     zero = fb.constant(0, idx.type.dtype)
     wrapped = emit(fb, "add", idx, fb.constant(n, idx.type.dtype))
@@ -167,7 +162,6 @@ def _static_axis(kind: str, x: Operand, axis: int) -> int:
 @gradient("take")
 def _take(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """g summed into the taken rows: a one-hot [K, n] of the indices times g with its index dims merged."""
-    fb = ctx.fb
     (x, idx), (g,) = op.operands, out_grads
     if g is None or not is_float(x) or not ctx.wanted(0):
         return (None, None)
@@ -175,40 +169,39 @@ def _take(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     axis = norm_axis("take", op.attrs["axis"], r)
     n = _static_axis("take", x, axis)
     dt = x.type.dtype
-    iota = fb.constant(np.arange(n, dtype=idx.type.dtype.numpy))
-    ids = _normalized(fb, idx, n)
+    iota = ctx.constant(np.arange(n, dtype=idx.type.dtype.numpy))
+    ids = _normalized(ctx, idx, n)
     if q == 0:
-        hot = emit(fb, "cast", emit(fb, "equal", iota, ids), dtype=dt)
-        hot = emit(fb, "reshape", hot, shape=(n, *(1,) * (r - axis - 1)))
-        return (emit(fb, "mul", unsqueeze(fb, g, [axis]), hot), None)
+        hot = emit(ctx, "cast", emit(ctx, "equal", iota, ids), dtype=dt)
+        hot = emit(ctx, "reshape", hot, shape=(n, *(1,) * (r - axis - 1)))
+        return (emit(ctx, "mul", unsqueeze(ctx, g, [axis]), hot), None)
     pre, post = x.type.shape[:axis], x.type.shape[axis + 1:]
     k = math.prod(idx.type.shape) if idx.type.is_static else None
     merged = (*pre, k, *post)
     if q == 1 or reshape_target(merged) is not None:
-        flat = ids if q == 1 else emit(fb, "reshape", ids, shape=(-1,))
-        hot = emit(fb, "cast", emit(fb, "equal", emit(fb, "reshape", flat, shape=(-1, 1)), iota), dtype=dt)
-        g2 = g if q == 1 else reshape_to(fb, g, merged, "take")
-        return (move_back(fb, emit(fb, "matmul", move_last(fb, g2, axis), hot), axis), None)
+        flat = ids if q == 1 else emit(ctx, "reshape", ids, shape=(-1,))
+        hot = emit(ctx, "cast", emit(ctx, "equal", emit(ctx, "reshape", flat, shape=(-1, 1)), iota), dtype=dt)
+        g2 = g if q == 1 else reshape_to(ctx, g, merged, "take")
+        return (move_back(ctx, emit(ctx, "matmul", move_last(ctx, g2, axis), hot), axis), None)
     # several dynamic dims and no reshape target: a where of the [*I, n] one-hot, summed over the index dims
-    hot = emit(fb, "equal", unsqueeze(fb, ids, [q]), iota)
+    hot = emit(ctx, "equal", unsqueeze(ctx, ids, [q]), iota)
     perm = (*range(axis), *range(axis + q, r - 1 + q), *range(axis, axis + q))  # g as [*pre, *post, *I]
-    gt = unsqueeze(fb, g if perm == tuple(range(len(perm))) else emit(fb, "transpose", g, perm=perm), [r - 1 + q])
-    picked = emit(fb, "where", hot, gt, scalar(fb, 0.0, dt))
-    summed = emit(fb, "sum", picked, axes=tuple(range(r - 1, r - 1 + q)))
-    return (move_back(fb, summed, axis), None)
+    gt = unsqueeze(ctx, g if perm == tuple(range(len(perm))) else emit(ctx, "transpose", g, perm=perm), [r - 1 + q])
+    picked = emit(ctx, "where", hot, gt, scalar(ctx, 0.0, dt))
+    summed = emit(ctx, "sum", picked, axes=tuple(range(r - 1, r - 1 + q)))
+    return (move_back(ctx, summed, axis), None)
 
 
 @gradient("gather")
 def _gather(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """g summed into the gathered positions: where(one-hot [.., K, n, ..], g, 0) summed over K."""
-    fb = ctx.fb
     (x, idx), (g,) = op.operands, out_grads
     if g is None or not is_float(x) or not ctx.wanted(0):
         return (None, None)
     r = x.type.rank
     axis = norm_axis("gather", op.attrs["axis"], r)
     n = _static_axis("gather", x, axis)
-    iota = fb.constant(np.arange(n, dtype=idx.type.dtype.numpy).reshape((n, *(1,) * (r - axis - 1))))
-    hot = emit(fb, "equal", unsqueeze(fb, _normalized(fb, idx, n), [axis + 1]), iota)
-    picked = emit(fb, "where", hot, unsqueeze(fb, g, [axis + 1]), scalar(fb, 0.0, x.type.dtype))
-    return (emit(fb, "sum", picked, axes=(axis,)), None)
+    iota = ctx.constant(np.arange(n, dtype=idx.type.dtype.numpy).reshape((n, *(1,) * (r - axis - 1))))
+    hot = emit(ctx, "equal", unsqueeze(ctx, _normalized(ctx, idx, n), [axis + 1]), iota)
+    picked = emit(ctx, "where", hot, unsqueeze(ctx, g, [axis + 1]), scalar(ctx, 0.0, x.type.dtype))
+    return (emit(ctx, "sum", picked, axes=(axis,)), None)
