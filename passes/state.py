@@ -55,12 +55,8 @@ class Train(Transition):
     """Enable autodiff and restore the configured require-grad and flag values."""
 
     name = "train"
-
-    def param_rule(self, p: ParamNode) -> ParamNode:
-        return train_param(p)
-
-    def flag_rule(self, f: FlagNode) -> FlagNode:
-        return train_flag(f)
+    param_rule = staticmethod(train_param)
+    flag_rule = staticmethod(train_flag)
 
 
 @dataclass(frozen=True)
@@ -68,12 +64,8 @@ class Valid(Transition):
     """Disable gradients, autodiff, checkpointing and flags, keeping what `train` restores."""
 
     name = "valid"
-
-    def param_rule(self, p: ParamNode) -> ParamNode:
-        return valid_param(p)
-
-    def flag_rule(self, f: FlagNode) -> FlagNode:
-        return valid_flag(f)
+    param_rule = staticmethod(valid_param)
+    flag_rule = staticmethod(valid_flag)
 
 
 @dataclass(frozen=True)
