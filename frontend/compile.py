@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kiln.ir import Graph, KilnError
+from kiln.ir import Graph, KilnError, TrainingStateWarning
+from kiln.runtime.progress import stage
 
 from .module import Module
 from .trace import InputSpec, as_type, trace
@@ -21,12 +24,16 @@ def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm"
     `params="bound"` bakes the weights in (deployment); `params="inputs"` passes them at run time. A graph's
     input specs, if given, must be instances of its function's argument types; it compiles with its own types.
     `tune=N` (CPU only) first tunes the kernels with MetaSchedule for N trials, unless this graph, target and
-    options were tuned already; builds use an existing database either way.
+    options were tuned already; builds use an existing database either way. A module with training flags on
+    (dropout, batch norm) builds as it is, with a `TrainingStateWarning`: compile `model.valid()` for inference.
+    Each stage is logged with its seconds on the `kiln.compile` logger (INFO).
     """
     from kiln.runtime.tvm.compile import compile_graph
 
     if isinstance(model, Module):
-        graph = trace(model, *input_specs)
+        with stage(f"tracing {type(model).__name__}"):
+            graph = trace(model, *input_specs)
+        _warn_training_flags(graph)
     else:
         graph = model
         _check_specs(graph, functions, input_specs)
@@ -38,6 +45,22 @@ def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm"
         if not was_tuned(graph, tgt, params, fast_math):
             tune_graph(graph, target=tgt, trials=tune, fast_math=fast_math, params=params)
     return compile_graph(graph, target=target, params=params, fast_math=fast_math, functions=functions)
+
+
+_warned_sites: set[tuple[str, int]] = set()  # (file, line) of each kiln.compile call warned about
+
+
+def _warn_training_flags(graph: Graph) -> None:
+    """Warn, once per call site of `kiln.compile` in this process, that flags on keep training behaviour in the
+    build (counted here: TVM resets the `warnings` registry that would otherwise count)."""
+    on = [name for name, flag in graph.flags.items() if flag.value]
+    caller = sys._getframe(2)
+    site = (caller.f_code.co_filename, caller.f_lineno)
+    if on and site not in _warned_sites:
+        _warned_sites.add(site)
+        warnings.warn(f"kiln.compile: module @{graph.name} has training flags on ({', '.join(on)}): dropout and "
+                      "batch-norm statistics stay in training behaviour in the build; compile model.valid() for "
+                      "inference", TrainingStateWarning, stacklevel=3)
 
 
 def _check_specs(graph: Graph, functions: Sequence[str] | None, specs: Sequence[InputSpec]) -> None:

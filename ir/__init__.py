@@ -15,6 +15,7 @@ from .errors import (
     PassError,
     RecordError,
     ShapeError,
+    TrainingStateWarning,
     VerifyError,
 )
 from .graph import FlagNode, Function, Graph, Init, Op, Operand, ParamNode, ReparamNode, SymRef, Value
@@ -34,7 +35,8 @@ __all__ = [
     "Builder", "DType", "FlagNode", "Function", "FunctionBuilder", "Graph", "IRParseError", "Init",
     "Interpreter", "KilnError", "Op", "OpDef", "Operand", "ParamGroupError", "ParamGroupWarning",
     "ParamNode", "PassError", "RecordError", "ReparamNode",
-    "Rewriter", "ShapeError", "SymRef", "TensorType", "Trait", "Value", "VerifyError", "evaluate_op", "interpret",
+    "Rewriter", "ShapeError", "SymRef", "TensorType", "Trait", "TrainingStateWarning", "Value", "VerifyError",
+    "evaluate_op", "interpret",
     "lookup", "new_param_id", "ops_with", "parse", "parse_file", "print_graph", "prune", "registered", "rewrite",
     "structural_hash", "to_dot", "to_networkx", "verify",
     "assert_structurally_equal", "canonical_text", "structurally_equal",

@@ -38,3 +38,7 @@ class ParamGroupError(KilnError):
 
 class ParamGroupWarning(UserWarning):
     """A pass's parameter group (or one of its `paths` terms) selects no parameter or flag: likely a typo."""
+
+
+class TrainingStateWarning(UserWarning):
+    """A module is compiled with training flags on: dropout and batch-norm statistics keep training behaviour."""

@@ -10,15 +10,18 @@ location); 2 bad usage; 3 a file that cannot be read or written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from kiln.ir import Graph, KilnError, ParamGroupWarning, RecordError, parse, parse_file, print_graph, to_dot
 from kiln.passes import PassManager, pass_names
 from kiln.runtime.atomic import atomic_file
+from kiln.runtime.progress import log, stage
 from kiln.runtime.records.burnpack_io import BurnpackFile
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_IO = 0, 1, 2, 3
@@ -61,14 +64,38 @@ def cmd_dot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@contextlib.contextmanager
+def _stages_on_stderr(on: bool) -> Iterator[None]:
+    """While on, print the `kiln.compile` logger's INFO records (each stage with its seconds) on stderr."""
+    if not on:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("kiln: %(message)s"))
+    old_level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
-    """Compile a .kir module through TVM and write the shared library with its sidecar."""
+    """Compile a .kir module through TVM, in valid state unless `--train-state` (as `kiln export-onnx` exports),
+    and write the shared library with its sidecar."""
     from kiln.runtime.tvm.compile import compile_graph  # TVM loads only for this command
 
-    graph = read_graph(args.input)
-    exe = compile_graph(graph, target=args.target, params=args.params, fast_math=not args.no_fast_math,
-                        functions=args.function)
-    exe.export_library(args.output)
+    with _stages_on_stderr(args.verbose):
+        graph = read_graph(args.input)
+        if not args.train_state:
+            with stage("passes: valid"):
+                graph = PassManager.parse("valid").run(graph)
+        exe = compile_graph(graph, target=args.target, params=args.params, fast_math=not args.no_fast_math,
+                            functions=args.function)
+        with stage(f"writing {args.output}"):
+            exe.export_library(args.output)
     return EXIT_OK
 
 
@@ -159,7 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     dot.add_argument("-f", "--function", default="forward", help="the function to draw (default: forward)")
     dot.add_argument("-o", "--output", help="where to write the DOT text (default: standard output)")
     dot.set_defaults(run=cmd_dot)
-    comp = sub.add_parser("compile", help="compile a .kir module through TVM to a shared library")
+    comp = sub.add_parser("compile", help="compile a .kir module through TVM to a shared library",
+                          description="Compile a .kir module through TVM to a shared library. The module is put "
+                                      "in valid state first (dropout off, batch norm on its running statistics), "
+                                      "as export-onnx does; --train-state keeps the state the file gives it.")
     comp.add_argument("input", help="a .kir file, or - for standard input")
     comp.add_argument("-o", "--output", required=True,
                       help="the library to write (model.so); its sidecar goes to OUTPUT.kiln.json and, with "
@@ -169,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="bake the parameters in as constants (default), or take them as inputs")
     comp.add_argument("-f", "--function", action="append", help="a function to compile (repeatable; default: all)")
     comp.add_argument("--no-fast-math", action="store_true", help="exact exp/erf/tanh/softmax instead of fast-math")
+    comp.add_argument("--train-state", action="store_true",
+                      help="keep the module's state as the file gives it (flags on: dropout drops and batch "
+                           "norm uses batch statistics) instead of the default valid state")
+    comp.add_argument("-v", "--verbose", action="store_true",
+                      help="log each stage (passes, lowering, build, compile cache) with its seconds on stderr")
     comp.set_defaults(run=cmd_compile)
     tune = sub.add_parser("tune", help="auto-tune a .kir module's kernels (MetaSchedule); compile then uses them")
     tune.add_argument("input", help="a .kir file with static input shapes, or - for standard input")

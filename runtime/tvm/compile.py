@@ -20,6 +20,7 @@ from tvm.target import Target
 
 from kiln.ir import Graph, KilnError, structural_hash
 from kiln.ir.interpreter import param_value
+from kiln.runtime.progress import log, stage
 
 from . import compile_cache
 from .artifact import Program
@@ -51,14 +52,16 @@ def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: st
 def build(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool,
           tuning_dir: Path | None = None) -> Program:
     """Lower and build without the cache, applying the tuning database in `tuning_dir` (CPU only) if given."""
-    lowered = lower(graph, params, functions)
+    with stage(f"lowering @{graph.name} to Relax"):
+        lowered = lower(graph, params, functions)
     if _device(target) == "cuda":
         pipeline = cuda_pipeline(target)
     else:
         extra = (apply_database_pass(tuning_dir, target),) if tuning_dir is not None else ()
         pipeline = cpu_pipeline(target, fast_math, extra_schedule_passes=extra)
     try:
-        library = tvm.compile(lowered.module, target=target, relax_pipeline=pipeline)
+        with stage(f"building @{graph.name} for {target.kind.name}"):
+            library = tvm.compile(lowered.module, target=target, relax_pipeline=pipeline)
     except (RuntimeError, TypeError, ValueError) as e:  # what TVM raises on a failed build
         first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise KilnError(f"TVM could not build module @{graph.name} for {target.kind.name}: {first}") from e
@@ -79,12 +82,15 @@ def compile_graph(graph: Graph, *, target: TargetLike = "llvm", params: str = "b
     tuned = find_database(graph, tgt, params, fast_math)
     key = cache_key(graph, names, tgt, params, fast_math, database_digest(tuned) if tuned is not None else None)
     hit = compile_cache.lookup(key) if cache else None
+    if cache:
+        log.info("compile cache %s for @%s (%s)", "hit" if hit is not None else "miss", graph.name, key[:12])
     if hit is not None:
         program, path = hit
     else:
         program, path = build(graph, names, tgt, params, fast_math, tuned), None
         if cache:
-            compile_cache.store(key, program, program.library.export_library)
+            with stage(f"storing @{graph.name} in the compile cache"):
+                compile_cache.store(key, program, program.library.export_library)
     values = None
     if params == "inputs":
         values = {p.name: param_value(p) for name in names for p in used_params(graph, name)}
