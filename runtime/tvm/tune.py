@@ -15,7 +15,8 @@ A finished run writes `kiln_tuned.json` (budget and what was kept) last.
 MetaSchedule needs `psutil`, `cloudpickle` and `xgboost` (the `xgboost-cpu` wheel), imported only here.
 Gotchas avoided (see the TVM CPU research notes): the default LocalBuilder imports `tvm.s_tir.tensor_intrin` in
 every fresh worker (~20 s) and times out, so trials build with `fast_build`; MetaSchedule's console log is
-silenced in favour of a one-line progress bar on stderr (its full log stays in `<dir>/logs`). Creating the
+silenced in favour of a one-line progress bar on stderr (a start and a final line when stderr is not a
+terminal; its full log stays in `<dir>/logs`). Creating the
 tuning tasks still imports `tvm.s_tir.tensor_intrin` once (~20-30 s) in this process.
 """
 
@@ -35,6 +36,7 @@ from tvm.target import Target
 
 from kiln.ir import Graph, KilnError, structural_hash
 from kiln.runtime.atomic import atomic_file
+from kiln.runtime.progress import is_terminal
 
 from . import compile_cache
 from .lower import LOWERING_VERSION, PARAM_MODES, lower
@@ -138,19 +140,31 @@ def _count_records(path: Path) -> int:
 
 
 class _Progress:
-    """A one-line progress bar on stderr, fed by polling the database's record count."""
+    """A one-line progress bar on stderr, fed by polling the database's record count; when stderr is not a
+    terminal (a log, a pipe), only a start line and the final count, never redraws."""
 
     def __init__(self, path: Path, total: int, interval: float = 0.5):
         self.path, self.total, self.interval = path, total, interval
         self.start = time.monotonic()
+        self.stream = sys.stderr
+        self.live = is_terminal(self.stream)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kiln-tune-progress", daemon=True)
 
     def __enter__(self) -> _Progress:
-        self._thread.start()
+        if self.live:
+            self._thread.start()
+        else:
+            self.stream.write(f"kiln tune: {self.total} trials into {self.path}\n")
+            self.stream.flush()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if not self.live:
+            self.stream.write(f"kiln tune: {_count_records(self.path)}/{self.total} trials, "
+                              f"{time.monotonic() - self.start:.0f}s\n")
+            self.stream.flush()
+            return
         self._stop.set()
         self._thread.join()
         self._draw(final=True)
@@ -164,9 +178,9 @@ class _Progress:
         width = 30
         filled = min(width, width * done // max(self.total, 1))
         bar = "#" * filled + "." * (width - filled)
-        sys.stderr.write(f"\rkiln tune [{bar}] {done}/{self.total} trials, {time.monotonic() - self.start:.0f}s")
-        sys.stderr.write("\n" if final else "")
-        sys.stderr.flush()
+        self.stream.write(f"\rkiln tune [{bar}] {done}/{self.total} trials, {time.monotonic() - self.start:.0f}s")
+        self.stream.write("\n" if final else "")
+        self.stream.flush()
 
 
 def _drop_ms_handlers() -> None:

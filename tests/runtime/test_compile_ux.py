@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from terminal import stderr_terminal
 
 import kiln
 from kiln import nn
@@ -25,13 +26,6 @@ from kiln.runtime.tvm.executable import Executable, load_executable
 pytestmark = pytest.mark.usefixtures("cache_root")  # every test gets an empty compile cache
 
 P = 0.3
-
-
-class FakeTerminal(io.StringIO):
-    """A captured stderr that says it is a terminal."""
-
-    def isatty(self) -> bool:
-        return True
 
 
 def dropout_graph() -> Graph:
@@ -136,16 +130,15 @@ def test_kiln_compile_logs_trace_lowering_build_and_cache(caplog: pytest.LogCapt
 
 
 def test_a_long_stage_shows_a_status_line_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    tty = FakeTerminal()
-    monkeypatch.setattr("sys.stderr", tty)
     monkeypatch.setattr(progress, "STATUS_INTERVAL", 0.01)
-    with progress.stage("building @M for llvm", delay=0.02):
-        time.sleep(0.1)
-    text = tty.getvalue()
+    with stderr_terminal() as tty:
+        with progress.stage("building @M for llvm", delay=0.02):
+            time.sleep(0.1)
+        text = tty.getvalue()
+        with progress.stage("quick", delay=5):
+            pass
     assert text.startswith("\rkiln: building @M for llvm... 0s") and text.count("\r") > 2
     assert text.endswith("\r\x1b[K")  # erased when the stage ends
-    with progress.stage("quick", delay=5):
-        pass
     assert tty.getvalue() == text  # a stage under the delay shows nothing
 
 

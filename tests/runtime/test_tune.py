@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tvm
+from terminal import stderr_terminal
 from tvm.s_tir import meta_schedule as ms
 
 import kiln
@@ -162,13 +164,24 @@ def test_compile_with_tune_does_not_tune_a_build_tuned_before(monkeypatch: pytes
     assert len(calls) == 1
 
 
-def test_progress_bar_counts_the_records_as_they_land(capsys: pytest.CaptureFixture) -> None:
+def test_progress_bar_counts_the_records_as_they_land() -> None:
+    path = write_database(matmul_relu())
+    with stderr_terminal() as tty, _Progress(path, total=4, interval=0.01):
+        time.sleep(0.05)
+    lines = tty.getvalue().split("\r")
+    assert lines[-1].startswith("kiln tune [" + "#" * 7 + "." * 23 + "] 1/4 trials, ") and lines[-1].endswith("s\n")
+    assert len(lines) > 2  # redrawn while it ran, not only at the end
+
+
+def test_progress_off_a_terminal_is_two_summary_lines(capsys: pytest.CaptureFixture) -> None:
+    """Logs and pipes (capsys's stderr is not a terminal) get no redraws, however long the run."""
     path = write_database(matmul_relu())
     with _Progress(path, total=4, interval=0.01):
         time.sleep(0.05)
-    lines = capsys.readouterr().err.split("\r")
-    assert lines[-1].startswith("kiln tune [" + "#" * 7 + "." * 23 + "] 1/4 trials, ") and lines[-1].endswith("s\n")
-    assert len(lines) > 2  # redrawn while it ran, not only at the end
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert err.splitlines() == [f"kiln tune: 4 trials into {path}", err.splitlines()[1]]
+    assert re.fullmatch(r"kiln tune: 1/4 trials, \d+s", err.splitlines()[1])
 
 
 def test_tune_rejects_what_it_cannot_tune(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
