@@ -9,9 +9,11 @@ lazy initializers are seeded by the ParamId, so seeding ids also makes initial w
 from __future__ import annotations
 
 import base64
+import operator
 import random
 import re
 import secrets
+from typing import SupportsIndex
 
 _BURN_TEXT = re.compile(r"[0-9a-v]{13}")
 _HEX_TEXT = re.compile(r"0x[0-9a-fA-F]{1,16}")
@@ -22,10 +24,14 @@ class ParamId(int):
 
     __slots__ = ()
 
-    def __new__(cls, value: int) -> ParamId:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+    def __new__(cls, value: SupportsIndex) -> ParamId:
+        try:
+            number = None if isinstance(value, bool) else operator.index(value)  # numpy ints too, not bool
+        except TypeError:
+            number = None
+        if number is None or not 0 <= number < 2**64:
             raise ValueError(f"ParamId {value!r} is not a u64 (an int in [0, 2**64))")
-        return super().__new__(cls, value)
+        return super().__new__(cls, number)
 
     def __str__(self) -> str:
         return base64.b32hexencode(int(self).to_bytes(8, "little")).decode().lower().rstrip("=")
@@ -44,16 +50,16 @@ class ParamId(int):
     @classmethod
     def from_text(cls, text: str) -> ParamId:
         """An id as a user may write one: Burn's form (`83h0200000000`) or `0x` and up to 16 hex digits."""
-        pid = cls(int(text, 16)) if _HEX_TEXT.fullmatch(text) else _from_burn_text(text)
+        pid = cls(int(text, 16)) if isinstance(text, str) and _HEX_TEXT.fullmatch(text) else _from_burn_text(text)
         if pid is None:
             raise ValueError(f"invalid ParamId {text!r}: a ParamId is written 0x and up to 16 hex digits, "
                              "or in Burn's form like 83h0200000000")
         return pid
 
 
-def _from_burn_text(text: str) -> ParamId | None:
+def _from_burn_text(text: object) -> ParamId | None:
     """The id Burn displays as `text` (base32hex of its 8 little-endian bytes), or None if it displays no id."""
-    if not _BURN_TEXT.fullmatch(text):
+    if not isinstance(text, str) or not _BURN_TEXT.fullmatch(text):
         return None
     pid = ParamId(int.from_bytes(base64.b32hexdecode(text.upper() + "==="), "little"))
     return pid if str(pid) == text else None  # a set padding bit decodes, but is not how Burn writes the id

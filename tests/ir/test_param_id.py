@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -48,10 +49,12 @@ def test_bad_burn_text_is_a_value_error_naming_it(bad):
         ParamId.parse(bad)
 
 
-@pytest.mark.parametrize("bad", ["0x", "0x12345678901234567", "0xg", "1e240", "id"])
+@pytest.mark.parametrize("bad", ["0x", "0x12345678901234567", "0xg", "1e240", "id", 123456], ids=repr)
 def test_bad_user_text_is_a_value_error_naming_it(bad):
-    with pytest.raises(ValueError, match=f"invalid ParamId '{bad}'"):
+    with pytest.raises(ValueError, match=f"invalid ParamId {bad!r}"):
         ParamId.from_text(bad)
+    with pytest.raises(ValueError, match=f"invalid ParamId {bad!r}"):
+        ParamId.parse(bad)
 
 
 def test_equal_to_and_hashed_as_its_int():
@@ -67,6 +70,20 @@ def test_equal_to_and_hashed_as_its_int():
 def test_a_non_u64_is_refused_naming_it(bad):
     with pytest.raises(ValueError, match=f"ParamId {bad!r} is not a u64"):
         ParamId(bad)
+
+
+@given(st.text(RFC4648_EXTENDED_HEX, min_size=13, max_size=13))
+def test_any_text_parse_accepts_is_exactly_that_ids_display(text):
+    try:
+        pid = ParamId.parse(text)
+    except ValueError:
+        assert int(text[-1], 32) % 2 == 1  # only a set unused last bit makes 13 such characters no display
+    else:
+        assert str(pid) == text == burn_display(pid)
+
+
+def test_numpy_integers_are_ids_too():
+    assert ParamId(np.uint64(2**64 - 1)) == 2**64 - 1 and type(ParamId(np.int64(5))) is ParamId
 
 
 def test_fresh_ids_and_builder_ids_are_param_ids():
