@@ -1,5 +1,7 @@
 """kiln.frontend: what users write — modules, parameters, flags, devices, tensors, layers, trace."""
 
+from kiln.ir.param_id import ParamId
+from kiln.ir.param_id import seed_param_ids as seed
 from kiln.passes.group import ParamGroup
 from kiln.runtime.records.record import DTypePolicy, ModuleRecord
 
@@ -28,6 +30,7 @@ __all__ = [
     "ModuleVisitor",
     "Param",
     "ParamGroup",
+    "ParamId",
     "QLora",
     "QuantScheme",
     "Quantizer",
@@ -40,6 +43,7 @@ __all__ = [
     "export_onnx",
     "nn",
     "optim",
+    "seed",
     "tensor",
     "trace",
 ]

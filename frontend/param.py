@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kiln.ir import DType, Init, ParamNode, TensorType, new_param_id, registry
+from kiln.ir import DType, Init, ParamId, ParamNode, TensorType, new_param_id, registry
 from kiln.ir import init as initializers
 
 from .device import Device, as_device
@@ -63,7 +63,7 @@ class Reparam:
 class Param:
     """A tensor parameter: ParamId, shared lazy state, device and gradient state (effective and configured)."""
 
-    id: int
+    id: ParamId
     state: LazyState
     device: Device
     grad: bool = False
@@ -78,7 +78,7 @@ class Param:
         """An uninitialized parameter: nothing is allocated until its value is needed."""
         device = as_device(device)
         dtype = DType(dtype) if isinstance(dtype, str) else dtype
-        pid = new_param_id() if id is None else id
+        pid = new_param_id() if id is None else ParamId(id)
         state = LazyState(TensorType(tuple(shape), dtype), initializers.check(init), device, pid)
         return Param(pid, state, device, require_grad and device.autodiff_enabled and dtype.is_float,
                      require_grad and dtype.is_float)
@@ -89,7 +89,7 @@ class Param:
         device = as_device(device)
         arr = np.asarray(data)
         dtype = DType.from_numpy(arr.dtype)
-        pid = new_param_id() if id is None else id
+        pid = new_param_id() if id is None else ParamId(id)
         state = LazyState(TensorType(tuple(arr.shape), dtype), None, device, pid, arr)
         return Param(pid, state, device, require_grad and device.autodiff_enabled and dtype.is_float,
                      require_grad and dtype.is_float)
@@ -169,7 +169,7 @@ class Param:
     def __repr__(self) -> str:
         state = "initialized" if self.is_initialized() else "lazy"
         derived = f", derived by {'/'.join(r.kind for r in self.reparam.chain())}" if self.reparam else ""
-        return f"Param(0x{self.id:016x}, {self.type}, {self.device}, grad={self.grad}, {state}{derived})"
+        return f"Param({ParamId(self.id)}, {self.type}, {self.device}, grad={self.grad}, {state}{derived})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -178,7 +178,7 @@ class Flag:
 
     value: bool = True
     configured: bool = True
-    id: int = field(default_factory=new_param_id)
+    id: ParamId = field(default_factory=new_param_id)
 
     def is_enabled(self) -> bool:
         return self.value

@@ -5,7 +5,7 @@ kinds (`ops`), so the registry never imports them back.
 """
 
 from . import ops  # noqa: F401  (registers the built-in op kinds)
-from .builder import Builder, FunctionBuilder, new_param_id
+from .builder import Builder, FunctionBuilder
 from .dtypes import DType
 from .errors import (
     IRParseError,
@@ -22,6 +22,7 @@ from .graph import FlagNode, Function, Graph, Init, Op, Operand, ParamNode, Repa
 from .hashing import structural_hash
 from .interpreter import Interpreter, evaluate_op, interpret
 from .nx import to_dot, to_networkx
+from .param_id import ParamId, new_param_id, seed_param_ids
 from .parser import parse, parse_file
 from .printer import print_graph
 from .registry import OpDef, lookup, ops_with, registered
@@ -34,10 +35,10 @@ from .verifier import verify
 __all__ = [
     "Builder", "DType", "FlagNode", "Function", "FunctionBuilder", "Graph", "IRParseError", "Init",
     "Interpreter", "KilnError", "Op", "OpDef", "Operand", "ParamGroupError", "ParamGroupWarning",
-    "ParamNode", "PassError", "RecordError", "ReparamNode",
+    "ParamId", "ParamNode", "PassError", "RecordError", "ReparamNode",
     "Rewriter", "ShapeError", "SymRef", "TensorType", "Trait", "TrainingStateWarning", "Value", "VerifyError",
     "evaluate_op", "interpret",
     "lookup", "new_param_id", "ops_with", "parse", "parse_file", "print_graph", "prune", "registered", "rewrite",
-    "structural_hash", "to_dot", "to_networkx", "verify",
+    "seed_param_ids", "structural_hash", "to_dot", "to_networkx", "verify",
     "assert_structurally_equal", "canonical_text", "structurally_equal",
 ]

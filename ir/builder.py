@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,14 +19,10 @@ from . import registry
 from .dtypes import DType
 from .errors import ShapeError, VerifyError
 from .graph import FlagNode, Function, Graph, Init, Node, Op, Operand, ParamNode, ReparamNode, SymRef, Value
+from .param_id import ParamId, new_param_id
 from .types import TensorType
 
 Operandish = Operand | np.ndarray | float | int | bool
-
-
-def new_param_id() -> int:
-    """A fresh random 64-bit ParamId, as Burn makes them."""
-    return secrets.randbits(64)
 
 
 class FunctionBuilder:
@@ -132,15 +127,16 @@ class Builder:
         self._declare(name)
         dtype = DType(dtype) if isinstance(dtype, str) else dtype
         init = initializers.check(init) if init is not None else None
-        node = ParamNode(name, TensorType(tuple(shape), dtype), new_param_id() if id is None else id, init, data,
-                         grad, grad if configured_grad is None else configured_grad, device, autodiff, checkpointing)
+        pid = new_param_id() if id is None else ParamId(id)
+        node = ParamNode(name, TensorType(tuple(shape), dtype), pid, init, data, grad,
+                         grad if configured_grad is None else configured_grad, device, autodiff, checkpointing)
         self.params[name] = node
         return SymRef(name, node.type)
 
     def flag(self, name: str, value: bool = True, *, configured: bool | None = None, id: int | None = None
              ) -> SymRef:
         self._declare(name)
-        node = FlagNode(name, new_param_id() if id is None else id, value, value if configured is None
+        node = FlagNode(name, new_param_id() if id is None else ParamId(id), value, value if configured is None
                         else configured)
         self.flags[name] = node
         return SymRef(name, node.type)

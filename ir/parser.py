@@ -15,6 +15,7 @@ from .dtypes import DType
 from .errors import IRParseError, KilnError
 from .gcpause import gc_paused
 from .graph import FlagNode, Graph, Init, Node, Operand, ParamNode, ReparamNode, SymRef, Value
+from .param_id import ParamId
 from .registry import infer
 from .types import TensorType
 
@@ -301,10 +302,11 @@ class Parser:
             return self.param_id(value, tok)
         return value
 
-    def param_id(self, text: str, tok: Token) -> int:
-        if not re.fullmatch(r"0x[0-9a-fA-F]{1,16}", text):
-            raise self.error("a ParamId is written \"0x\" and up to 16 hex digits", tok)
-        return int(text, 16)
+    def param_id(self, text: str, tok: Token) -> ParamId:
+        try:
+            return ParamId.from_text(text)
+        except ValueError as e:
+            raise self.error(str(e), tok) from None
 
     def parse_init(self) -> Init:
         tok = self.expect_kind("ident", "an initializer like kaiming_uniform(a = 2.0)")

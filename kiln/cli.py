@@ -122,7 +122,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         raise
     with pack:
         entries = sorted(pack.entries.values(), key=lambda e: e.data_offsets)
-        tensors = [{"name": e.name, "dtype": str(e.dtype), "shape": list(e.shape), "param_id": e.param_id,
+        tensors = [{"name": e.name, "dtype": str(e.dtype), "shape": list(e.shape),
+                    "param_id": None if e.param_id is None else str(e.param_id),
                     "bytes": e.data_offsets[1] - e.data_offsets[0]} for e in entries]
         totals = {"tensors": len(entries), "elements": sum(e.numel for e in entries),
                   "bytes": sum(t["bytes"] for t in tensors), "file_bytes": os.path.getsize(args.input)}
@@ -133,9 +134,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _inspect_text(report: dict) -> str:
-    """The inspect report as an aligned table (ids in hex, as `id:0x...` group terms take them)."""
+    """The inspect report as an aligned table (ids in Burn's form, as `id:` group terms take them)."""
     rows = [("NAME", "DTYPE", "SHAPE", "PARAM_ID", "BYTES")]
-    rows += [(t["name"], t["dtype"], str(t["shape"]), "-" if t["param_id"] is None else f"0x{t['param_id']:016x}",
+    rows += [(t["name"], t["dtype"], str(t["shape"]), "-" if t["param_id"] is None else t["param_id"],
               f"{t['bytes']:,}") for t in report["tensors"]]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths)), row[4].rjust(12)]) for row in rows]

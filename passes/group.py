@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kiln.ir import ParamGroupError
+from kiln.ir import ParamGroupError, ParamId
 
 Predicate = Callable[[str | None, Any], bool]  # (path, the parameter or flag: id, type, grad, device)
 
@@ -50,7 +50,7 @@ class _Matcher:
         if self.kind == "fn":
             return f"from_fn({getattr(self.items[0], '__name__', 'predicate')})"
         if self.kind == "ids":
-            return f"from_ids([{', '.join(f'0x{i:x}' for i in self.items)}])"
+            return f"from_ids([{', '.join(map(str, self.items))}])"
         any_ = "any_" if self.any and self.kind in ("predicates", "regexes") else ""
         return f"from_{any_}{self.kind}({[getattr(i, 'pattern', i) for i in self.items]})"
 
@@ -106,7 +106,10 @@ class ParamGroup:
 
     @staticmethod
     def from_ids(ids: Iterable[int]) -> ParamGroup:
-        return ParamGroup(_Matcher("ids", tuple(frozenset(ids))))
+        try:
+            return ParamGroup(_Matcher("ids", tuple(frozenset(map(ParamId, ids)))))
+        except ValueError as e:
+            raise ParamGroupError(str(e)) from None
 
     @staticmethod
     def from_path(path: str) -> ParamGroup:
@@ -189,7 +192,8 @@ class ParamGroup:
 
     @staticmethod
     def from_option_text(paths: Iterable[str], exclude: Iterable[str] = ()) -> ParamGroup:
-        """The group a pass's text options select: globs, `re:REGEX` or `id:0xHEX` terms, ORed."""
+        """The group a pass's text options select: globs, `re:REGEX` or `id:` terms (`id:0xHEX` or Burn's form
+        `id:83h0200000000`), ORed."""
         groups = [_term(t) for t in paths] or [ParamGroup.all()]
         group = groups[0]
         for g in groups[1:]:
@@ -204,7 +208,7 @@ def _term(text: str) -> ParamGroup:
         return ParamGroup.from_regex(text[3:])
     if text.startswith("id:"):
         try:
-            return ParamGroup.from_ids([int(text[3:], 16)])
-        except ValueError:
-            raise ParamGroupError(f"invalid id {text[3:]!r}: expected hex like 0x1f") from None
+            return ParamGroup.from_ids([ParamId.from_text(text[3:])])
+        except ValueError as e:
+            raise ParamGroupError(f"group term {text!r}: {e}") from None
     return ParamGroup.from_glob(text)

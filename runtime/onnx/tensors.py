@@ -15,7 +15,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, numpy_helper
 
-from kiln.ir import DType, KilnError, RecordError, new_param_id
+from kiln.ir import DType, KilnError, ParamId, RecordError, new_param_id
 from kiln.runtime.records.record import ModuleRecord, RecordEntry
 
 PARAM_ID_KEY = "kiln.param_id"
@@ -50,7 +50,7 @@ def initializer(name: str, array: np.ndarray, dtype: DType, param_id: int) -> Te
     """A named initializer holding `array` as `dtype`, tagged with its ParamId."""
     onnx_dtype(dtype)  # refuse nf4, whose codes from_array would mislabel as plain uint4
     tensor = numpy_helper.from_array(np.asarray(array, dtype.numpy), name)
-    tensor.metadata_props.add(key=PARAM_ID_KEY, value=str(param_id))
+    tensor.metadata_props.add(key=PARAM_ID_KEY, value=str(int(param_id)))
     return tensor
 
 
@@ -78,8 +78,13 @@ def read_initializers(path: str | os.PathLike[str]) -> dict[str, RecordEntry]:
     return entries
 
 
-def _param_id(tensor: TensorProto) -> int:
-    """The ParamId kiln's exporter stored on the initializer, else a fresh one."""
+def _param_id(tensor: TensorProto) -> ParamId:
+    """The ParamId kiln's exporter stored on the initializer (in decimal), else a fresh one."""
     stored = {p.key: p.value for p in tensor.metadata_props}.get(PARAM_ID_KEY)
-    return new_param_id() if stored is None else int(stored)
+    if stored is None:
+        return new_param_id()
+    try:
+        return ParamId(int(stored))
+    except ValueError:
+        raise RecordError(f"initializer {tensor.name!r}: {PARAM_ID_KEY} {stored!r} is not a u64 in decimal") from None
 

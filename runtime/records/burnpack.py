@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from kiln.ir.errors import RecordError
+from kiln.ir.param_id import ParamId
 
 from .cbor import Decoder, Encoder
 
@@ -150,12 +151,13 @@ class TensorEntry:
     name: str
     dtype: BurnDType
     shape: tuple[int, ...]
-    param_id: int | None
+    param_id: ParamId | None
     data_offsets: tuple[int, int]
 
     def __post_init__(self) -> None:
-        """Normalise dtype spellings and sequences so hand-built entries equal parsed ones."""
+        """Normalise dtype spellings, ids and sequences so hand-built entries equal parsed ones."""
         object.__setattr__(self, "dtype", BurnDType.parse(self.dtype))
+        object.__setattr__(self, "param_id", None if self.param_id is None else ParamId(self.param_id))
         object.__setattr__(self, "shape", tuple(self.shape))
         object.__setattr__(self, "data_offsets", tuple(self.data_offsets))
 

@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from kiln.ir import DType, RecordError, new_param_id
+from kiln.ir import DType, ParamId, RecordError, new_param_id
 from kiln.passes.load_record import DTypePolicy, LoadSettings
 
 from . import qfloat
@@ -73,7 +73,7 @@ class RecordEntry:
     `scales` (data or provider) its f32 scales; it is stored as one QFloat tensor holding both.
     """
 
-    param_id: int
+    param_id: ParamId
     dtype: DType
     shape: tuple[int, ...]
     data: np.ndarray | Callable[[], np.ndarray]

@@ -42,7 +42,7 @@ def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: st
     parts = [structural_hash(graph, include_data=params == "bound"), tuple(functions), str(target), params,
              fast_math, LOWERING_VERSION, tvm.__version__]
     if params == "bound":
-        parts += [(p.name, p.id, repr(p.init)) for p in graph.params.values() if p.data is None]
+        parts += [(p.name, int(p.id), repr(p.init)) for p in graph.params.values() if p.data is None]
     if tuning is not None:
         parts.append(("tuning", tuning))
     h.update(repr(parts).encode())

@@ -71,3 +71,25 @@ def test_option_text_terms():
     g = ParamGroup.from_option_text(["enc.*", "re:^dec", "id:0x1f"], exclude=["*.bias"])
     assert g.matches(0, "enc.w") and g.matches(0, "dec.x.y") and g.matches(31, "anything")
     assert not g.matches(0, "enc.bias") and not g.matches(0, "head.w")
+
+
+# ParamIds in group terms and messages take Burn's display form (burn-notes §1.6: 123456 → `83h0200000000`).
+def test_group_id_terms_take_hex_and_burns_form():
+    for term in ("id:0x1e240", "id:83h0200000000"):
+        group = ParamGroup.from_option_text([term])
+        assert group.matches(123456, None) and not group.matches(123457, None)
+
+
+def test_group_messages_show_ids_in_burns_form():
+    assert str(ParamGroup.from_ids([123456])) == "from_ids([83h0200000000])"
+
+
+@pytest.mark.parametrize("term", ["id:83H0200000000", "id:zz", "id:0x"])
+def test_a_bad_group_id_term_is_a_group_error_naming_it(term):
+    with pytest.raises(ParamGroupError, match=f"group term '{term}': invalid ParamId '{term[3:]}'"):
+        ParamGroup.from_option_text([term])
+
+
+def test_from_ids_refuses_a_non_u64_naming_it():
+    with pytest.raises(ParamGroupError, match="ParamId -1 is not a u64"):
+        ParamGroup.from_ids([-1])

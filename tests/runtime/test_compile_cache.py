@@ -3,6 +3,7 @@ libraries loaded by a fresh process, including one written by `kiln compile`."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -231,3 +232,16 @@ def test_loading_a_library_that_does_not_match_its_sidecar_fails_cleanly(tmp_pat
     _flip_a_byte(path)
     with pytest.raises(CorruptArtifact, match="checksum mismatch"):
         load_executable(str(path))
+
+
+def test_a_lazy_parameters_id_keys_by_value_whatever_its_python_type() -> None:
+    """A lazy parameter is bound by its ParamId (its init's seed): an id equal as an int gives the same key."""
+    b = Builder("M")
+    w = b.param("w", (2,), id=5, init=Init("normal"))
+    b.ret(b.op("add", b.input("x", ((2,), "f32")), w))
+    graph = b.build()
+    key = functools.partial(cache_key, functions=("forward",), target=resolve_target("llvm"), params="bound",
+                            fast_math=True)
+    as_int = graph.replace(params={"w": graph.params["w"].replace(id=5)})
+    assert type(graph.params["w"].id) is kiln.ParamId and type(as_int.params["w"].id) is int
+    assert key(as_int) == key(graph) != key(graph.replace(params={"w": graph.params["w"].replace(id=6)}))

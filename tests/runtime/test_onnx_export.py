@@ -389,6 +389,19 @@ def test_from_onnx_gives_new_ids_to_foreign_initializers(tmp_path: Path):
     onnx.save(onnx.helper.make_model(body), tmp_path / "foreign.onnx")
     record = read_onnx_record(tmp_path / "foreign.onnx")
     assert record["w"].dtype is DType.f16 and record["w"].shape == (2, 2) and 0 <= record["w"].param_id < 2**64
+    assert type(record["w"].param_id) is kiln.ParamId
+
+
+def test_from_onnx_reads_stored_ids_as_param_ids_and_refuses_a_bad_one(tmp_path: Path):
+    """The exporter writes ids in decimal (`kiln.param_id`); reading gives ParamIds, and text that is no u64
+    is a RecordError naming it."""
+    path = kiln.export_onnx(randomized(MLP()), ((None, 6), "f32"), path=tmp_path / "mlp.onnx")
+    assert all(type(e.param_id) is kiln.ParamId for e in read_onnx_record(path).values())
+    model = onnx.load(path)
+    model.graph.initializer[0].metadata_props[0].value = "83h0200000000"
+    onnx.save(model, tmp_path / "bad.onnx")
+    with pytest.raises(KilnError, match="kiln.param_id '83h0200000000' is not a u64 in decimal"):
+        read_onnx_record(tmp_path / "bad.onnx")
 
 
 def test_low_threshold_forces_external_data_that_round_trips(tmp_path: Path):

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kiln.ir import DType, Graph, Init, ParamNode, RecordError, ReparamNode, TensorType
+from kiln.ir import DType, Graph, Init, ParamId, ParamNode, RecordError, ReparamNode, TensorType
 from kiln.passes.load_record import LoadRecord
 from kiln.runtime.records.burnpack import BurnDType, PackTensor
 from kiln.runtime.records.burnpack_io import BurnpackFile, to_bytes, write_burnpack
@@ -98,6 +98,7 @@ def test_burns_file_reads_with_its_ids_and_writes_back_byte_identical():
     record = ModuleRecord.load(FIXTURE)
     with BurnpackFile.open(FIXTURE) as pack:
         assert {name: e.param_id for name, e in pack.entries.items()} == {n: e.param_id for n, e in record.items()}
+        assert all(type(e.param_id) is ParamId for e in [*pack.entries.values(), *record.values()])
         assert list(record)[:2] == ["conv1.conv.weight", "conv1.conv.bias"]  # the file's (visit) order
     assert record["fc1.weight"].shape == (1600, 128) and record["fc1.weight"].dtype is DType.f32
     assert record.to_bytes() == data
@@ -107,6 +108,7 @@ def test_entries_without_param_id_get_fresh_random_ids():
     pack = to_bytes([PackTensor(name, "F32", (1,), None, np.zeros(1, np.float32)) for name in "abc"])
     ids = [entry.param_id for entry in ModuleRecord.from_bytes(pack).values()]
     assert len(set(ids)) == 3 and all(0 <= i < 2**64 for i in ids)
+    assert all(type(i) is ParamId for i in ids)
     assert [e.param_id for e in ModuleRecord.from_bytes(pack).values()] != ids
 
 
@@ -272,21 +274,22 @@ def run_inspect(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_inspect_lists_tensors_and_totals(tmp_path):
+    """Ids show in Burn's display form: "123456 -> `83h0200000000`" (burn-notes 1.6, ParamId `Display`)."""
     path = tmp_path / "model.bpk"
-    write_burnpack(path, [PackTensor("fc.weight", "F32", (2, 3), 0xABC, np.zeros((2, 3), np.float32)),
+    write_burnpack(path, [PackTensor("fc.weight", "F32", (2, 3), 123456, np.zeros((2, 3), np.float32)),
                           PackTensor("mask", {"Bool": "Native"}, (4,), None, np.zeros(4, bool))],
                    metadata={"producer": "test"})
     text = run_inspect(str(path))
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
     assert lines[0].split() == ["NAME", "DTYPE", "SHAPE", "PARAM_ID", "BYTES"]
-    assert lines[1].split() == ["fc.weight", "F32", "[2,", "3]", "0x0000000000000abc", "24"]
+    assert lines[1].split() == ["fc.weight", "F32", "[2,", "3]", "83h0200000000", "24"]
     assert lines[2].split() == ["mask", "Bool(Native)", "[4]", "-", "4"]
     assert "metadata producer = test" in lines
     assert lines[-1] == f"2 tensors, 10 elements, 28 bytes of tensor data, {path.stat().st_size:,} bytes on disk"
     report = json.loads(run_inspect(str(path), "--json").stdout)
-    assert report["tensors"][0] == {"name": "fc.weight", "dtype": "F32", "shape": [2, 3], "param_id": 0xABC,
-                                    "bytes": 24}
+    assert report["tensors"][0] == {"name": "fc.weight", "dtype": "F32", "shape": [2, 3],
+                                    "param_id": "83h0200000000", "bytes": 24}
     assert report["totals"] == {"tensors": 2, "elements": 10, "bytes": 28, "file_bytes": path.stat().st_size}
     assert report["metadata"] == {"producer": "test"}
 
