@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -92,9 +92,19 @@ class Optimizer:
             self.state[param.id] = self.init_state(param.type)
         return self.state[param.id]
 
+    @staticmethod
+    def require_leaves(params: Iterable[tuple[str, Param]]) -> None:
+        """Refuse to train an intermediary: a tracked parameter `to_device` moved is no leaf (Burn's "you can't
+        optimize it with gradient descent"); the fix is `fork`."""
+        for path, p in params:
+            if not p.leaf:
+                raise ValueError(f"parameter {path!r} is not a leaf: its module came from to_device, an intermediary "
+                                 "model gradient descent can't optimize; use fork to train on another device")
+
     def step(self, lr: float, module: Module, grads: Mapping[int, np.ndarray]) -> Module:
         """Update every parameter of `module` that has a gradient in `grads`; returns the new module."""
         trained = [(path, p) for path, p in module.leaves() if isinstance(p, Param) and p.id in grads]
+        self.require_leaves(trained)
         if not trained:
             return module
         fb = FunctionBuilder("step", lambda name: None)
