@@ -134,3 +134,13 @@ def test_the_captured_step_refuses_a_to_device_output_and_trains_a_fork() -> Non
         np.testing.assert_allclose(p.state.get(), before[p.id] - 0.1 * want[p.id], rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match=r"parameter 'fc.weight' is not a leaf: its module came from to_device"):
         step.load_model(moved)
+
+
+def test_from_grads_keeps_a_plain_mapping_by_param_id() -> None:
+    """Burn's GradientsParams is keyed by ParamId: gradients given as a plain mapping, with no autodiff leaf
+    recorded, are taken by id, so the source and its fork both take them."""
+    m = Net()
+    f = m.fork("cpu")
+    plain = {m.fc.weight.id: np.ones((4, 3), np.float32)}
+    assert set(kiln.GradientsParams.from_grads(plain, m)) == set(kiln.GradientsParams.from_grads(plain, f)) == \
+        {m.fc.weight.id}
