@@ -41,8 +41,9 @@ def backward(loss: Output) -> Gradients:
     ids = [pid for pid, _ in trainable]
     shared = next((pid for pid in ids if ids.count(pid) > 1), None)
     if shared is not None:
-        raise ValueError(f"parameter 0x{shared:016x} is read through two autodiff leaves (a module and its fork) in "
-                         "one loss; back-propagate each module's loss separately")
+        raise ValueError(f"parameter 0x{shared:016x} is read through two autodiff leaves (a module and its fork, or "
+                         "values before and after an optimizer step) in one loss; back-propagate each module's loss "
+                         "separately")
     by_name = {p.name: p for p in params.values()}
     fb = FunctionBuilder("forward", by_name.get)
     bound = {id(n): (fb.sym(params[(n.param_id, n.autodiff_node)].name),) for n in leaves}  # type: ignore[index]

@@ -20,7 +20,7 @@ from kiln.runtime.backend import default_backend
 from kiln.runtime.records.record import ModuleRecord, RecordEntry
 
 from ..module import Module, ModuleMapper
-from ..param import LazyState, Param
+from ..param import LazyState, Param, new_autodiff_node
 from .clipping import GradientClipping
 
 State = dict[str, np.ndarray]
@@ -51,11 +51,13 @@ class _Assign(ModuleMapper):
         value = self.values.get(param.id)
         if value is None:
             return param
-        return param.replace(state=LazyState(param.type, None, param.device, param.id, value))
+        return param.replace(state=LazyState(param.type, None, param.device, param.id, value),
+                             autodiff_node=new_autodiff_node())
 
 
 def with_values(module: Module, values: Mapping[int, np.ndarray]) -> Module:
-    """`module` whose parameters with an id in `values` hold those values (everything else about them kept)."""
+    """`module` whose parameters with an id in `values` hold those values as fresh autodiff leaves, as Burn's
+    optimizer returns them (everything else about them kept)."""
     return module.map(_Assign(values))
 
 

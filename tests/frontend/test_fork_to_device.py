@@ -144,3 +144,16 @@ def test_from_grads_keeps_a_plain_mapping_by_param_id() -> None:
     plain = {m.fc.weight.id: np.ones((4, 3), np.float32)}
     assert set(kiln.GradientsParams.from_grads(plain, m)) == set(kiln.GradientsParams.from_grads(plain, f)) == \
         {m.fc.weight.id}
+
+
+def test_an_optimizer_step_returns_fresh_leaves() -> None:
+    """Burn's optimizer returns each updated tensor as a new leaf (`from_inner(..).require_grad()`) with its
+    ParamId: gradients of the old values are not the new module's, and one loss reading both is refused instead
+    of silently taking one value for both."""
+    m = Net()
+    grads = kiln.GradientsParams.from_grads(loss_fn(m, kiln.tensor(X)).backward(), m)
+    stepped = optim.SGD().step(0.1, m, grads)
+    assert [p.id for _, p in stepped.leaves()] == [p.id for _, p in m.leaves()]
+    assert len(kiln.GradientsParams.from_grads(grads, stepped)) == 0
+    with pytest.raises(ValueError, match="values before and after an optimizer step"):
+        (loss_fn(m, kiln.tensor(X)) + loss_fn(stepped, kiln.tensor(X))).backward()
