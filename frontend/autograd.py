@@ -23,24 +23,33 @@ def differentiate(graph: Graph) -> Graph:
 
 
 def backward(loss: Output) -> Gradients:
-    """d loss / d parameter for every parameter leaf of the loss that requires a gradient, by ParamId."""
+    """d loss / d parameter for every parameter leaf of the loss that requires a gradient, by ParamId.
+
+    Leaves are told apart by their autodiff node: a parameter and its fork share a ParamId but not a leaf.
+    """
     if loss.type.rank != 0 or not loss.type.dtype.is_float:
         raise ValueError(f"backward needs a scalar float loss, got {loss.type}")
-    params: dict[int, ParamNode] = {}
+    params: dict[tuple[int, int | None], ParamNode] = {}
     leaves = [n for n in topological([loss.node]) if n.kind == "data" and n.param_id is not None]
     for node in leaves:
-        if node.param_id not in params:
-            assert node.data is not None and not isinstance(node.data, tuple)
-            params[node.param_id] = ParamNode(f"param{len(params)}", node.types[0], node.param_id, data=node.data,
-                                              grad=node.require_grad, configured_grad=node.require_grad,
-                                              autodiff=node.autodiff)
+        key = (node.param_id, node.autodiff_node)
+        if key not in params:
+            assert node.param_id is not None and node.data is not None and not isinstance(node.data, tuple)
+            params[key] = ParamNode(f"param{len(params)}", node.types[0], node.param_id, data=node.data,
+                                    grad=node.require_grad, configured_grad=node.require_grad, autodiff=node.autodiff)
+    trainable = [(pid, autodiff_node) for (pid, autodiff_node), p in params.items() if p.grad]
+    ids = [pid for pid, _ in trainable]
+    shared = next((pid for pid in ids if ids.count(pid) > 1), None)
+    if shared is not None:
+        raise ValueError(f"parameter 0x{shared:016x} is read through two autodiff leaves (a module and its fork, or "
+                         "values before and after an optimizer step) in one loss; back-propagate each module's loss "
+                         "separately")
     by_name = {p.name: p for p in params.values()}
     fb = FunctionBuilder("forward", by_name.get)
-    bound = {id(n): (fb.sym(params[n.param_id].name),) for n in leaves}  # type: ignore[index]
+    bound = {id(n): (fb.sym(params[(n.param_id, n.autodiff_node)].name),) for n in leaves}  # type: ignore[index]
     results, feeds = lower(fb, [loss], data_as_inputs=True, bound=bound)
     graph = differentiate(Graph("backward", params=by_name, functions={"forward": fb.finish(results)}))
     outs = default_backend().run(graph, feeds, "forward_backward", seed=next(_runs))
     if loss.node.data is None and len(loss.node.types) == 1:
         loss.node.data = outs[0]
-    trainable = [p.id for p in by_name.values() if p.grad]
-    return Gradients(dict(zip(trainable, outs[1:])))
+    return Gradients(dict(zip(ids, outs[1:])), dict(trainable))

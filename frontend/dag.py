@@ -17,17 +17,20 @@ from kiln.ir import FunctionBuilder, TensorType
 class Node:
     """One DAG node: a leaf ("data", "input", "symbol") or an op over input nodes.
 
-    A data leaf read from a parameter carries its `param_id`, so `backward` can key gradients by ParamId.
+    A data leaf read from a parameter carries its `param_id`, so `backward` can key gradients by ParamId, and its
+    `autodiff_node`, the leaf's identity (a parameter and its fork share the ParamId, not the leaf).
     """
 
-    __slots__ = ("kind", "inputs", "attrs", "types", "data", "name", "autodiff", "require_grad", "param_id")
+    __slots__ = ("kind", "inputs", "attrs", "types", "data", "name", "autodiff", "require_grad", "param_id",
+                 "autodiff_node")
 
     def __init__(self, kind: str, inputs: tuple[tuple[Node, int], ...], attrs: dict[str, Any],
                  types: tuple[TensorType, ...], data: np.ndarray | None = None, name: str | None = None,
-                 autodiff: bool = False, require_grad: bool = False, param_id: int | None = None):
+                 autodiff: bool = False, require_grad: bool = False, param_id: int | None = None,
+                 autodiff_node: int | None = None):
         self.kind, self.inputs, self.attrs, self.types = kind, inputs, attrs, types
         self.data, self.name, self.autodiff, self.require_grad = data, name, autodiff, require_grad
-        self.param_id = param_id
+        self.param_id, self.autodiff_node = param_id, autodiff_node
 
 
 class Output(Protocol):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from kiln.ir import FlagNode, Graph, ParamNode, ReparamNode, registry
 from kiln.ir.naming import derived, lora_base, stored_name, suffix_of
@@ -16,11 +16,12 @@ from kiln.passes import Pass, get_pass
 from kiln.passes.group import ParamGroup
 
 from .device import Device, as_device
-from .param import Flag, Param, Reparam
+from .param import Flag, Param, Reparam, new_autodiff_node
 from .records import RecordMethods
 from .reparam import Lora, QLora, Quantizer, Reparameterizer
 
 Leaf = Param | Flag
+Transfer = Literal["fork", "to_device"]
 
 
 class ModuleVisitor:
@@ -238,8 +239,11 @@ class Module(RecordMethods):
                 below = name
         return Graph(type(self).__name__, params, flags, reparams)
 
-    def load_graph(self, graph: Graph, fork: bool = True) -> Module:
+    def load_graph(self, graph: Graph, transfer: Transfer | None = None) -> Module:
         """A module whose parameters and flags take the state of the same-path nodes of `graph`.
+
+        `transfer` says what the graph does not: the state came from `to_device` (moved tracked values become
+        intermediaries, non-leaves) or from `fork` (every parameter becomes a fresh leaf of its own graph).
 
         A derived node at a parameter's path gives it that reparameterization (factors made from their nodes
         where the parameter had none); a plain node where it had one means it was materialized.
@@ -286,7 +290,11 @@ class Module(RecordMethods):
                 if state.shared and state.value is None:
                     state.get()  # a lazy value a clone shares initializes where it is, then moves
                 state = state.moved(device)
-            moved_tracked = p.device != leaf.device.name and leaf.is_initialized() and leaf.grad and not fork
+            if transfer == "fork":  # Burn's to_device(d).detach(), require_grad again: a fresh leaf, same ParamId
+                return leaf.replace(id=p.id, state=state, device=device, grad=p.grad,
+                                    configured_grad=p.configured_grad, leaf=True, autodiff_node=new_autodiff_node())
+            moved_tracked = (transfer == "to_device" and p.device != leaf.device.name and leaf.is_initialized()
+                             and leaf.grad)
             new = leaf.replace(id=p.id, state=state, device=device, grad=p.grad, configured_grad=p.configured_grad,
                                leaf=leaf.leaf and not moved_tracked)
             same = (new.device.name, new.device.autodiff_enabled, new.device.checkpointing, new.grad,
@@ -332,11 +340,13 @@ class Module(RecordMethods):
     def to_device(self, device: Device | str) -> Module:
         """Move every parameter; moved tracked values are intermediaries (use fork to keep training)."""
         graph = get_pass("to-device")(device=as_device(device).name).apply(self.state_graph())
-        return self.load_graph(graph, fork=False)
+        return self.load_graph(graph, "to_device")
 
     def fork(self, device: Device | str) -> Module:
-        """Move every parameter so the result owns its own autodiff graph (trainable leaves)."""
-        return self.run_pass(get_pass("fork")(device=as_device(device).name))
+        """Move every parameter so the result owns its own autodiff graph: fresh leaves with the same ParamIds, so
+        gradients through the fork are the fork's only (no data is copied on the same device)."""
+        graph = get_pass("fork")(device=as_device(device).name).apply(self.state_graph())
+        return self.load_graph(graph, "fork")
 
     # quantization -------------------------------------------------------------------------------------
     def quantize_weights(self, quantizer: Quantizer) -> Module:

@@ -7,6 +7,7 @@ every clone sees the same value. Params are immutable: state changes make new Pa
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 from dataclasses import dataclass, field
 
@@ -18,6 +19,14 @@ from kiln.ir import init as initializers
 from .device import Device, as_device
 from .tensor import Tensor, apply, leaf, symbol
 from .tracing import current_trace
+
+_autodiff_nodes = itertools.count(1)
+
+
+def new_autodiff_node() -> int:
+    """A fresh autodiff leaf identity (Burn's tensor node id): what tells a parameter from its fork, which keeps
+    the ParamId."""
+    return next(_autodiff_nodes)
 
 
 class LazyState:
@@ -69,6 +78,9 @@ class Param:
     grad: bool = False
     configured_grad: bool = False
     leaf: bool = True  # False after to_device moved a tracked value: an intermediary the optimizer can't train
+    # the autodiff leaf the value is read from: kept by every transition (to_device's gradients flow back to it)
+    # except fork, which starts the output's own graph
+    autodiff_node: int = field(default_factory=new_autodiff_node)
     reparam: Reparam | None = None
     buffer: bool = False  # running state: recorded and moved like a parameter, never trained
 
@@ -137,7 +149,8 @@ class Param:
 
     def base(self) -> Tensor:
         """The stored value, without any reparameterization."""
-        return leaf(self.state.get(), self.device, self.device.autodiff_enabled, self.grad, self.id)
+        return leaf(self.state.get(), self.device, self.device.autodiff_enabled, self.grad, self.id,
+                    self.autodiff_node)
 
     @property
     def value_type(self) -> TensorType:

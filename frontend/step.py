@@ -116,13 +116,13 @@ class TrainStep:
         self._reason = ""
         self._params: list[np.ndarray] = []  # resident, in the program's argument order
         self._states: list[np.ndarray] = []
-        self._model, self._signature = model, state_signature(model)
-        self._values = {p.id: p.state.get() for _, p in model.leaves() if isinstance(p, Param)}
+        self.load_model(model)
 
     def load_model(self, model: Module) -> None:
         """Continue from `model`'s parameters and state; re-traces on the next call if its state differs."""
+        self.optimizer.require_leaves((path, p) for path, p in model.leaves() if isinstance(p, Param) and p.grad)
         signature = state_signature(model)
-        if signature != self._signature and self._program is not None:
+        if self._program is not None and signature != self._signature:
             self._reason, self._program = _changes(self._signature, signature), None
         self._model, self._signature = model, signature
         self._values = {p.id: p.state.get() for _, p in model.leaves() if isinstance(p, Param)}

@@ -94,9 +94,10 @@ def tensor(data: Any, dtype: DType | str | None = None, device: Device | str | N
 
 
 def leaf(arr: np.ndarray, device: Device, autodiff: bool = False, require_grad: bool = False,
-         param_id: int | None = None) -> Tensor:
+         param_id: int | None = None, autodiff_node: int | None = None) -> Tensor:
     t = TensorType(tuple(arr.shape), DType.from_numpy(arr.dtype))
-    node = Node("data", (), {}, (t,), arr, autodiff=autodiff, require_grad=require_grad, param_id=param_id)
+    node = Node("data", (), {}, (t,), arr, autodiff=autodiff, require_grad=require_grad, param_id=param_id,
+                autodiff_node=autodiff_node)
     return Tensor(node, 0, device)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from kiln.runtime.backend import default_backend
 from kiln.runtime.records.record import ModuleRecord, RecordEntry
 
 from ..module import Module, ModuleMapper
-from ..param import LazyState, Param
+from ..param import LazyState, Param, new_autodiff_node
 from .clipping import GradientClipping
 
 State = dict[str, np.ndarray]
@@ -51,11 +51,13 @@ class _Assign(ModuleMapper):
         value = self.values.get(param.id)
         if value is None:
             return param
-        return param.replace(state=LazyState(param.type, None, param.device, param.id, value))
+        return param.replace(state=LazyState(param.type, None, param.device, param.id, value),
+                             autodiff_node=new_autodiff_node())
 
 
 def with_values(module: Module, values: Mapping[int, np.ndarray]) -> Module:
-    """`module` whose parameters with an id in `values` hold those values (everything else about them kept)."""
+    """`module` whose parameters with an id in `values` hold those values as fresh autodiff leaves, as Burn's
+    optimizer returns them (everything else about them kept)."""
     return module.map(_Assign(values))
 
 
@@ -92,9 +94,19 @@ class Optimizer:
             self.state[param.id] = self.init_state(param.type)
         return self.state[param.id]
 
+    @staticmethod
+    def require_leaves(params: Iterable[tuple[str, Param]]) -> None:
+        """Refuse to train an intermediary: a tracked parameter `to_device` moved is no leaf (Burn's "you can't
+        optimize it with gradient descent"); the fix is `fork`."""
+        for path, p in params:
+            if not p.leaf:
+                raise ValueError(f"parameter {path!r} is not a leaf: its module came from to_device, an intermediary "
+                                 "model gradient descent can't optimize; use fork to train on another device")
+
     def step(self, lr: float, module: Module, grads: Mapping[int, np.ndarray]) -> Module:
         """Update every parameter of `module` that has a gradient in `grads`; returns the new module."""
         trained = [(path, p) for path, p in module.leaves() if isinstance(p, Param) and p.id in grads]
+        self.require_leaves(trained)
         if not trained:
             return module
         fb = FunctionBuilder("step", lambda name: None)
