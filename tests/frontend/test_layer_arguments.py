@@ -81,3 +81,10 @@ def test_embedding_in_range_matches_row_lookup_eager_and_traced():
     np.testing.assert_array_equal(emb(kiln.tensor(index)).numpy(), table[index])
     graph = kiln.trace(emb, ((None, 2), "i64"))
     np.testing.assert_array_equal(interpret(graph, [index])[0], table[index])
+
+
+def test_traced_embedding_interpreted_refuses_an_index_past_its_table():
+    # the take op's reference: indices in [-n, n), so the interpreter names an index past the table and its size
+    graph = kiln.trace(nn.Embedding(5, 2), ((None,), "i64"))
+    with pytest.raises(kiln.ShapeError, match=r"^take: index 5 is out of bounds for axis 0 with size 5$"):
+        interpret(graph, [np.array([0, 5], np.int64)])
