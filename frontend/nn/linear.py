@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from kiln.frontend.device import Device
 from kiln.frontend.module import Module
 from kiln.frontend.param import Param
@@ -45,10 +47,10 @@ class Embedding(Module):
         sizes.positive(self, n_embedding=n_embedding, d_model=d_model)
         self.weight = Param.lazy((n_embedding, d_model), Init("normal"), device=device)
 
-    def forward(self, indices: Tensor) -> Tensor:
+    def forward(self, indices: Tensor | np.ndarray) -> Tensor:
         if current_trace() is None:
             n = self.weight.lazy_shape()[0]
-            index = indices.numpy()
+            index = indices.numpy() if isinstance(indices, Tensor) else np.asarray(indices)
             bad = index[(index < 0) | (index >= n)]
             if bad.size:
                 raise ShapeError(f"Embedding: index {bad.flat[0]} is out of range for a table of {n} embeddings")

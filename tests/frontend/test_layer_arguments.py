@@ -79,6 +79,9 @@ def test_embedding_in_range_matches_row_lookup_eager_and_traced():
     index = np.array([[4, 0], [2, 2]], np.int64)
     table = emb.weight.val().numpy()
     np.testing.assert_array_equal(emb(kiln.tensor(index)).numpy(), table[index])
+    np.testing.assert_array_equal(emb(index).numpy(), table[index])  # a numpy index array, as the op takes it
+    with pytest.raises(kiln.ShapeError, match=r"^Embedding: index -2 is out of range"):
+        emb(np.array([-2]))
     graph = kiln.trace(emb, ((None, 2), "i64"))
     np.testing.assert_array_equal(interpret(graph, [index])[0], table[index])
 
