@@ -19,6 +19,7 @@ from .device import Device, as_device
 from .param import Flag, Param, Reparam, new_autodiff_node
 from .records import RecordMethods
 from .reparam import Lora, QLora, Quantizer, Reparameterizer
+from .summary import SummaryMethods, counted
 
 Leaf = Param | Flag
 Transfer = Literal["fork", "to_device"]
@@ -133,7 +134,7 @@ class _Depth(ModuleVisitor):
         self.level -= container == "Reparameterization"
 
 
-class Module(RecordMethods):
+class Module(RecordMethods, SummaryMethods):
     """Base class of every model. Subclasses assign layers, Params, Flags (and containers of them) in
     `__init__` and write `forward`; no registration is needed."""
 
@@ -195,13 +196,7 @@ class Module(RecordMethods):
     def num_params(self) -> int:
         """Elements of every floating parameter (a quantized one counts as the float it stands for) and of
         adapter factors; quantization scales are storage, not parameters. Initializes nothing."""
-        total = 0
-        for _, p in self.leaves(factors=False):
-            if isinstance(p, Param) and p.value_type.dtype.is_float:
-                total += p.numel()
-                chain = p.reparam.chain() if p.reparam is not None else []
-                total += sum(f.numel() for r in chain if r.kind != "dequantize" for _, f in r.factors)
-        return total
+        return sum(n for _, p in self.leaves(factors=False) if isinstance(p, Param) for _, _, n in counted(p))
 
     def collect_devices(self, devices: list[Device]) -> list[Device]:
         """`devices` plus every parameter's (lazy) device not already in it; initializes nothing."""

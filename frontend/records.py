@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Protocol, Self, TypeVar
 
-from kiln.ir import RecordError
+import numpy as np
+
+from kiln.ir import DType, RecordError
 from kiln.ir import init as initializers
-from kiln.ir.naming import SCALES
+from kiln.ir.naming import SCALES, derived
 from kiln.passes import Pass
 from kiln.passes.group import ParamGroup
 from kiln.passes.load_record import LoadRecord
 from kiln.runtime.records.qfloat import QFloatScheme
-from kiln.runtime.records.record import ModuleRecord, RecordEntry
+from kiln.runtime.records.record import DTypePolicy, ModuleRecord, RecordEntry
 
 from .param import Flag, Param
 
@@ -75,6 +77,35 @@ class RecordMethods:
         inside = {id(s) for _, leaf in leaves if (s := _scales(leaf)) is not None}
         return ModuleRecord({path: _entry(leaf) for path, leaf in leaves
                              if id(leaf) not in inside and group.matches(leaf.id, path, leaf)})
+
+    def state_dict(self: Stateful) -> dict[str, np.ndarray]:
+        """`{path: array}` of `into_record`'s entries, for PyTorch users: each parameter's stored value (a lazy
+        one computed as `into_record` would write it, and left lazy), a quantized one's codes with its scales
+        at `<path>.scales`."""
+        out = {}
+        record = self.into_record()
+        for path, entry in record.items():
+            out[path] = entry.array()
+            if entry.scheme is not None:
+                out[derived(path, SCALES)] = entry.scale_array()
+        return out
+
+    def load_state_dict(self: M, state: Mapping[str, np.typing.ArrayLike], strict: bool = True) -> M:
+        """The module with `state`'s arrays loaded through `try_load_record` (a new module: modules are values);
+        each parameter keeps its ParamId and dtype (values are cast, as torch copies into its parameters).
+        Missing or unexpected keys raise one RecordError listing them all, unless `strict=False`."""
+        ids = {path: leaf.id for path, leaf in self.leaves() if isinstance(leaf, Param)}
+        entries = {}
+        for path, value in state.items():
+            array = np.asarray(value)
+            try:
+                dtype = DType.from_numpy(array.dtype)
+            except ValueError as error:
+                raise RecordError(f"{path}: {error}") from None
+            # an unexpected key's id is never read: the pass reports the key as unused before applying anything
+            entries[path] = RecordEntry(ids.get(path, 0), dtype, array.shape, array)
+        record = ModuleRecord(entries).allow_partial(not strict).allow_unused(not strict)
+        return self.try_load_record(record.with_dtype_policy(DTypePolicy.CAST_TO_MODULE))
 
     def try_load_record(self: M, record: ModuleRecord) -> M:
         """The module with `record` applied, honoring its dtype policy and settings; raises RecordError."""

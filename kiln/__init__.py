@@ -1,11 +1,31 @@
 """kiln: a deep-learning framework built as a compiler.
 
 Modules trace into a graph IR (`kiln.ir`), passes transform it (`kiln.passes`), and `kiln.runtime` lowers it
-through TVM and stores records; `kiln.frontend` is what users write, re-exported here whole.
+through TVM and stores records; `kiln.frontend` is what users write, re-exported here whole, with the error and
+warning types users catch.
 """
+
+import sys
 
 from kiln import ir, passes
 from kiln.frontend import *  # noqa: F403  (the user-facing API, listed once in kiln.frontend.__all__)
 from kiln.frontend import __all__ as _frontend_api
+from kiln.ir.errors import (
+    IRParseError,
+    KilnError,
+    ParamGroupError,
+    ParamGroupWarning,
+    PassError,
+    RecordError,
+    ShapeError,
+    VerifyError,
+)
 
-__all__ = [*_frontend_api, "ir", "passes"]
+# `import kiln.nn`, `import kiln.nn.functional as F`, `from kiln.optim import AdamW`: the frontend packages under
+# their public names, the same module objects `kiln.nn` and `kiln.optim` already are.
+for _name, _module in list(sys.modules.items()):
+    if _name.startswith(("kiln.frontend.nn", "kiln.frontend.optim")):
+        sys.modules["kiln." + _name.removeprefix("kiln.frontend.")] = _module
+
+__all__ = [*_frontend_api, "IRParseError", "KilnError", "ParamGroupError", "ParamGroupWarning", "PassError",
+           "RecordError", "ShapeError", "VerifyError", "ir", "passes"]

@@ -9,6 +9,7 @@ from kiln.frontend.module import Module
 from kiln.frontend.tensor import Tensor, apply
 
 from . import functional as F
+from . import sizes
 from .basic import Dropout
 from .linear import Linear
 from .norm import LayerNorm
@@ -18,6 +19,7 @@ class MultiHeadAttention(Module):
     """softmax(q k^T / sqrt(d_head)) v per head over inputs [batch, seq, d_model]; dropout on the weights."""
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.1, device: Device | str | None = None):
+        sizes.positive(self, d_model=d_model, n_heads=n_heads)
         if d_model % n_heads:
             raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
         self.query = Linear(d_model, d_model, device=device)
@@ -46,6 +48,7 @@ class TransformerEncoderLayer(Module):
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False,
                  device: Device | str | None = None):
+        sizes.positive(self, d_ff=d_ff)
         self.attention = MultiHeadAttention(d_model, n_heads, dropout, device)
         self.norm1 = LayerNorm(d_model, device=device)
         self.ff_in = Linear(d_model, d_ff, device=device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kiln.frontend.module import Module
@@ -43,10 +44,15 @@ class SiLU(Module):
 
 
 class Sequential(Module):
-    """Applies its layers in order; paths are `layers.0`, `layers.1`, …"""
+    """Applies its layers in order; `Sequential(a, b)` and `Sequential([a, b])` are the same; paths are
+    `layers.0`, `layers.1`, …"""
 
-    def __init__(self, *layers: Module):
-        self.layers = list(layers)
+    def __init__(self, *layers: Module | Sequence[Module]):
+        items = layers[0] if len(layers) == 1 and isinstance(layers[0], list | tuple) else layers
+        for i, layer in enumerate(items):
+            if not isinstance(layer, Module):
+                raise TypeError(f"Sequential: layer {i} is a {type(layer).__name__}, not a kiln.Module")
+        self.layers = list(items)
 
     def forward(self, x: Any) -> Any:
         for layer in self.layers:

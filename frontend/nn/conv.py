@@ -11,6 +11,8 @@ from kiln.frontend.param import Param
 from kiln.frontend.tensor import Tensor, apply
 from kiln.ir import Init
 
+from . import sizes
+
 
 def _pair(v: int | Sequence[int], n: int) -> tuple[int, ...]:
     return (v,) * n if isinstance(v, int) else tuple(v)
@@ -23,6 +25,9 @@ class _ConvNd(Module):
     def __init__(self, channels_in: int, channels_out: int, kernel_size: int | Sequence[int],
                  stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
                  groups: int = 1, bias: bool = True, device: Device | str | None = None):
+        sizes.positive(self, channels_in=channels_in, channels_out=channels_out, kernel_size=kernel_size, stride=stride,
+                       dilation=dilation, groups=groups)
+        sizes.non_negative(self, padding=padding)
         if channels_in % groups or channels_out % groups:
             raise ValueError(f"groups {groups} must divide channels in ({channels_in}) and out ({channels_out})")
         kernel = _pair(kernel_size, self.rank)
@@ -56,6 +61,8 @@ class MaxPool2d(Module):
 
     def __init__(self, kernel_size: int | Sequence[int], stride: int | Sequence[int] = 1,
                  padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1):
+        sizes.positive(self, kernel_size=kernel_size, stride=stride, dilation=dilation)
+        sizes.non_negative(self, padding=padding)
         self.kernel, self.stride = _pair(kernel_size, 2), _pair(stride, 2)
         self.padding, self.dilation = _pair(padding, 2), _pair(dilation, 2)
 
@@ -69,6 +76,8 @@ class AvgPool2d(Module):
 
     def __init__(self, kernel_size: int | Sequence[int], stride: int | Sequence[int] = 1,
                  padding: int | Sequence[int] = 0, count_include_pad: bool = True):
+        sizes.positive(self, kernel_size=kernel_size, stride=stride)
+        sizes.non_negative(self, padding=padding)
         self.kernel, self.stride, self.padding = _pair(kernel_size, 2), _pair(stride, 2), _pair(padding, 2)
         self.count_include_pad = count_include_pad
 
@@ -81,6 +90,7 @@ class AdaptiveAvgPool2d(Module):
     """Mean pooling to a fixed output size, whatever the input size."""
 
     def __init__(self, output_size: int | Sequence[int]):
+        sizes.positive(self, output_size=output_size)
         self.output_size = _pair(output_size, 2)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -8,11 +8,14 @@ from kiln.frontend.param import Flag, Param
 from kiln.frontend.tensor import Tensor, apply
 from kiln.ir import Init, ShapeError
 
+from . import sizes
+
 
 class LayerNorm(Module):
     """(x - mean) / sqrt(var + eps) * gamma + beta over the last dim; gamma ones, beta zeros."""
 
     def __init__(self, d_model: int, eps: float = 1e-5, device: Device | str | None = None):
+        sizes.positive(self, d_model=d_model)
         self.gamma = Param.lazy((d_model,), Init("ones"), device=device)
         self.beta = Param.lazy((d_model,), Init("zeros"), device=device)
         self.eps = eps
@@ -25,6 +28,7 @@ class RMSNorm(Module):
     """x / sqrt(mean(x^2) + eps) * gamma over the last dim."""
 
     def __init__(self, d_model: int, eps: float = 1e-5, device: Device | str | None = None):
+        sizes.positive(self, d_model=d_model)
         self.gamma = Param.lazy((d_model,), Init("ones"), device=device)
         self.eps = eps
 
@@ -40,6 +44,7 @@ class BatchNorm(Module):
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
                  device: Device | str | None = None):
+        sizes.positive(self, num_features=num_features)
         self.gamma = Param.lazy((num_features,), Init("ones"), device=device)
         self.beta = Param.lazy((num_features,), Init("zeros"), device=device)
         self.running_mean = Param.running((num_features,), Init("zeros"), device=device)

@@ -151,7 +151,8 @@ def _take_infer(ts, attrs):
 
 define("take", ("x", "indices"), _take_infer,
        one(lambda x, i, axis: np.take(x, i, axis=axis, mode="raise")), {"axis": Attr(INT, 0)},
-       doc="select slices along axis by index, numpy.take (embedding lookup)", traits=_MOVES)
+       doc="select slices along axis by index, numpy.take (embedding lookup): indices in [-n, n), negatives from "
+           "the end as ONNX Gather counts them; the reference refuses others, TVM's kernel clamps them", traits=_MOVES)
 
 
 def _gather_infer(ts, attrs):
