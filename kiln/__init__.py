@@ -18,6 +18,7 @@ from kiln.ir.errors import (
     PassError,
     RecordError,
     ShapeError,
+    TrainingStateWarning,
     VerifyError,
 )
 
@@ -28,4 +29,4 @@ for _name, _module in list(sys.modules.items()):
         sys.modules["kiln." + _name.removeprefix("kiln.frontend.")] = _module
 
 __all__ = [*_frontend_api, "IRParseError", "KilnError", "ParamGroupError", "ParamGroupWarning", "PassError",
-           "RecordError", "ShapeError", "VerifyError", "ir", "passes"]
+           "RecordError", "ShapeError", "TrainingStateWarning", "VerifyError", "ir", "passes"]
