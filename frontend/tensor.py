@@ -14,6 +14,7 @@ import numpy as np
 from kiln.ir import DType, FunctionBuilder, Graph, TensorType, Trait, registry
 from kiln.runtime.backend import default_backend
 
+from . import indexing
 from .autograd import backward
 from .dag import Node, lower
 from .device import Device, as_device
@@ -49,18 +50,72 @@ class Tensor:
         return self.node.require_grad
 
     def numpy(self) -> np.ndarray:
-        """Realize the value (compiling the pending DAG through the default backend) and return it."""
+        """Realize the value (compiling the pending DAG through the default backend) and return it; computing on a
+        device this machine lacks is an error."""
         if self.node.data is None:
+            self.device.require_present()
             _realize(self.node)
         data = self.node.data
         assert data is not None
         return data[self.index] if isinstance(data, tuple) else data
 
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """`np.asarray(t)` realizes the tensor (rather than wrapping it in an object array)."""
+        arr = self.numpy()
+        return arr.astype(dtype) if dtype is not None else arr.copy() if copy else arr
+
     def item(self) -> Any:
-        return self.numpy().item()
+        """The value of a one-element tensor as a Python scalar."""
+        arr = self.numpy()
+        if arr.size != 1:
+            raise ValueError(f"only a one-element tensor converts to a Python scalar, not {self.type} "
+                             f"({arr.size} elements)")
+        return arr.item()
+
+    def __float__(self) -> float: return float(self.item())
+    def __int__(self) -> int: return int(self.item())
+    def __bool__(self) -> bool: return bool(self.item())
+
+    def __len__(self) -> int:
+        """The first dim, as for a numpy array."""
+        if self.type.rank == 0:
+            raise TypeError(f"len() of a 0-d tensor ({self.type})")
+        if self.shape[0] is None:
+            raise TypeError(f"len() of {self.type}: its first dim is dynamic")
+        return self.shape[0]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __getitem__(self, key: Any) -> Tensor:
+        """numpy indexing: integers, slices (negative and stepped), '...', None, or a boolean mask known now."""
+        mask = _known_mask(key)
+        p = indexing.plan_mask(self.shape, mask) if mask is not None else indexing.plan(self.shape, key)
+        out = self if p.slice is None else apply("slice", self, **p.slice)
+        for axis, i in p.takes:
+            out = apply("take", out, np.asarray(i, np.int64), axis=axis)
+        if p.reshape is not None:
+            out = apply("reshape", out, shape=p.reshape)
+        return out if p.mask is None else apply("take", out, p.mask, axis=0)
+
+    @property
+    def T(self) -> Tensor:
+        """The dims reversed, as numpy's `.T`."""
+        return apply("transpose", self)
+
+    def reshape(self, *shape: Any, **attrs: Any) -> Tensor:
+        """`x.reshape(3, 2)`, `x.reshape((3, 2))` or `x.reshape(shape=(3, 2))`; one -1 is inferred."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        if shape:
+            if "shape" in attrs:
+                raise TypeError("reshape: give the shape positionally or as shape=, not both")
+            attrs["shape"] = shape
+        return apply("reshape", self, **attrs)
 
     def backward(self) -> Gradients:
         """The gradients of this scalar loss for every parameter that requires them, keyed by ParamId."""
+        self.device.require_present()
         return backward(self)
 
     def __repr__(self) -> str:
@@ -79,10 +134,56 @@ class Tensor:
     def __matmul__(self, o: Any) -> Tensor: return apply("matmul", self, o)
     def __neg__(self) -> Tensor: return apply("neg", self)
 
+    # comparisons give bool tensors, so hashing stays by identity (kiln never compares Tensors with ==)
+    __hash__ = object.__hash__
+    def __eq__(self, o: Any) -> Tensor: return apply("equal", self, o)  # type: ignore[override]
+    def __ne__(self, o: Any) -> Tensor: return ~apply("equal", self, o)  # type: ignore[override]
+    def __lt__(self, o: Any) -> Tensor: return apply("less", self, o)
+    def __gt__(self, o: Any) -> Tensor: return apply("greater", self, o)
+    def __le__(self, o: Any) -> Tensor: return apply("less", self, o) | apply("equal", self, o)
+    def __ge__(self, o: Any) -> Tensor: return apply("greater", self, o) | apply("equal", self, o)
+
+    # logic on bool tensors, from `where` and `equal`
+    def __invert__(self) -> Tensor: return apply("equal", _bool("~", self), False)
+    def __and__(self, o: Any) -> Tensor: return apply("where", _bool("&", self), _bool("&", o), False)
+    def __or__(self, o: Any) -> Tensor: return apply("where", _bool("|", self), True, _bool("|", o))
+    def __xor__(self, o: Any) -> Tensor: return ~apply("equal", _bool("^", self), _bool("^", o))
+    __rand__, __ror__, __rxor__ = __and__, __or__, __xor__
+
     def __getattr__(self, kind: str):
         if kind.startswith("_") or kind not in registry.registered():
             raise AttributeError(kind)
         return lambda *operands, **attrs: apply(kind, self, *operands, **attrs)
+
+
+def _bool(op: str, x: Any) -> Any:
+    """`x` if it is boolean (a bool tensor, array or Python bool); logical operators take nothing else."""
+    dtype = x.dtype if isinstance(x, Tensor) else DType.from_numpy(np.asarray(x).dtype)
+    if dtype is not DType.bool:
+        raise TypeError(f"operator {op} needs bool operands, got {dtype.value} (compare first, e.g. x > 0)")
+    return x
+
+
+def _known_mask(key: Any) -> np.ndarray | None:
+    """A boolean index array whose value is known now (a list, a numpy array or a realized tensor), else None.
+
+    A lazy boolean tensor is refused: the result's shape would be its count of True values, known only at run
+    time."""
+    if isinstance(key, Tensor):
+        if key.dtype is not DType.bool:
+            raise IndexError(f"indexing with a {key.type} tensor: only a boolean mask tensor indexes (use .take "
+                             f"for integer indices)")
+        if key.node.data is None:
+            raise IndexError("indexing with a lazy boolean mask: the result's shape is its count of True values, "
+                             "known only at run time; realize the mask first (mask.numpy())")
+        return key.numpy()
+    if isinstance(key, (list, np.ndarray)):
+        arr = np.asarray(key)
+        if arr.dtype != np.bool_:
+            raise IndexError(f"indexing with a {arr.dtype} array is not supported: index with integers, slices or "
+                             f"a boolean mask (use .take for integer indices)")
+        return arr
+    return None
 
 
 def tensor(data: Any, dtype: DType | str | None = None, device: Device | str | None = None) -> Tensor:
@@ -118,6 +219,9 @@ def apply(kind: str, *operands: Any, **attrs: Any) -> Tensor | tuple[Tensor, ...
     for o in operands:
         if not isinstance(o, Tensor):
             arr = np.asarray(o, dtype=first.dtype.numpy if not isinstance(o, np.ndarray) else None)
+            if not first.dtype.is_float and not isinstance(o, np.ndarray) and not np.array_equal(arr, o):
+                raise TypeError(f"{kind}: operand {o!r} is not a {first.dtype.value} value, the dtype of {first.type}; "
+                                f"convert one side explicitly (.cast(dtype=...))")
             o = leaf(arr, first.device)
         inputs.append(o)
     if registry.lookup(kind).has(Trait.STOCHASTIC) and "seed" not in attrs:
