@@ -116,7 +116,7 @@ class Tensor:
     def backward(self) -> Gradients:
         """The gradients of this scalar loss for every parameter that requires them, keyed by ParamId."""
         self.device.require_present()
-        return backward(self)
+        return backward(self, self.device.name)
 
     def __repr__(self) -> str:
         return f"Tensor({self.type}, device={self.device})"

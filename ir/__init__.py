@@ -8,6 +8,7 @@ from . import ops  # noqa: F401  (registers the built-in op kinds)
 from .builder import Builder, FunctionBuilder, new_param_id
 from .dtypes import DType
 from .errors import (
+    AutodiffWarning,
     IRParseError,
     KilnError,
     ParamGroupError,
@@ -31,7 +32,7 @@ from .types import TensorType
 from .verifier import verify
 
 __all__ = [
-    "Builder", "DType", "FlagNode", "Function", "FunctionBuilder", "Graph", "IRParseError", "Init",
+    "AutodiffWarning", "Builder", "DType", "FlagNode", "Function", "FunctionBuilder", "Graph", "IRParseError", "Init",
     "Interpreter", "KilnError", "Op", "OpDef", "Operand", "ParamGroupError", "ParamGroupWarning",
     "ParamNode", "PassError", "RecordError", "ReparamNode",
     "Rewriter", "ShapeError", "SymRef", "TensorType", "Trait", "Value", "VerifyError", "evaluate_op", "interpret",

@@ -38,3 +38,7 @@ class ParamGroupError(KilnError):
 
 class ParamGroupWarning(UserWarning):
     """A pass's parameter group (or one of its `paths` terms) selects no parameter or flag: likely a typo."""
+
+
+class AutodiffWarning(UserWarning):
+    """A training computation whose parameters all live off autodiff: no gradient, so training changes nothing."""
