@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import math
 import operator
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kiln.ir.ops.shape import OPEN_END
 from kiln.ir.types import Dim
-
-_END = sys.maxsize  # a slice bound past either end: the slice op clamps it, as Python does
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ def plan(shape: tuple[Dim, ...], key: Any) -> IndexPlan:
             if d is not None and not -d <= i < d:
                 raise IndexError(f"index {i} is out of bounds for axis {axis} with size {d}")
             if d is None and i < 0:  # a negative index on a dynamic dim: slice one element, then take it
-                starts.append(i), ends.append(i + 1 if i != -1 else _END), axes.append(axis), steps.append(1)
+                starts.append(i), ends.append(i + 1 if i != -1 else OPEN_END), axes.append(axis), steps.append(1)
                 i = 0
             takes.append((axis, i % d if d is not None else i))
         elif k != slice(None):
@@ -98,7 +96,7 @@ def plan(shape: tuple[Dim, ...], key: Any) -> IndexPlan:
             if step == 0:
                 raise IndexError(f"slice step cannot be zero (axis {axis})")
             start = (0 if step > 0 else -1) if k.start is None else operator.index(k.start)
-            end = (_END if step > 0 else -_END) if k.stop is None else operator.index(k.stop)
+            end = (OPEN_END if step > 0 else -OPEN_END) if k.stop is None else operator.index(k.stop)
             starts.append(start), ends.append(end), axes.append(axis), steps.append(step)
             out.append(None if d is None else len(range(*slice(start, end, step).indices(d))))
         else:

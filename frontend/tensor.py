@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from kiln.ir import DType, FunctionBuilder, Graph, TensorType, Trait, registry
+from kiln.ir import DType, FunctionBuilder, Graph, KilnError, TensorType, Trait, registry
 from kiln.runtime.backend import default_backend
 
 from . import indexing
 from .autograd import backward
-from .dag import Node, lower
+from .dag import Node, lower, topological
 from .device import Device, as_device
 from .gradients import Gradients
 
@@ -27,6 +27,7 @@ class Tensor:
     """A lazy tensor on a device; every registered op is available as a method (`x.relu()`, `x.sum(axes=[1])`)."""
 
     __slots__ = ("node", "index", "device")
+    __array_ufunc__ = None  # `array < t` and `array + t` defer to the Tensor's operators instead of realizing it
 
     def __init__(self, node: Node, index: int = 0, device: Device | None = None):
         self.node, self.index, self.device = node, index, device or Device("cpu")
@@ -234,6 +235,9 @@ def apply(kind: str, *operands: Any, **attrs: Any) -> Tensor | tuple[Tensor, ...
 
 
 def _realize(node: Node) -> None:
+    if any(n.kind in ("input", "symbol") for n in topological([node])):
+        raise KilnError(f"{Tensor(node)!r} depends on a traced input or parameter, so it has no value while tracing "
+                        f"(Python control flow on tensor values, such as `if t:` or float(t), cannot be traced)")
     fb = FunctionBuilder("forward", lambda name: None)
     outputs = [Tensor(node, i) for i in range(len(node.types))]
     results, feeds = lower(fb, outputs, data_as_inputs=True)

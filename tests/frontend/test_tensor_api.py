@@ -155,6 +155,41 @@ def test_logical_operators_need_bool_operands():
         ~kiln.tensor([1, 2])
 
 
+def test_a_numpy_array_on_the_left_defers_to_the_tensor():
+    """`np.array < t` stays a lazy kiln tensor (numpy would otherwise realize t and answer itself)."""
+    got = B < kiln.tensor(A)
+    assert isinstance(got, kiln.Tensor)
+    np.testing.assert_array_equal(got.numpy(), B < A)
+    np.testing.assert_array_equal((B + kiln.tensor(A)).numpy(), B + A)
+
+
+def test_a_traced_value_has_no_python_value():
+    class Branchy(kiln.Module):
+        def forward(self, x: kiln.Tensor) -> kiln.Tensor:
+            return x if x.sum() > 0 else -x
+
+    with pytest.raises(kiln.ir.KilnError, match="depends on a traced input or parameter, so it has no value while "
+                                                "tracing"):
+        kiln.trace(Branchy(), ((2,), "f32"))
+
+
+class Indexing(kiln.Module):
+    """Indexing, comparisons and logic in a forward, traced and compiled through TVM."""
+
+    def forward(self, x: kiln.Tensor) -> kiln.Tensor:
+        keep = (x > -0.5) & ~(x >= 0.5) | (x == 1.0)
+        return keep.where(x, x * 0)[1:, 5:0:-2][:, None, -1] + x.T[0][..., None, None]
+
+
+def test_indexing_and_operators_compile_through_tvm():
+    exe = kiln.compile(Indexing(), ((None, 6), "f32"))
+    x = np.random.default_rng(0).uniform(-1, 1, (5, 6)).astype(np.float32)
+    x[0, 0] = 1.0
+    keep = (x > -0.5) & ~(x >= 0.5) | (x == 1.0)
+    want = np.where(keep, x, 0)[1:, 5:0:-2][:, None, -1] + x.T[0][..., None, None]
+    np.testing.assert_allclose(exe(x), want, rtol=1e-6)
+
+
 def test_tensors_hash_by_identity():
     """`==` builds a tensor, so hashing stays by identity: tensors still key dicts and fill sets."""
     a, b = kiln.tensor(A), kiln.tensor(A)
