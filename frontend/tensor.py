@@ -7,6 +7,7 @@ function arguments, so a module's `forward` written once both runs eagerly and t
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -85,7 +86,7 @@ class Tensor:
             raise TypeError(f"len() of {self.type}: its first dim is dynamic")
         return self.shape[0]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Tensor]:
         return (self[i] for i in range(len(self)))
 
     def __getitem__(self, key: Any) -> Tensor:
@@ -213,18 +214,25 @@ def placeholder(name: str, type: TensorType, device: Device) -> Tensor:
     return Tensor(Node("input", (), {}, (type,), name=name), 0, device)
 
 
+def _operand(kind: str, o: Any, like: Tensor) -> np.ndarray:
+    """A non-Tensor operand as an array: an array keeps its dtype (bf16 and other extension dtypes included), a
+    Python number or list takes `like`'s dtype, which must hold its value exactly when it is not a float."""
+    if isinstance(o, np.ndarray):
+        return o
+    raw = np.asarray(o)
+    if raw.dtype.kind not in "biuf":
+        raise TypeError(f"{kind}: operand {o!r} is neither a Tensor nor a number or array")
+    arr = raw.astype(like.dtype.numpy)
+    if not like.dtype.is_float and not np.array_equal(arr, raw):
+        raise TypeError(f"{kind}: operand {o!r} is not a {like.dtype.value} value, the dtype of {like.type}; "
+                        f"convert one side explicitly (.cast(dtype=...))")
+    return arr
+
+
 def apply(kind: str, *operands: Any, **attrs: Any) -> Tensor | tuple[Tensor, ...]:
     """Record one op; type inference runs now so shape errors point at the user's line."""
     first = next(o for o in operands if isinstance(o, Tensor))
-    inputs = []
-    for o in operands:
-        if not isinstance(o, Tensor):
-            arr = np.asarray(o, dtype=first.dtype.numpy if not isinstance(o, np.ndarray) else None)
-            if not first.dtype.is_float and not isinstance(o, np.ndarray) and not np.array_equal(arr, o):
-                raise TypeError(f"{kind}: operand {o!r} is not a {first.dtype.value} value, the dtype of {first.type}; "
-                                f"convert one side explicitly (.cast(dtype=...))")
-            o = leaf(arr, first.device)
-        inputs.append(o)
+    inputs = [o if isinstance(o, Tensor) else leaf(_operand(kind, o, first), first.device) for o in operands]
     if registry.lookup(kind).has(Trait.STOCHASTIC) and "seed" not in attrs:
         attrs["seed"] = next(_seeds)
     full, types = registry.infer(kind, [t.type for t in inputs], attrs)

@@ -43,3 +43,14 @@ def test_a_missing_gradient_is_one_clear_error():
         kiln.grad(used.val() + 1, grads)
     with pytest.raises(TypeError, match="expected a Tensor or a Param, got ndarray"):
         kiln.grad(W, grads)  # type: ignore[arg-type]
+
+
+def test_gradients_flow_through_indexing_as_in_torch():
+    """Indexing is slice, take and reshape ops, each with its gradient rule: d/dw of w[::-1, 1][None] and
+    w[-1, ::2] against torch's."""
+    w = kiln.Param.from_data(W, device=DEV)
+    value = w.val()
+    grads = ((value[::-1, 1][None] * 3).sum() + (value[-1, ::2] ** 2).sum()).backward()
+    t = torch.tensor(W, requires_grad=True)
+    ((t.flip(0)[:, 1][None] * 3).sum() + (t[-1, ::2] ** 2).sum()).backward()
+    np.testing.assert_allclose(kiln.grad(w, grads).numpy(), t.grad.numpy(), rtol=1e-6)

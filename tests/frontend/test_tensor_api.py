@@ -148,6 +148,13 @@ def test_a_python_number_an_integer_tensor_cannot_hold_is_refused():
             bad()
 
 
+def test_an_operand_that_is_no_number_is_one_clear_error():
+    with pytest.raises(TypeError, match="equal: operand None is neither a Tensor nor a number or array"):
+        _ = kiln.tensor(A) == None  # noqa: E711
+    with pytest.raises(TypeError, match="add: operand 'x' is neither a Tensor nor a number or array"):
+        kiln.tensor(A) + "x"
+
+
 def test_logical_operators_need_bool_operands():
     with pytest.raises(TypeError, match=r"operator & needs bool operands, got f32"):
         kiln.tensor(A) & kiln.tensor(A)
