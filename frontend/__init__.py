@@ -8,6 +8,7 @@ from kiln.runtime.records.record import DTypePolicy, ModuleRecord
 from . import nn, optim
 from .compile import compile
 from .device import Device
+from .grad import grad
 from .gradients import Gradients, GradientsParams
 from .module import Module, ModuleMapper, ModuleVisitor
 from .onnx import export_onnx
@@ -41,6 +42,7 @@ __all__ = [
     "compile",
     "compile_step",
     "export_onnx",
+    "grad",
     "nn",
     "optim",
     "seed",

@@ -5,8 +5,9 @@ parameter nodes, runs the gradient pipeline (the same passes the captured step r
 from __future__ import annotations
 
 import itertools
+import warnings
 
-from kiln.ir import FunctionBuilder, Graph, ParamNode
+from kiln.ir import AutodiffWarning, FunctionBuilder, Graph, ParamNode
 from kiln.passes import PassManager
 from kiln.runtime.backend import default_backend
 
@@ -15,6 +16,21 @@ from .gradients import Gradients
 
 GRADIENT_PIPELINE = "autodiff,cse,checkpoint,dce"
 _runs = itertools.count(1)
+_warned = False  # warn_if_untrainable speaks once per process
+
+
+def warn_if_untrainable(graph: Graph, stacklevel: int) -> None:
+    """Warn (once) when `graph` has parameters and none lives on an autodiff device: Burn would not compile such a
+    backward; here it silently yields no gradient, so a training loop would leave every parameter unchanged."""
+    global _warned
+    params = list(graph.params.values())
+    if _warned or not params or any(p.autodiff for p in params):
+        return
+    _warned = True
+    device = sorted({p.device for p in params})[0]
+    warnings.warn(f"no parameter gets a gradient: they are on {device}, a device without autodiff, so training "
+                  f"changes nothing; build the model on Device({device!r}).autodiff(), or call .train() on a module "
+                  f"valid() took off autodiff", AutodiffWarning, stacklevel=stacklevel + 1)
 
 
 def differentiate(graph: Graph) -> Graph:
@@ -22,8 +38,8 @@ def differentiate(graph: Graph) -> Graph:
     return PassManager.parse(GRADIENT_PIPELINE).run(graph)
 
 
-def backward(loss: Output) -> Gradients:
-    """d loss / d parameter for every parameter leaf of the loss that requires a gradient, by ParamId.
+def backward(loss: Output, device: str) -> Gradients:
+    """d loss / d parameter for every parameter leaf of the loss (on `device`) that requires a gradient, by ParamId.
 
     Leaves are told apart by their autodiff node: a parameter and its fork share a ParamId but not a leaf.
     """
@@ -36,19 +52,22 @@ def backward(loss: Output) -> Gradients:
         if key not in params:
             assert node.param_id is not None and node.data is not None and not isinstance(node.data, tuple)
             params[key] = ParamNode(f"param{len(params)}", node.types[0], node.param_id, data=node.data,
-                                    grad=node.require_grad, configured_grad=node.require_grad, autodiff=node.autodiff)
+                                    grad=node.require_grad, configured_grad=node.require_grad, device=device,
+                                    autodiff=node.autodiff)
     trainable = [(pid, autodiff_node) for (pid, autodiff_node), p in params.items() if p.grad]
     ids = [pid for pid, _ in trainable]
     shared = next((pid for pid in ids if ids.count(pid) > 1), None)
     if shared is not None:
-        raise ValueError(f"parameter 0x{shared:016x} is read through two autodiff leaves (a module and its fork, or "
+        raise ValueError(f"parameter {shared} is read through two autodiff leaves (a module and its fork, or "
                          "values before and after an optimizer step) in one loss; back-propagate each module's loss "
                          "separately")
     by_name = {p.name: p for p in params.values()}
     fb = FunctionBuilder("forward", by_name.get)
     bound = {id(n): (fb.sym(params[(n.param_id, n.autodiff_node)].name),) for n in leaves}  # type: ignore[index]
     results, feeds = lower(fb, [loss], data_as_inputs=True, bound=bound)
-    graph = differentiate(Graph("backward", params=by_name, functions={"forward": fb.finish(results)}))
+    graph = Graph("backward", params=by_name, functions={"forward": fb.finish(results)})
+    warn_if_untrainable(graph, stacklevel=3)  # the caller of Tensor.backward
+    graph = differentiate(graph)
     outs = default_backend().run(graph, feeds, "forward_backward", seed=next(_runs))
     if loss.node.data is None and len(loss.node.types) == 1:
         loss.node.data = outs[0]

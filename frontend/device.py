@@ -5,26 +5,40 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from kiln.ir import KilnError
+
 CHECKPOINTING = ("none", "balanced", "all")
 
 
 @dataclass(frozen=True)
 class Device:
-    """`Device("cpu")`, `Device("cuda:0")`. Equality and hashing ignore autodiff and checkpointing."""
+    """`Device("cpu")`, `Device("cuda:0")` (`Device("cuda")` is `cuda:0`). Equality and hashing ignore autodiff and
+    checkpointing. A CUDA device is accepted anywhere; reading a value on one this machine lacks is an error."""
 
     name: str = "cpu"
     autodiff_enabled: bool = False
     checkpointing: str | None = None
 
     def __post_init__(self) -> None:
-        if not re.fullmatch(r"cpu|cuda:\d+", self.name):
-            raise ValueError(f"unknown device {self.name!r}: expected 'cpu' or 'cuda:N'")
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.name):
+            raise ValueError(f"unknown device {self.name!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+        if self.name == "cuda":
+            object.__setattr__(self, "name", "cuda:0")
         if self.checkpointing is not None and self.checkpointing not in CHECKPOINTING:
             raise ValueError(f"checkpointing {self.checkpointing!r} is not one of {', '.join(CHECKPOINTING)}")
 
     def autodiff(self, checkpointing: str | None = None) -> Device:
         """The same device with autodiff, and optionally a gradient-checkpointing strategy."""
         return replace(self, autodiff_enabled=True, checkpointing=checkpointing)
+
+    def require_present(self) -> None:
+        """Raise a one-line KilnError when this is a CUDA device the machine does not have (checked at realization,
+        so a model can be built for a GPU anywhere)."""
+        if self.name != "cpu":
+            from kiln.runtime.tvm.target import cuda_present
+            if not cuda_present(int(self.name.split(":")[1])):
+                raise KilnError(f"device {self.name} is not available: TVM finds no CUDA GPU {self.name} on this "
+                                f"machine (build on Device('cpu') instead)")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Device) and other.name == self.name

@@ -26,7 +26,7 @@ from kiln.ir import DType, FunctionBuilder, Graph, Operand, Rewriter, SymRef, Te
 from kiln.ir.symbols import SymbolResolver
 from kiln.runtime.backend import default_backend
 
-from .autograd import differentiate
+from .autograd import differentiate, warn_if_untrainable
 from .module import Module
 from .optim.optimizer import Optimizer, lr_type, with_values
 from .param import Param
@@ -71,6 +71,7 @@ def build_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, input_types
                ) -> StepProgram:
     """Trace, differentiate and append the optimizer update: the one `step` function."""
     traced, updated = trace_function(model, lambda *xs: loss_fn(model, *xs), *input_types)
+    warn_if_untrainable(traced, stacklevel=4)  # the caller of the TrainStep
     graph = differentiate(traced)
     fwd, fn = graph.functions["forward"], graph.functions["forward_backward"]
     n_forward = len(fwd.results)

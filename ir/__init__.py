@@ -8,6 +8,7 @@ from . import ops  # noqa: F401  (registers the built-in op kinds)
 from .builder import Builder, FunctionBuilder
 from .dtypes import DType
 from .errors import (
+    AutodiffWarning,
     IRParseError,
     KilnError,
     ParamGroupError,
@@ -33,7 +34,7 @@ from .types import TensorType
 from .verifier import verify
 
 __all__ = [
-    "Builder", "DType", "FlagNode", "Function", "FunctionBuilder", "Graph", "IRParseError", "Init",
+    "AutodiffWarning", "Builder", "DType", "FlagNode", "Function", "FunctionBuilder", "Graph", "IRParseError", "Init",
     "Interpreter", "KilnError", "Op", "OpDef", "Operand", "ParamGroupError", "ParamGroupWarning",
     "ParamId", "ParamNode", "PassError", "RecordError", "ReparamNode",
     "Rewriter", "ShapeError", "SymRef", "TensorType", "Trait", "TrainingStateWarning", "Value", "VerifyError",

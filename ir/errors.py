@@ -42,3 +42,7 @@ class ParamGroupWarning(UserWarning):
 
 class TrainingStateWarning(UserWarning):
     """A module is compiled with training flags on: dropout and batch-norm statistics keep training behaviour."""
+
+
+class AutodiffWarning(UserWarning):
+    """A training computation whose parameters all live off autodiff: no gradient, so training changes nothing."""

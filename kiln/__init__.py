@@ -11,6 +11,7 @@ from kiln import ir, passes
 from kiln.frontend import *  # noqa: F403  (the user-facing API, listed once in kiln.frontend.__all__)
 from kiln.frontend import __all__ as _frontend_api
 from kiln.ir.errors import (
+    AutodiffWarning,
     IRParseError,
     KilnError,
     ParamGroupError,
@@ -28,5 +29,5 @@ for _name, _module in list(sys.modules.items()):
     if _name.startswith(("kiln.frontend.nn", "kiln.frontend.optim")):
         sys.modules["kiln." + _name.removeprefix("kiln.frontend.")] = _module
 
-__all__ = [*_frontend_api, "IRParseError", "KilnError", "ParamGroupError", "ParamGroupWarning", "PassError",
-           "RecordError", "ShapeError", "TrainingStateWarning", "VerifyError", "ir", "passes"]
+__all__ = [*_frontend_api, "AutodiffWarning", "IRParseError", "KilnError", "ParamGroupError", "ParamGroupWarning",
+           "PassError", "RecordError", "ShapeError", "TrainingStateWarning", "VerifyError", "ir", "passes"]

@@ -37,8 +37,7 @@ from ..gradients import (
 )
 from ..graph import Op, Operand, Value
 from ..ops.common import norm_axis
-
-OPEN_END = 2**31 - 1  # a slice end at least this large is taken to mean "to the end" of a dynamic dim
+from ..ops.shape import OPEN_END
 
 
 def _single(ctx: GradContext, op: Op, out_grads: Grads) -> Value | None:

@@ -103,6 +103,9 @@ define("concat", ("xs*",), _concat_infer, lambda xs, attrs: (np.concatenate(xs, 
        {"axis": Attr(INT, 0)}, traits=_MOVES)
 
 
+OPEN_END = 2**31 - 1  # a slice bound this far out (either sign) is an open end: "to the end" of any dim, dynamic too
+
+
 def _slices(op: str, rank: int, attrs) -> dict[int, slice]:
     starts, ends = attrs["starts"], attrs["ends"]
     axes = attrs["axes"] if attrs["axes"] is not None else tuple(range(len(starts)))

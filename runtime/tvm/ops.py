@@ -36,7 +36,10 @@ def _leaky_relu(call: OpCall) -> RelaxResult:
 
 @relax_rule(*_BINARY)
 def _binary(call: OpCall) -> RelaxResult:
-    return _BINARY[call.kind](*call.args)
+    args = call.args
+    if call.types[0].dtype is DType.bool:  # TVM's LLVM codegen compares i1 values as floats (fcmp): use int8
+        args = [R.astype(a, "int8") for a in args]
+    return _BINARY[call.kind](*args)
 
 
 @relax_rule("div")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import tvm
@@ -25,6 +26,12 @@ def resolve_target(target: TargetLike) -> Target:
         return cuda_target()
     raise KilnError(f"unknown target {target!r}: use 'llvm' or 'cuda' (or a tvm.target.Target)")
 
+
+
+@functools.cache
+def cuda_present(index: int = 0) -> bool:
+    """Whether TVM sees CUDA GPU `index` on this machine (asked once per index)."""
+    return bool(tvm.cuda(index).exist)
 
 
 def cpu_count() -> int:

@@ -75,7 +75,7 @@ def test_a_loss_through_a_module_and_its_fork_is_refused() -> None:
     """Both leaves carry the same ParamId, so one ParamId-keyed result cannot hold both gradients."""
     m = Net()
     f = m.fork("cpu")
-    with pytest.raises(ValueError, match=r"parameter 0x[0-9a-f]{16} is read through two autodiff leaves"):
+    with pytest.raises(ValueError, match=r"parameter [0-9a-v]{13} is read through two autodiff leaves"):
         (loss_fn(m, kiln.tensor(X)) + loss_fn(f, kiln.tensor(X))).backward()
 
 
