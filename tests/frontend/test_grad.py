@@ -37,7 +37,7 @@ def test_a_missing_gradient_is_one_clear_error():
     frozen = kiln.Param.from_data(W, device=DEV, require_grad=False)
     used = kiln.Param.from_data(W, device=DEV)
     grads = ((kiln.tensor(X) @ (used.val() + frozen.val())) ** 2).mean().backward()
-    with pytest.raises(KilnError, match=rf"no gradient for parameter 0x{frozen.id:016x} .*requires no gradient"):
+    with pytest.raises(KilnError, match=rf"no gradient for parameter {frozen.id} .*requires no gradient"):
         kiln.grad(frozen, grads)
     with pytest.raises(KilnError, match="the result of a 'add' op, not a parameter's value"):
         kiln.grad(used.val() + 1, grads)
