@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+__all__ = ["AutodiffWarning", "IRParseError", "KilnError", "ParamGroupError", "ParamGroupWarning", "PassError",
+           "RecordError", "ShapeError", "TrainingStateWarning", "VerifyError"]  # what kiln raises or warns with
+
 
 class KilnError(Exception):
     """Base class of kiln's own errors: bad input, never a bug."""

@@ -10,18 +10,8 @@ import sys
 from kiln import ir, passes
 from kiln.frontend import *  # noqa: F403  (the user-facing API, listed once in kiln.frontend.__all__)
 from kiln.frontend import __all__ as _frontend_api
-from kiln.ir.errors import (
-    AutodiffWarning,
-    IRParseError,
-    KilnError,
-    ParamGroupError,
-    ParamGroupWarning,
-    PassError,
-    RecordError,
-    ShapeError,
-    TrainingStateWarning,
-    VerifyError,
-)
+from kiln.ir.errors import *  # noqa: F403  (every error and warning type, listed once in kiln.ir.errors)
+from kiln.ir.errors import __all__ as _error_types
 
 # `import kiln.nn`, `import kiln.nn.functional as F`, `from kiln.optim import AdamW`: the frontend packages under
 # their public names, the same module objects `kiln.nn` and `kiln.optim` already are.
@@ -29,5 +19,4 @@ for _name, _module in list(sys.modules.items()):
     if _name.startswith(("kiln.frontend.nn", "kiln.frontend.optim")):
         sys.modules["kiln." + _name.removeprefix("kiln.frontend.")] = _module
 
-__all__ = [*_frontend_api, "AutodiffWarning", "IRParseError", "KilnError", "ParamGroupError", "ParamGroupWarning",
-           "PassError", "RecordError", "ShapeError", "TrainingStateWarning", "VerifyError", "ir", "passes"]
+__all__ = [*_frontend_api, *_error_types, "ir", "passes"]
