@@ -5,7 +5,6 @@ parameter nodes, runs the gradient pipeline (the same passes the captured step r
 from __future__ import annotations
 
 import itertools
-import warnings
 
 from kiln.ir import AutodiffWarning, FunctionBuilder, Graph, ParamNode
 from kiln.passes import PassManager
@@ -13,24 +12,22 @@ from kiln.runtime.backend import default_backend
 
 from .dag import Output, lower, topological
 from .gradients import Gradients
+from .warn_once import warn_once
 
 GRADIENT_PIPELINE = "autodiff,cse,checkpoint,dce"
 _runs = itertools.count(1)
-_warned = False  # warn_if_untrainable speaks once per process
 
 
 def warn_if_untrainable(graph: Graph, stacklevel: int) -> None:
     """Warn (once) when `graph` has parameters and none lives on an autodiff device: Burn would not compile such a
     backward; here it silently yields no gradient, so a training loop would leave every parameter unchanged."""
-    global _warned
     params = list(graph.params.values())
-    if _warned or not params or any(p.autodiff for p in params):
+    if not params or any(p.autodiff for p in params):
         return
-    _warned = True
     device = sorted({p.device for p in params})[0]
-    warnings.warn(f"no parameter gets a gradient: they are on {device}, a device without autodiff, so training "
-                  f"changes nothing; build the model on Device({device!r}).autodiff(), or call .train() on a module "
-                  f"valid() took off autodiff", AutodiffWarning, stacklevel=stacklevel + 1)
+    warn_once("untrainable", f"no parameter gets a gradient: they are on {device}, a device without autodiff, so "
+              f"training changes nothing; build the model on Device({device!r}).autodiff(), or call .train() on a "
+              f"module valid() took off autodiff", AutodiffWarning, stacklevel + 1)
 
 
 def differentiate(graph: Graph) -> Graph:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +11,7 @@ from kiln.runtime.progress import stage
 
 from .module import Module
 from .trace import InputSpec, as_type, trace
+from .warn_once import warn_once
 
 if TYPE_CHECKING:
     from kiln.runtime.tvm.executable import Executable
@@ -47,20 +47,15 @@ def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm"
     return compile_graph(graph, target=target, params=params, fast_math=fast_math, functions=functions)
 
 
-_warned_sites: set[tuple[str, int]] = set()  # (file, line) of each kiln.compile call warned about
-
-
 def _warn_training_flags(graph: Graph) -> None:
-    """Warn, once per call site of `kiln.compile` in this process, that flags on keep training behaviour in the
-    build (counted here: TVM resets the `warnings` registry that would otherwise count)."""
+    """Warn, once per call site of `kiln.compile`, that flags on keep training behaviour in the build."""
     on = [name for name, flag in graph.flags.items() if flag.value]
-    caller = sys._getframe(2)
-    site = (caller.f_code.co_filename, caller.f_lineno)
-    if on and site not in _warned_sites:
-        _warned_sites.add(site)
-        warnings.warn(f"kiln.compile: module @{graph.name} has training flags on ({', '.join(on)}): dropout and "
-                      "batch-norm statistics stay in training behaviour in the build; compile model.valid() for "
-                      "inference", TrainingStateWarning, stacklevel=3)
+    if on:
+        caller = sys._getframe(2)
+        warn_once(("compile", caller.f_code.co_filename, caller.f_lineno),
+                  f"kiln.compile: module @{graph.name} has training flags on ({', '.join(on)}): dropout and "
+                  "batch-norm statistics stay in training behaviour in the build; compile model.valid() for "
+                  "inference", TrainingStateWarning, 3)
 
 
 def _check_specs(graph: Graph, functions: Sequence[str] | None, specs: Sequence[InputSpec]) -> None:

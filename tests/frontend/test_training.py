@@ -245,7 +245,7 @@ def test_retraces_on_shape_and_state_changes_only(caplog: pytest.LogCaptureFixtu
     assert step.retraces == 2 and "fc1.weight" in caplog.records[-1].getMessage()
     np.testing.assert_array_equal(step.model().fc1.weight.state.get(), frozen)
     step.load_model(step.model().valid())
-    monkeypatch.setattr("kiln.frontend.autograd._warned", False)  # the warning comes once per process
+    monkeypatch.setattr("kiln.frontend.warn_once.warned", set())  # the warning comes once per process
     with pytest.warns(kiln.AutodiffWarning, match="no parameter gets a gradient"):  # valid() left autodiff
         step(0.1, *batch(7))
     assert step.retraces == 3 and "norm.training" in caplog.records[-1].getMessage()

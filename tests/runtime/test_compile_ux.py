@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import logging
 import re
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -103,7 +102,7 @@ def compiles(model: kiln.Module) -> list[warnings.WarningMessage]:
 
 def test_compiling_a_training_module_warns_once_per_call_site(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fresh model's flags are on (Burn's `Flag` starts active), so its build keeps training behaviour."""
-    monkeypatch.setattr(sys.modules["kiln.frontend.compile"], "_warned_sites", set())
+    monkeypatch.setattr("kiln.frontend.warn_once.warned", set())
     caught = compiles(Net())
     assert len(caught) == 2 and caught[0].lineno != caught[1].lineno
     assert caught[0].filename == __file__
