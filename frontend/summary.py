@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from kiln.ir.liveness import value_bytes
 from kiln.ir.naming import derived
@@ -36,14 +36,43 @@ def _grad_state(p: Param) -> str:
     return "trainable" if p.grad else "grad off" if p.configured_grad else "frozen"
 
 
-def _describe(p: Param, count: int) -> str:
-    """One parameter's line: effective type, counted elements, lazy/initialized, gradient state, derivation."""
+def _describe(p: Param, count: int, home: str) -> str:
+    """One parameter's line: effective type, counted elements, lazy/initialized, gradient state, derivation, and
+    its device where it is not the model's first (`home`)."""
     parts = [str(p.value_type), f"{count:,} params", "initialized" if p.is_initialized() else "lazy", _grad_state(p)]
     if p.type != p.value_type:
         parts.append(f"stored {p.type}")
     if p.reparam is not None:
         parts.append("derived by " + "/".join(r.kind for r in p.reparam.chain()))
+    if str(p.device) != home:
+        parts.append(f"on {p.device}")
     return "  ".join(parts)
+
+
+_SETTING_TYPES = (bool, int, float, str)
+
+
+def _is_setting(value: Any) -> bool:
+    """A layer's configuration value: a plain scalar or string, or a tuple/list of them (stride, padding)."""
+    if isinstance(value, list | tuple):
+        return bool(value) and all(isinstance(v, _SETTING_TYPES) for v in value)
+    return isinstance(value, _SETTING_TYPES)
+
+
+def settings(module: object) -> str:
+    """`(name=value, ...)` of the module's own configuration fields (Dropout's prob, Conv2d's stride...): the
+    public plain-valued attributes, in assignment order; empty when it has none."""
+    shown = [f"{k}={v!r}" for k, v in vars(module).items() if not k.startswith("_") and _is_setting(v)]
+    return f"({', '.join(shown)})" if shown else ""
+
+
+def _child(parent: object, name: str) -> object:
+    """The object a visit's `enter_module(name, ...)` entered below `parent` (a field, list item or dict value)."""
+    if isinstance(parent, list | tuple):
+        return parent[int(name)]
+    if isinstance(parent, dict):
+        return next(v for k, v in parent.items() if str(k) == name)
+    return getattr(parent, name)
 
 
 @dataclass
@@ -61,35 +90,42 @@ class _Node:
 
 
 class _TreeBuilder:
-    """A ModuleVisitor building the field tree; factors appear under their parameter (from `counted`), so the
-    visit's own "Reparameterization" containers are skipped."""
+    """A ModuleVisitor building the field tree of `model`; factors appear under their parameter (from
+    `counted`), so the visit's own "Reparameterization" containers are skipped. It follows the visit's names
+    down the objects to show each layer's settings."""
 
-    def __init__(self) -> None:
-        self.stack: list[tuple[_Node, str]] = []  # (node, path prefix)
+    def __init__(self, model: object, home: str) -> None:
+        self.stack: list[tuple[_Node, str, object]] = []  # (node, path prefix, the module or container)
         self.root: _Node | None = None
         self.in_reparam = 0
+        self.model, self.home = model, home
 
     def enter_module(self, name: str, container: str) -> None:
         if container == "Reparameterization" or self.in_reparam:
             self.in_reparam += 1
             return
         kind = container.removeprefix("Struct:")
-        node = _Node(f"{name}: {kind}" if name else kind)
+        obj = _child(self.stack[-1][2], name) if self.stack else self.model
+        label = kind + (settings(obj) if container.startswith("Struct:") else "")
+        node = _Node(f"{name}: {label}" if name else label)
         if self.stack:
-            parent, prefix = self.stack[-1]
+            parent, prefix, _ = self.stack[-1]
             parent.children.append(node)
-            self.stack.append((node, f"{prefix}{name}."))
+            self.stack.append((node, f"{prefix}{name}.", obj))
         else:
             self.root = node
-            self.stack.append((node, ""))
+            self.stack.append((node, "", obj))
 
     def exit_module(self, name: str, container: str) -> None:
         if self.in_reparam:
             self.in_reparam -= 1
             return
-        node, _ = self.stack.pop()
+        node, _, _ = self.stack.pop()
         if self.stack:
             self.stack[-1][0].count += node.count
+        elif self.home:
+            node.label += f"  ({node.count:,} params on {self.home})"
+            return
         node.label += f"  ({node.count:,} params)" if container.startswith("Struct:") else ""
 
     def _name(self, path: str) -> str:
@@ -99,8 +135,8 @@ class _TreeBuilder:
         if self.in_reparam:
             return
         (_, base, total), *factors = counted(param)
-        node = _Node(f"{self._name(path)}: {_describe(base, total)}", total)
-        node.children = [_Node(f"{suffix}: {_describe(f, n)}") for suffix, f, n in factors]
+        node = _Node(f"{self._name(path)}: {_describe(base, total, self.home)}", total)
+        node.children = [_Node(f"{suffix}: {_describe(f, n, self.home)}") for suffix, f, n in factors]
         node.count += sum(n for _, _, n in factors)
         self.stack[-1][0].children.append(node)
         self.stack[-1][0].count += node.count
@@ -111,11 +147,18 @@ class _TreeBuilder:
         self.stack[-1][0].children.append(_Node(f"{self._name(path)}: Flag {state}{configured}"))
 
 
+def _home(module: Visitable) -> str:
+    """The device of the model's first parameter ("" for a model without parameters)."""
+    devices = module.devices()
+    return str(devices[0]) if devices else ""
+
+
 class Visitable(Protocol):
     """What these methods use of the Module they are mixed into (named structurally: module.py imports this
     file, so importing Module here would be a cycle)."""
 
     def visit(self, visitor: _TreeBuilder) -> None: ...
+    def devices(self) -> list: ...
     def leaves(self, factors: bool = True) -> Iterator[tuple[str, Param | Flag]]: ...
 
 
@@ -127,9 +170,10 @@ class SummaryMethods:
         return ((path, leaf) for path, leaf in self.leaves() if isinstance(leaf, Param))
 
     def __repr__(self: Visitable) -> str:
-        """A tree of the fields: layer types with their parameter counts, and for each parameter its type,
-        count, lazy/initialized, trainable/frozen and derivation (factors below it)."""
-        builder = _TreeBuilder()
+        """A tree of the fields: layer types with their settings and parameter counts, the model's device, and
+        for each parameter its type, count, lazy/initialized, trainable/frozen and derivation (factors below it)
+        and its device where it differs."""
+        builder = _TreeBuilder(self, _home(self))
         self.visit(builder)
         assert builder.root is not None
         return "\n".join(builder.root.lines())

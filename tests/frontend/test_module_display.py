@@ -29,17 +29,17 @@ def test_print_shows_the_field_tree_with_state():
     model = CNN(kiln.Device("cpu").autodiff()).freeze_group(kiln.ParamGroup.from_glob("fc.*"))
     model.conv.weight.val().numpy()  # initialize one parameter
     assert str(model) == repr(model) == "\n".join([
-        "CNN  (78 params)",
-        "  conv: Conv2d  (40 params)",
+        "CNN  (78 params on cpu)",
+        "  conv: Conv2d(stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1)  (40 params)",
         "    weight: tensor<4x1x3x3xf32>  36 params  initialized  trainable",
         "    bias: tensor<4xf32>  4 params  lazy  trainable",
-        "  drop: Dropout  (0 params)",
+        "  drop: Dropout(prob=0.1)  (0 params)",
         "    training: Flag on",
         "  blocks: Vec",
         "    0: Linear  (20 params)",
         "      weight: tensor<4x4xf32>  16 params  lazy  trainable",
         "      bias: tensor<4xf32>  4 params  lazy  trainable",
-        "    1: LayerNorm  (8 params)",
+        "    1: LayerNorm(eps=1e-05)  (8 params)",
         "      gamma: tensor<4xf32>  4 params  lazy  trainable",
         "      beta: tensor<4xf32>  4 params  lazy  trainable",
         "  fc: Linear  (10 params)",
@@ -52,7 +52,7 @@ def test_print_shows_the_field_tree_with_state():
 def test_print_total_matches_torch_and_num_params():
     expected = sum(p.numel() for p in torch_cnn().parameters())
     model = CNN()
-    assert repr(model).splitlines()[0] == f"CNN  ({expected} params)"
+    assert repr(model).splitlines()[0] == f"CNN  ({expected} params on cpu)"
     assert model.num_params() == expected
 
 
@@ -70,10 +70,34 @@ def test_print_shows_valid_mode_flags_and_derivations():
 def test_print_shows_a_quantized_weight_as_the_float_it_stands_for():
     model = nn.Linear(64, 32, bias=False).quantize_weights(Quantizer())
     lines = repr(model).splitlines()
-    assert lines[0] == f"Linear  ({64 * 32:,} params)"
+    assert lines[0] == f"Linear  ({64 * 32:,} params on cpu)"
     assert lines[1].startswith("  weight: tensor<64x32xf32>  2,048 params  initialized  ")
     assert "stored tensor<64x32xi8>  derived by dequantize" in lines[1]
     assert lines[2].startswith("    scales: tensor<1xf32>  0 params  ")  # storage, not a parameter
+
+
+def test_print_shows_layer_settings_as_constructed():
+    conv = nn.Conv2d(2, 4, 3, stride=2, padding=1, dilation=1, groups=2)
+    assert repr(conv).splitlines()[0] == ("Conv2d(stride=(2, 2), padding=(1, 1), dilation=(1, 1), groups=2)  "
+                                          "(40 params on cpu)")
+    block = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.25, norm_first=True)
+    lines = repr(block).splitlines()
+    assert lines[0].startswith("TransformerEncoderLayer(norm_first=True)  (")
+    assert lines[1].startswith("  attention: MultiHeadAttention(n_heads=2, d_head=4)  (")
+    assert "  dropout1: Dropout(prob=0.25)  (0 params)" in lines
+    assert repr(nn.GELU("tanh")) == "GELU(approximate='tanh')  (0 params)"  # no parameters: no device
+
+
+def test_print_names_the_device_of_parameters_away_from_the_model():
+    # module-trait.txt: "Return all the devices found in the underneath module tree" -- the printed tree says
+    # where each parameter lives (the first device on the root line, any other one on the parameter's line)
+    model = CNN()
+    model.fc = nn.Linear(4, 2, device="cuda:1")  # lazy: nothing is allocated, so no GPU is needed to print it
+    lines = repr(model).splitlines()
+    assert lines[0] == "CNN  (78 params on cpu)"
+    assert lines[-2].endswith("lazy  grad off  on cuda:1") and lines[-1].endswith("on cuda:1")
+    assert not any("on cuda" in line for line in lines[:-2])
+    assert [str(d) for d in model.devices()] == ["cpu", "cuda:1"]
 
 
 def test_summary_totals_params_and_bytes_per_dtype():
