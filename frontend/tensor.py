@@ -20,6 +20,7 @@ from .autograd import backward
 from .dag import Node, lower, topological
 from .device import Device, as_device
 from .gradients import Gradients
+from .tracing import current_trace
 
 _seeds = itertools.count(1)
 
@@ -235,7 +236,8 @@ def apply(kind: str, *operands: Any, **attrs: Any) -> Tensor | tuple[Tensor, ...
     first = next(o for o in operands if isinstance(o, Tensor))
     inputs = [o if isinstance(o, Tensor) else leaf(_operand(kind, o, first), first.device) for o in operands]
     if registry.lookup(kind).has(Trait.STOCHASTIC) and "seed" not in attrs:
-        attrs["seed"] = next(_seeds)
+        trace = current_trace()
+        attrs["seed"] = next(_seeds if trace is None else trace.op_seeds)
     full, types = registry.infer(kind, [t.type for t in inputs], attrs)
     node = Node(kind, tuple((t.node, t.index) for t in inputs), full, types,
                 autodiff=any(t.node.autodiff for t in inputs), require_grad=any(t.node.require_grad for t in inputs))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,9 @@ from typing import Any
 class TraceContext:
     paths: dict[int, str]  # id(Param or Flag) -> module path
     updates: dict[str, Any] = field(default_factory=dict)  # buffer path -> its new value (a Tensor)
+    # stochastic ops' per-op streams, numbered within the trace: retracing a module gives the same graph (and
+    # compile-cache key); executions still differ through the run seed mixed in with them
+    op_seeds: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
 
 _current: contextvars.ContextVar[TraceContext | None] = contextvars.ContextVar("kiln_trace", default=None)

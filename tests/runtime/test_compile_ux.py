@@ -116,7 +116,7 @@ def test_a_valid_or_flagless_module_compiles_without_warning(model: kiln.Module)
 
 
 def test_kiln_compile_logs_trace_lowering_build_and_cache(caplog: pytest.LogCaptureFixture) -> None:
-    model = Net(dropout=False)  # (each trace gives a dropout a fresh seed, hence a new key)
+    model = Net(dropout=False)
     caplog.set_level(logging.INFO, logger="kiln.compile")
     kiln.compile(model, ((2, 4), "f32"))
     kiln.compile(model, ((2, 4), "f32"))
@@ -147,3 +147,25 @@ def test_no_status_line_is_written_to_a_non_terminal(monkeypatch: pytest.MonkeyP
     with progress.stage("building @M for llvm", delay=0.0):
         time.sleep(0.05)
     assert pipe.getvalue() == ""
+
+
+def test_a_module_with_dropout_retraces_to_the_same_graph_and_hits_the_cache(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Stochastic ops are numbered within their trace, so a retrace keys the same build; masks still come from
+    the run seed: inverted dropout keeps each value as 0 or x / (1 - p) and differs between run seeds."""
+    model = Net()
+    assert print_graph(kiln.trace(model, ((2, 4), "f32"))) == print_graph(kiln.trace(model, ((2, 4), "f32")))
+    caplog.set_level(logging.INFO, logger="kiln.compile")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TrainingStateWarning)  # training dropout is the point here
+        kiln.compile(model, ((64, 4), "f32"))
+        exe = kiln.compile(model, ((64, 4), "f32"))
+    cache = [r.getMessage().split(" (")[0] for r in caplog.records if r.getMessage().startswith("compile cache")]
+    assert cache == ["compile cache miss for @Net", "compile cache hit for @Net"]
+    x = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
+    dense = model.fc(kiln.tensor(x)).numpy()  # the layer before the dropout, eagerly
+    a, b = exe.run(x, seed=1)[0], exe.run(x, seed=2)[0]
+    for out in (a, b):
+        kept = out != 0
+        np.testing.assert_allclose(out[kept], dense[kept] / 0.5, rtol=1e-5)
+    assert (a != b).any()
