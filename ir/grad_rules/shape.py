@@ -37,7 +37,7 @@ from ..gradients import (
 )
 from ..graph import Op, Operand, Value
 from ..ops.common import norm_axis
-from ..ops.shape import OPEN_END
+from ..ops.shape import slice_cuts
 
 
 def _single(ctx: GradContext, op: Op, out_grads: Grads) -> Value | None:
@@ -116,10 +116,10 @@ def _slice(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
         return (None,)
     x = op.operands[0]
     out = g
-    for axis, cut in sorted(_cuts(x.type.rank, op.attrs).items()):
+    for axis, cut in sorted(slice_cuts("slice", x.type.rank, op.attrs).items()):
         n = x.type.shape[axis]
         if n is None:
-            if cut.step in (None, 1) and (cut.start or 0) >= 0 and cut.stop >= OPEN_END:
+            if cut.step == 1 and (cut.start or 0) >= 0 and cut.stop is None:
                 out = pad(ctx, out, axis, cut.start or 0, 0)
                 continue
             raise PassError(f"slice: the gradient along dynamic axis {axis} is supported only for x[start:] "
@@ -133,14 +133,6 @@ def _slice(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
             picked = picked[::-1]
         out = place(ctx, out, axis, abs(step), int(picked[0]), n)
     return (out,)
-
-
-def _cuts(rank: int, attrs) -> dict[int, slice]:
-    """The slice op's cut per normalized axis."""
-    starts, ends = attrs["starts"], attrs["ends"]
-    axes = attrs["axes"] if attrs["axes"] is not None else tuple(range(len(starts)))
-    steps = attrs["steps"] if attrs["steps"] is not None else (1,) * len(starts)
-    return {norm_axis("slice", a, rank): slice(s, e, st) for a, s, e, st in zip(axes, starts, ends, steps)}
 
 
 def _normalized(fb: Emitter, idx: Operand, n: int) -> Value:

@@ -106,7 +106,14 @@ define("concat", ("xs*",), _concat_infer, lambda xs, attrs: (np.concatenate(xs, 
 OPEN_END = 2**31 - 1  # a slice bound this far out (either sign) is an open end: "to the end" of any dim, dynamic too
 
 
-def _slices(op: str, rank: int, attrs) -> dict[int, slice]:
+def _bound(b: int) -> int | None:
+    """A slice bound, or None (the open end) for one at or beyond OPEN_END."""
+    return None if abs(b) >= OPEN_END else b
+
+
+def slice_cuts(op: str, rank: int, attrs) -> dict[int, slice]:
+    """The slice op's cut per normalized axis, open ends as None, so every consumer reads "to the end" of a
+    dim of any size (a dynamic one too) the same way."""
     starts, ends = attrs["starts"], attrs["ends"]
     axes = attrs["axes"] if attrs["axes"] is not None else tuple(range(len(starts)))
     steps = attrs["steps"] if attrs["steps"] is not None else (1,) * len(starts)
@@ -114,7 +121,7 @@ def _slices(op: str, rank: int, attrs) -> dict[int, slice]:
         raise ShapeError(f"{op}: starts, ends, axes and steps must have the same length")
     if 0 in steps:
         raise ShapeError(f"{op}: a step of 0 is not allowed")
-    out = {norm_axis(op, a, rank): slice(s, e, st) for a, s, e, st in zip(axes, starts, ends, steps)}
+    out = {norm_axis(op, a, rank): slice(_bound(s), _bound(e), st) for a, s, e, st in zip(axes, starts, ends, steps)}
     if len(out) != len(axes):
         raise ShapeError(f"{op}: repeated axis in {list(axes)}")
     return out
@@ -122,14 +129,14 @@ def _slices(op: str, rank: int, attrs) -> dict[int, slice]:
 
 def _slice_infer(ts, attrs):
     any_dtype("slice", 0, ts[0])
-    cuts = _slices("slice", ts[0].rank, attrs)
+    cuts = slice_cuts("slice", ts[0].rank, attrs)
     shape = tuple(d if i not in cuts or d is None else len(range(*cuts[i].indices(d)))
                   for i, d in enumerate(ts[0].shape))
     return (ts[0].with_shape(shape),)
 
 
 def _slice(x, **attrs):
-    cuts = _slices("slice", x.ndim, attrs)
+    cuts = slice_cuts("slice", x.ndim, attrs)
     return x[tuple(cuts.get(i, slice(None)) for i in range(x.ndim))]
 
 

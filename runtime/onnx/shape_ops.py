@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.ir.ops.common import norm_axis
-from kiln.ir.ops.shape import _slices
+from kiln.ir.ops.shape import slice_cuts
 
 from .rule import OnnxCall, OnnxResult, onnx_rule
 
@@ -40,15 +40,14 @@ def _concat(call: OnnxCall) -> OnnxResult:
 
 @onnx_rule("slice")
 def _slice(call: OnnxCall) -> OnnxResult:
-    """ONNX Slice clamps its bounds as Python's `slice.indices` does; bounds beyond int64 clamp to it first."""
-    cuts = _slices("slice", call.types[0].rank, call.attrs)
-
-    def bounds(values: list[int]) -> str:
-        return call.ints([min(max(v, _INT64.min), _INT64.max) for v in values])
-
+    """ONNX Slice clamps its bounds as Python's `slice.indices` does, so an open end is the int64 extreme on its
+    side: the start of the walk (max for a negative step, else 0) or its end (min for a negative step, else max)."""
+    cuts = slice_cuts("slice", call.types[0].rank, call.attrs)
     axes = sorted(cuts)
-    return call.node("Slice", call.inputs[0], bounds([cuts[a].start for a in axes]),
-                     bounds([cuts[a].stop for a in axes]), call.ints(axes), call.ints([cuts[a].step for a in axes]))
+    starts = [c.start if c.start is not None else _INT64.max if c.step < 0 else 0 for c in map(cuts.get, axes)]
+    ends = [c.stop if c.stop is not None else _INT64.min if c.step < 0 else _INT64.max for c in map(cuts.get, axes)]
+    return call.node("Slice", call.inputs[0], call.ints(starts), call.ints(ends), call.ints(axes),
+                     call.ints([cuts[a].step for a in axes]))
 
 
 @onnx_rule("take")

@@ -9,7 +9,7 @@ from tvm import te, tirx
 from tvm.relax import op as R
 
 from kiln.ir.ops.common import norm_axis
-from kiln.ir.ops.shape import _slices
+from kiln.ir.ops.shape import slice_cuts
 
 from .rule import OpCall, RelaxResult, relax_rule
 
@@ -76,7 +76,7 @@ def _simplify(expr: tirx.PrimExpr, dims: list[tirx.PrimExpr]) -> tirx.PrimExpr:
 @relax_rule("slice")
 def _slice(call: OpCall) -> RelaxResult:
     """numpy basic slicing: out[i] = x[start + i * step] along each cut axis, with clamped bounds."""
-    cuts = _slices("slice", call.types[0].rank, call.attrs)
+    cuts = slice_cuts("slice", call.types[0].rank, call.attrs)
 
     def compute(x: te.Tensor) -> te.Tensor:
         geometry = {axis: (*_bounds(x.shape[axis], cut), cut.step) for axis, cut in cuts.items()}

@@ -22,6 +22,7 @@ from kiln import nn
 from kiln.frontend.module import Module
 from kiln.frontend.tensor import Tensor, apply
 from kiln.ir import Builder, DType, Graph, Init, Interpreter, KilnError, TensorType, interpret, registered
+from kiln.ir.ops.shape import OPEN_END
 from kiln.ir.registry import ops_with
 from kiln.ir.traits import Trait
 from kiln.passes.autodiff import Autodiff
@@ -411,6 +412,22 @@ def test_inputs_that_meet_in_a_broadcast_share_one_batch_var() -> None:
     b.ret(b.add(x, y), b.sum(y, axes=(1,)))
     fn = lower(b.build()).module["forward"]
     assert str(fn.params[0].ty.shape[0]) == str(fn.params[1].ty.shape[0]) == "x_0"
+
+
+@pytest.mark.parametrize("step", [1, -1, -2])
+def test_open_ended_slices_of_a_dynamic_dim_keep_its_extent(step: int) -> None:
+    """`x[::step][0]` over a dynamic batch: an open end is "to the end" of the dim, so the slice's extent is the
+    batch (a bound of OPEN_END once made TVM plan min(2**31 - 2, batch) rows: std::bad_alloc). numpy is the oracle."""
+    b = Builder("Rev")
+    x = b.input("x", ((None, 3), "f32"))
+    cut = b.op("slice", x, starts=[0 if step > 0 else -1], ends=[OPEN_END if step > 0 else -OPEN_END], steps=[step])
+    b.ret(cut, b.op("take", cut, b.constant(np.array(0, np.int64)), axis=0))
+    exe = compile_graph(b.build())
+    for n in (1, 4, 7):
+        data = f32(n, 3)
+        whole, first = exe.run(data)
+        np.testing.assert_array_equal(whole, data[::step])
+        np.testing.assert_array_equal(first, data[::step][0])
 
 
 def test_params_inputs_take_new_weights_without_a_rebuild() -> None:
