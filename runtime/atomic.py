@@ -2,14 +2,18 @@
 
 A writer fills a hidden temporary sibling of the destination; on success the temporary file is fsynced, renamed
 over the destination and the folder fsynced, so the destination is always the old file or the whole new one. On
-any exception (KeyboardInterrupt too) the temporary file is removed and the destination left as it was. Imports
-neither TVM nor onnx, so records and builds share it.
+any exception (KeyboardInterrupt too) the temporary file is removed and the destination left as it was. A process
+killed mid-write cannot clean up, so each write first removes the temporaries beside its destination whose writer
+(the pid in the name) is gone: a path never collects more than the temporaries of live writers. Imports neither
+TVM nor onnx, so records and builds share it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +27,8 @@ def atomic_path(destination: str | os.PathLike[str], suffix: str = "") -> Iterat
     """A fresh, empty temporary sibling of `destination` for writers that take a path (TVM's `export_library`);
     `suffix` ends its name, for writers that choose a format by extension. Replaces `destination` on success."""
     destination = Path(destination)
+    _check_destination(destination)
+    remove_orphans(destination)
     temporary = destination.with_name(f".{destination.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp{suffix}")
     os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666))
     try:
@@ -39,6 +45,46 @@ def atomic_file(destination: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """A binary file object writing a temporary sibling of `destination`, which replaces it on success."""
     with atomic_path(destination) as temporary, open(temporary, "wb") as out:
         yield out
+
+
+def _check_destination(destination: Path) -> None:
+    """Refuse a destination in a missing folder or that is a folder, naming the user's path (not the hidden
+    temporary's, which the failing call would name)."""
+    if not destination.parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no such folder", str(destination.parent))
+    if destination.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(destination))
+
+
+def remove_orphans(destination: Path) -> list[Path]:
+    """Delete the temporaries of `destination` left by writers that no longer run (killed mid-write); returns
+    them. A live writer's, or one kiln cannot tell about, is kept."""
+    pattern = re.compile(rf"\.{re.escape(destination.name)}\.(\d+)-[0-9a-f]{{8}}\.tmp.*", re.DOTALL)
+    try:
+        siblings = list(destination.parent.iterdir())
+    except OSError:
+        return []  # a missing folder: the write itself reports it
+    removed = []
+    for path in siblings:
+        match = pattern.fullmatch(path.name)
+        if match and not _running(int(match[1])):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user's counts: it may be writing)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True
+    return True
 
 
 def install(temporary: Path, destination: Path) -> None:

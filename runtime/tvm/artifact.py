@@ -81,8 +81,8 @@ def _pack_dtype(name: str, t: TensorType) -> BurnDType:
 def write_artifact(path: str, program: Program, export: Callable[[str], None],
                    param_values: Mapping[str, np.ndarray] | None = None, **extra: Any) -> None:
     """Write the library (through `export(tmp_path)`), the optional weights (arrays in TVM storage dtypes) as a
-    burnpack, then the sidecar holding their checksums (creating the folder if needed)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    burnpack, then the sidecar holding their checksums. The folder must exist (a mistyped `-o` is an error, not
+    a new folder)."""
     with atomic_path(path, ".so") as tmp:  # export_library picks the library format by extension
         export(str(tmp))
         library_sha = file_digest(tmp)

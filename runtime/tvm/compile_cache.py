@@ -66,6 +66,7 @@ def store(key: str, program: Program, export: Callable[[str], None]) -> None:
     """Remember a freshly built program and write it to disk (a failed write is logged, not raised)."""
     _remember(key, program, None)
     try:
+        os.makedirs(os.path.dirname(entry_path(key)), mode=0o700, exist_ok=True)  # the cache is the user's own
         write_artifact(entry_path(key), program, export, key=key)
     except Exception as e:  # a read-only or full disk, or a target whose modules cannot be exported
         _log.warning("kiln compile cache: could not write entry %s: %s", key, e)

@@ -50,6 +50,7 @@ def mixed_graph() -> Graph:
 def export_mixed(directory: Path, target: str = "llvm") -> Path:
     """The mixed graph built for `target` with `params="inputs"`, exported as `<directory>/out/m.so`."""
     path = directory / "out" / "m.so"
+    path.parent.mkdir(exist_ok=True)
     compile_graph(mixed_graph(), target=target, params="inputs").export_library(str(path))
     return path
 
@@ -147,6 +148,7 @@ def test_a_failing_rewrite_leaves_the_artifact_whole(exported: tuple[Graph, Path
 def test_an_artifact_that_cannot_be_made_durable_is_not_written(tmp_path: Path,
                                                                 request: pytest.FixtureRequest) -> None:
     exe = compile_graph(mixed_graph(), params="inputs")
+    (tmp_path / "out").mkdir()
     request.getfixturevalue("failing_fsync")
     with pytest.raises(OSError, match="Input/output error"):
         exe.export_library(str(tmp_path / "out" / "m.so"))

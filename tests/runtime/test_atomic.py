@@ -106,10 +106,32 @@ def test_a_failing_fsync_leaves_the_destination_and_no_temporary(old: Path, monk
     assert list(old.parent.iterdir()) == [old]
 
 
-def test_a_missing_folder_is_an_os_error_creating_nothing(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
+def test_a_missing_folder_is_an_os_error_naming_it_and_creating_nothing(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError) as caught:
         write_with_file(tmp_path / "missing" / "out.bin", b"new")
+    assert caught.value.filename == str(tmp_path / "missing")
     assert list(tmp_path.iterdir()) == []
+
+
+@WRITERS
+def test_a_folder_destination_is_refused_by_its_name(write, tmp_path: Path) -> None:
+    """issue 15: `kiln opt -o DIR` reported the hidden temporary's name, not the user's path."""
+    with pytest.raises(IsADirectoryError) as caught:
+        write(tmp_path, b"new")
+    assert caught.value.filename == str(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["opt", "-p", "dce"], ["compile"]])
+def test_the_command_line_names_a_missing_output_folder_and_creates_none(
+        command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 15: `kiln compile -o /nonexistent/x.so` created /nonexistent and exited 0; it must exit 3 (I/O)."""
+    source = tmp_path / "in.kir"
+    source.write_text("module @M {\n  func @forward(%x: tensor<2xf32>) -> (tensor<2xf32>) {\n    return %x\n  }\n}\n")
+    missing = tmp_path / "missing" / "deeper"
+    assert cli_main([command[0], str(source), *command[1:], "-o", str(missing / "out")]) == 3
+    assert f"error: {missing}: no such folder" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.kir"]
 
 
 def test_new_files_get_the_umask_permissions(tmp_path: Path) -> None:
@@ -140,3 +162,36 @@ def test_kiln_opt_output_is_replaced_whole_or_not_at_all(tmp_path: Path, request
     assert cli_main(["opt", str(source), "-p", "dce", "-o", str(output)]) == 3
     assert output.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.kir", "out.kir"]
+
+
+def _killed_writer(destination: Path) -> Path:
+    """Start a process writing `destination` through the helper, kill it mid-write (SIGKILL: no cleanup runs)
+    and return the temporary it left."""
+    code = ("import sys, time; from pathlib import Path; from kiln.runtime.atomic import atomic_file\n"
+            "with atomic_file(Path(sys.argv[1])) as out:\n"
+            "    out.write(b'partial' * 1000); out.flush(); print('writing', flush=True); time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code, str(destination)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "writing\n"
+    child.kill()
+    child.wait()
+    (left,) = [p for p in destination.parent.iterdir() if p.name.startswith(f".{destination.name}.")]
+    return left
+
+
+def test_the_next_write_removes_the_temporary_a_killed_writer_left(old: Path) -> None:
+    """issue 15: every kill -9 during a save left a full-size hidden temporary that nothing removed."""
+    left = _killed_writer(old)
+    assert left.stat().st_size == 7000 and old.read_bytes().startswith(b"the old contents")
+    unrelated = old.with_name(f".{old.name}.notes")  # a hidden sibling that is not a temporary
+    unrelated.write_text("keep me")
+    write_with_file(old, b"new")
+    assert sorted(p.name for p in old.parent.iterdir()) == sorted([old.name, unrelated.name])
+
+
+def test_a_live_writers_temporary_is_kept(old: Path) -> None:
+    """Two processes may save one path at once: the other's temporary is not an orphan while it runs."""
+    with atomic_path(old) as mine:
+        write_with_file(old, b"concurrent")
+        assert mine.exists()
+        mine.write_bytes(b"mine")
+    assert old.read_bytes() == b"mine" and list(old.parent.iterdir()) == [old]

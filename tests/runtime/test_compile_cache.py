@@ -98,6 +98,8 @@ def test_entries_are_written_atomically_with_checksums(cache_root: Path) -> None
     sidecar = read_sidecar(str(cache_root / "compile" / f"{key}.so"))
     assert sidecar["key"] == key
     assert sidecar["library_sha256"] == file_digest(str(cache_root / "compile" / f"{key}.so"))
+    # issue 15: the cache folder is created 0700 (loading a library from it runs native code)
+    assert (cache_root / "compile").stat().st_mode & 0o777 == 0o700
 
 
 def test_a_failing_store_keeps_the_old_entry_and_leaves_no_temporary(cache_root: Path,
