@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 from kiln.ir import KilnError
-
-CHECKPOINTING = ("none", "balanced", "all")
+from kiln.ir.devices import checkpointing_name, device_name
 
 
 @dataclass(frozen=True)
@@ -20,12 +18,8 @@ class Device:
     checkpointing: str | None = None
 
     def __post_init__(self) -> None:
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.name):
-            raise ValueError(f"unknown device {self.name!r}: expected 'cpu', 'cuda' or 'cuda:N'")
-        if self.name == "cuda":
-            object.__setattr__(self, "name", "cuda:0")
-        if self.checkpointing is not None and self.checkpointing not in CHECKPOINTING:
-            raise ValueError(f"checkpointing {self.checkpointing!r} is not one of {', '.join(CHECKPOINTING)}")
+        object.__setattr__(self, "name", device_name(self.name))
+        checkpointing_name(self.checkpointing)
 
     def autodiff(self, checkpointing: str | None = None) -> Device:
         """The same device with autodiff, and optionally a gradient-checkpointing strategy."""

@@ -11,6 +11,7 @@ import numpy as np
 
 from . import init as initializers
 from .builder import FunctionBuilder
+from .devices import checkpointing_name, device_name
 from .dtypes import DType
 from .errors import IRParseError, KilnError
 from .gcpause import gc_paused
@@ -300,6 +301,11 @@ class Parser:
             raise self.error(f"param attribute {key!r} has the wrong kind of value", tok)
         if key == "id":
             return self.param_id(value, tok)
+        if key in ("device", "checkpointing"):
+            try:
+                return (device_name if key == "device" else checkpointing_name)(value)
+            except ValueError as e:
+                raise self.error(str(e), tok) from None
         return value
 
     def param_id(self, text: str, tok: Token) -> ParamId:

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kiln.ir import FlagNode, Graph, ParamNode
+from kiln.ir import FlagNode, Graph, ParamNode, PassError
+from kiln.ir.devices import device_name
 
 from .param_state import (
     GroupOptions,
@@ -117,6 +118,12 @@ class ToDevice(Transition):
 
     name = "to-device"
     device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "device", device_name(self.device))  # the rule Device("...") applies
+        except ValueError as e:
+            raise PassError(f"pass {self.name!r}: {e}") from None
 
     def param_rule(self, p: ParamNode) -> ParamNode:
         return move_param(p, self.device)

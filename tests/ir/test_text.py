@@ -309,10 +309,10 @@ def graphs(draw) -> Graph:
         configured = draw(st.sampled_from([None, True, False]))
         data = draw(st.none() | dense(shape, dtype))
         init = draw(st.none() | inits())
-        device = draw(st.sampled_from(["cpu", "cuda:0", "cuda:1"]) | names)
+        device = draw(st.sampled_from(["cpu", "cuda:0"]) | st.integers(0, 2**40).map(lambda n: f"cuda:{n}"))
         syms.append(b.param(name, shape, dtype, id=draw(param_ids), init=init, data=data, grad=grad,
                             configured_grad=configured, device=device, autodiff=draw(st.booleans()),
-                            checkpointing=draw(st.none() | st.sampled_from(["balanced", "none"]) | names)))
+                            checkpointing=draw(st.none() | st.sampled_from(["balanced", "none", "all"]))))
         if not grad and draw(st.booleans()):  # running state (batch-norm statistics)
             b.params[name] = b.params[name].replace(buffer=True)
     flags = []
@@ -527,6 +527,10 @@ PARSE_ERRORS = [
     ("stray character in module", "module @M {\n  ~\n}\n", 2, 3, "unexpected character"),
     ("trailing text", "module @M {\n}\nmodule @N {\n}\n", 3, 1, "end of input after the module"),
     ("bad flag", fn("    return %x", decls='  flag @t = 3 {id = "0x1"}'), 2, 8, "a flag's value is true or false"),
+    ("unknown device", fn("    return %x", decls='  param @w : tensor<3xf32> {id = "0x1", device = "tpu"}'),
+     2, 50, "unknown device 'tpu'"),
+    ("unknown checkpointing", fn("    return %x", decls='  param @w : tensor<3xf32> {id = "0x1", '
+                                 'checkpointing = "some"}'), 2, 57, "checkpointing 'some' is not one of"),
     ("nested reparam", fn("    return %x", decls='  reparam @r : tensor<2x2xf32> = lora(@q, @a, @b) {scale = 1.0}'),
      2, 39, "@q is not declared before this derivation"),
 ]

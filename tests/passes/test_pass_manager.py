@@ -534,3 +534,13 @@ def test_kiln_opt_warns_on_one_line_and_succeeds() -> None:
     assert proc.returncode == 0
     assert proc.stderr == "kiln opt: warning: pass 'freeze-group': paths=nosuch.* matches no parameter or flag\n"
     assert proc.stdout == print_graph(parse(PARAMS))
+
+
+@pytest.mark.parametrize("name", ["to-device", "fork"])
+def test_device_passes_apply_the_device_rule(name: str) -> None:
+    """issue 15: `to-device{device=tpu}` was accepted while Device("tpu") is refused; one rule (kiln.ir.devices,
+    which Device applies too) now decides, and `cuda` is `cuda:0`."""
+    with pytest.raises(PassError, match=f"pass '{name}': unknown device 'tpu'"):
+        PassManager.parse(f"{name}{{device=tpu}}")
+    (moved,) = PassManager.parse(f"{name}{{device=cuda}}").passes
+    assert moved.device == "cuda:0"
