@@ -7,6 +7,7 @@ decimal), so reading a model back restores the ids; initializers without one get
 from __future__ import annotations
 
 import functools
+import math
 import os
 from pathlib import Path
 
@@ -61,21 +62,89 @@ def read_record(path: str | os.PathLike[str]) -> ModuleRecord:
 
 
 def read_initializers(path: str | os.PathLike[str]) -> dict[str, RecordEntry]:
-    """A model's initializers by name, in file order; data (inline or external) is read only when used."""
+    """A model's initializers by name, in file order; data (inline or external) is read only when used.
+
+    Everything is checked when the file opens, so a bad file fails naming the file, the initializer and the field:
+    names (present, unique), dims, the bytes inline data must have, and external data (a file inside the model's
+    folder, whole integer offset and length that fit it)."""
     source = Path(path)
+    raw = source.read_bytes()  # a model that cannot be read is an OSError (the command line's I/O exit)
+    if not raw:
+        raise RecordError(f"{source}: empty file, not an ONNX model")
     try:
-        model = onnx.load(source, load_external_data=False)
-    except DecodeError as error:
+        model = onnx.load_from_string(raw)
+    except (DecodeError, ValueError, RuntimeError) as error:
         raise RecordError(f"{source}: not an ONNX model ({error})") from None
-    entries = {}
-    for tensor in model.graph.initializer:
+    if not model.HasField("graph"):
+        raise RecordError(f"{source}: not an ONNX model (it has no graph)")
+    entries: dict[str, RecordEntry] = {}
+    owners: dict[int, str] = {}  # ParamId -> the initializer that has it
+    for index, tensor in enumerate(model.graph.initializer):
+        where = f"{source}: initializer {tensor.name!r}" if tensor.name else f"{source}: initializer {index}"
+        if not tensor.name:
+            raise RecordError(f"{where} has an empty name")
+        if tensor.name in entries:
+            raise RecordError(f"{where} appears twice")
         try:
             dtype = kiln_dtype(tensor.data_type)
+            if any(d < 0 for d in tensor.dims):
+                raise RecordError(f"dims {list(tensor.dims)} has a negative dim")
+            check = _external if tensor.data_location == TensorProto.EXTERNAL else _inline
+            check(tensor, dtype, source.parent)
+            param_id = _param_id(tensor)
         except RecordError as error:
-            raise RecordError(f"{source}: initializer {tensor.name!r}: {error}") from None
-        entries[tensor.name] = RecordEntry(_param_id(tensor), dtype, tuple(tensor.dims),
-                                           functools.partial(numpy_helper.to_array, tensor, str(source.parent)))
+            raise RecordError(f"{where}: {error}") from None
+        if owners.setdefault(param_id, tensor.name) != tensor.name:
+            raise RecordError(f"{where}: has ParamId {param_id}, as initializer {owners[param_id]!r} has")
+        entries[tensor.name] = RecordEntry(param_id, dtype, tuple(tensor.dims),
+                                           functools.partial(_load, tensor, source, where))
     return entries
+
+
+def _nbytes(tensor: TensorProto, dtype: DType) -> int:
+    """The bytes raw data of the tensor's dims and dtype holds (sub-byte values two per byte)."""
+    numel = math.prod(tensor.dims)
+    return (numel * dtype.bits + 7) // 8
+
+
+def _inline(tensor: TensorProto, dtype: DType, folder: Path) -> None:
+    """Inline raw data has exactly the bytes the dims need (typed fields are counted by onnx when read)."""
+    if tensor.HasField("raw_data") and len(tensor.raw_data) != _nbytes(tensor, dtype):
+        raise RecordError(f"raw_data has {len(tensor.raw_data):,} bytes, but dims {list(tensor.dims)} of "
+                          f"{dtype.value} need {_nbytes(tensor, dtype):,}")
+
+
+def _external(tensor: TensorProto, dtype: DType, folder: Path) -> None:
+    """External data names a regular file inside the model's folder, with whole offset and length that fit it
+    and match the dims."""
+    fields = {entry.key: entry.value for entry in tensor.external_data}
+    location = fields.get("location", "")
+    target = (folder / location).resolve()
+    if not location or Path(location).is_absolute() or not target.is_relative_to(folder.resolve()):
+        raise RecordError(f"external_data location {location!r} is not a file inside the model's folder")
+    if not target.is_file():
+        raise RecordError(f"external_data location {location!r}: no such file beside the model")
+    numbers = {}
+    for key in ("offset", "length"):
+        text = fields.get(key, "0" if key == "offset" else str(_nbytes(tensor, dtype)))
+        if not text.isdigit():
+            raise RecordError(f"external_data {key} {text!r} is not a non-negative integer")
+        numbers[key] = int(text)
+    size = target.stat().st_size
+    if numbers["length"] != _nbytes(tensor, dtype):
+        raise RecordError(f"external_data length {numbers['length']:,} does not match dims {list(tensor.dims)} of "
+                          f"{dtype.value} ({_nbytes(tensor, dtype):,} bytes)")
+    if numbers["offset"] + numbers["length"] > size:
+        raise RecordError(f"external_data offset {numbers['offset']:,} + length {numbers['length']:,} is past the "
+                          f"end of {location!r} ({size:,} bytes)")
+
+
+def _load(tensor: TensorProto, source: Path, where: str) -> np.ndarray:
+    """The tensor's values; what onnx still refuses (typed fields of the wrong count) is a RecordError."""
+    try:
+        return numpy_helper.to_array(tensor, str(source.parent))
+    except (ValueError, OSError, TypeError) as error:
+        raise RecordError(f"{where}: cannot read its data ({error})") from None
 
 
 def _param_id(tensor: TensorProto) -> ParamId:
@@ -86,5 +155,5 @@ def _param_id(tensor: TensorProto) -> ParamId:
     try:
         return ParamId(int(stored))
     except ValueError:
-        raise RecordError(f"initializer {tensor.name!r}: {PARAM_ID_KEY} {stored!r} is not a u64 in decimal") from None
+        raise RecordError(f"{PARAM_ID_KEY} {stored!r} is not a u64 in decimal") from None
 
