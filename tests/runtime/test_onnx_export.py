@@ -152,6 +152,7 @@ CASES: list[tuple[str, Case]] = [
     ("linear", case("linear", batched((2, 3), (4, 3)), params={"fc.weight": floats(3, 5), "fc.bias": floats(5)})),
     ("linear-no-bias", case("linear", floats(2, 6, 3), params={"fc.weight": floats(3, 5)})),
     ("lora", case("lora", floats(4, 5), floats(4, 2), floats(2, 5), scale=0.5)),
+    ("dora", case("dora", floats(4, 5), floats(4, 2), floats(2, 5), floats(5), scale=0.5)),
     ("conv1d", case("conv1d", batched((2, 4, 9), (1, 4, 9)), params={"w": floats(6, 2, 3), "b": floats(6)},
                     stride=(2,), padding=(1,), dilation=(2,), groups=2)),
     ("conv2d", case("conv2d", IMAGE, params={"w": floats(3, 4, 3, 2)}, padding=(1, 0), stride=(1, 2))),
