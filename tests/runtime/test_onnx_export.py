@@ -362,6 +362,17 @@ def test_lora_folds_into_its_base_weight():
     assert ids == {p: leaf.id for p, leaf in module.leaves() if isinstance(leaf, kiln.Param) and "lora" not in p}
 
 
+def test_dora_folds_into_its_base_weight():
+    """A DoRA model (factors and magnitudes randomized through its record) exports its folded weights under the
+    bases' paths and ids, and onnxruntime matches the interpreter running the dora derivation."""
+    module = randomized(randomized(MLP()).apply_dora(kiln.Dora(rank=2, alpha=4.0)))
+    graph = kiln.trace(module.valid(), ((None, 6), "f32"))
+    assert {r.kind for r in graph.reparams.values()} == {"dora"}
+    model = check(graph, [floats(3, 6)])
+    ids = {t.name: int(t.metadata_props[0].value) for t in model.graph.initializer}
+    assert ids == {p: leaf.id for p, leaf in module.leaves() if isinstance(leaf, kiln.Param) and "dora" not in p}
+
+
 def test_initializers_are_named_by_module_path_and_carry_param_ids(tmp_path: Path):
     module = randomized(CNN())
     path = kiln.export_onnx(module, ((None, 3, 8, 8), "f32"), path=tmp_path / "cnn.onnx")
