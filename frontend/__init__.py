@@ -13,7 +13,7 @@ from .gradients import Gradients, GradientsParams
 from .module import Module, ModuleMapper, ModuleVisitor
 from .onnx import export_onnx
 from .param import Flag, Param, Reparam
-from .reparam import Lora, QLora, Quantizer, QuantScheme, Reparameterizer
+from .reparam import Dora, Lora, QLora, Quantizer, QuantScheme, Reparameterizer
 from .step import TrainStep, compile_step
 from .tensor import Tensor, tensor
 from .trace import trace
@@ -21,6 +21,7 @@ from .trace import trace
 __all__ = [
     "DTypePolicy",
     "Device",
+    "Dora",
     "Flag",
     "Gradients",
     "GradientsParams",

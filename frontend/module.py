@@ -18,7 +18,7 @@ from kiln.passes.group import ParamGroup
 from .device import Device, as_device
 from .param import Flag, Param, Reparam, new_autodiff_node
 from .records import RecordMethods
-from .reparam import Lora, QLora, Quantizer, Reparameterizer
+from .reparam import Adapter, Dora, Lora, QLora, Quantizer, Reparameterizer
 from .summary import SummaryMethods, counted
 
 Leaf = Param | Flag
@@ -363,8 +363,16 @@ class Module(RecordMethods, SummaryMethods):
     # reparameterization ---------------------------------------------------------------------------------
     def apply_lora(self, lora: Lora) -> Module:
         """Attach LoRA adapters to matched 2-D weights and freeze every base parameter; flags are kept."""
-        return self.run_pass(get_pass("reparameterize")(kind="lora", rank=lora.rank, alpha=lora.alpha,
-                                                         init_std=lora.init_std, group=lora.param_group))
+        return self._adapt(lora)
+
+    def apply_dora(self, dora: Dora) -> Module:
+        """Attach DoRA adapters (factors and a magnitude read from each base's value) to matched 2-D weights and
+        freeze every base parameter; a lazy base stays lazy; flags are kept."""
+        return self._adapt(dora)
+
+    def _adapt(self, adapter: Adapter) -> Module:
+        return self.run_pass(get_pass("reparameterize")(kind=adapter.kind, rank=adapter.rank, alpha=adapter.alpha,
+                                                         init_std=adapter.init_std, group=adapter.param_group))
 
     def apply_reparameterization(self, reparameterizer: Reparameterizer) -> Module:
         """Pass every floating parameter with its path to `reparameterizer`; nested ones are not supported."""

@@ -1,11 +1,11 @@
-"""Reparameterization settings: Burn's Lora, QLora, Quantizer (with its QuantScheme) and the Reparameterizer
-protocol for custom derivations; Module's `apply_lora`, `quantize_weights` and `apply_qlora` run the passes they
-configure."""
+"""Reparameterization settings: Burn's Lora, QLora, Quantizer (with its QuantScheme), DoRA's Dora and the
+Reparameterizer protocol for custom derivations; Module's `apply_lora`, `apply_dora`, `quantize_weights` and
+`apply_qlora` run the passes they configure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import ClassVar, Protocol, Self
 
 from kiln.passes.group import ParamGroup
 
@@ -13,16 +13,33 @@ from .param import Param, Reparam
 
 
 @dataclass(frozen=True)
-class Lora:
-    """LoRA settings: rank, alpha (scale = alpha / rank), factor init std (default 1/rank), which params."""
+class Adapter:
+    """Low-rank adapter settings: rank, alpha (scale = alpha / rank), factor init std (default 1/rank), which
+    params; `kind` names the `reparameterize` derivation they configure."""
 
+    kind: ClassVar[str]
     rank: int
     alpha: float
     init_std: float | None = None
     param_group: ParamGroup = field(default_factory=ParamGroup.all)
 
-    def set_param_group(self, group: ParamGroup) -> Lora:
+    def set_param_group(self, group: ParamGroup) -> Self:
         return replace(self, param_group=group)
+
+
+@dataclass(frozen=True)
+class Lora(Adapter):
+    """LoRA: the weight becomes base + scale * (a @ b)."""
+
+    kind: ClassVar[str] = "lora"
+
+
+@dataclass(frozen=True)
+class Dora(Adapter):
+    """DoRA (weight-decomposed LoRA): magnitude * V / ||V||_c with V = base + scale * (a @ b), the trainable
+    magnitude [out] starting at the base's column norms, so the weight starts equal to the base."""
+
+    kind: ClassVar[str] = "dora"
 
 
 class Reparameterizer(Protocol):

@@ -2,8 +2,9 @@
 
 A derived parameter at path `w` keeps its stored value at `w.base` (LoRA) or `w.codes` (quantized; under QLoRA
 the dequantize is `w.base` and its codes stay `w.codes`) and its factors at `w.<suffix>`: `w.lora.a`, `w.lora.b`,
-`w.scales`. Users see Burn's paths: the stored value at `w` (as `visit` and records report it), the factors at
-their own names; every pass that matches or records a node by path goes through `user_paths`.
+`w.scales`, and for DoRA `w.dora.a`, `w.dora.b`, `w.dora.magnitude` (its base is `w.base`, as LoRA's).
+Users see Burn's paths: the stored value at `w` (as `visit` and records report it), the factors at their own names;
+every pass that matches or records a node by path goes through `user_paths`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from .graph import Graph
 
 BASE, CODES, SCALES = "base", "codes", "scales"
 LORA_A, LORA_B = "lora.a", "lora.b"
+DORA_A, DORA_B, DORA_MAGNITUDE = "dora.a", "dora.b", "dora.magnitude"
 
 
 def derived(path: str, suffix: str) -> str:
@@ -36,6 +38,18 @@ def lora_a(path: str) -> str:
 
 def lora_b(path: str) -> str:
     return derived(path, LORA_B)
+
+
+def dora_a(path: str) -> str:
+    return derived(path, DORA_A)
+
+
+def dora_b(path: str) -> str:
+    return derived(path, DORA_B)
+
+
+def dora_magnitude(path: str) -> str:
+    return derived(path, DORA_MAGNITUDE)
 
 
 def quant_codes(path: str) -> str:

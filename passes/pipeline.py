@@ -1,7 +1,7 @@
 """Pipeline text: `"canonicalize,cse,freeze-group{paths=encoder.*,decoder.* value=false}"`.
 
-Passes are separated by commas at the top level; options sit in braces, separated by spaces, as
-`key=value`; a value may be double-quoted to hold spaces or braces.
+Passes are separated by commas at the top level; options sit in braces, separated by spaces (or by
+a comma before the next `key=`), as `key=value`; a value may be double-quoted to hold spaces or braces.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from .base import Pass
 from .registry import get_pass
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]*")
-_OPTION = re.compile(r'\s*([A-Za-z][A-Za-z0-9_\-]*)=("(?:[^"\\]|\\.)*"|[^\s{}"]*)\s*')
+_KEY = r"[A-Za-z][A-Za-z0-9_\-]*"
+_OPTION = re.compile(rf'\s*({_KEY})=("(?:[^"\\]|\\.)*"|(?:[^\s{{}}",]|,(?!\s*{_KEY}=))*)\s*,?\s*')
 
 
 def parse_pipeline(text: str) -> list[Pass]:

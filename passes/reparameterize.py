@@ -1,39 +1,53 @@
-"""reparameterize: attach LoRA adapters to 2-D floating weights, freezing every base parameter.
+"""reparameterize: attach LoRA or DoRA adapters to 2-D floating weights, freezing every base parameter.
 
-`@w` becomes `reparam @w = lora(@w.base, @w.lora.a, @w.lora.b) {scale = alpha / rank}`: uses of `@w` are
-unchanged; the base keeps the ParamId; `a` [d0, rank] ~ N(0, init_std or 1/rank) and `b` [rank, d1] = 0
-are trainable where the base lives on autodiff (else the request waits for `train`). A quantized weight
-(`reparam @w = dequantize(...)`, from quantize-weights) is QLoRA's base: its derivation is renamed `@w.base`,
-its codes keep the ParamId, and the factors take the dequantized dtype.
+`kind=lora`: `@w` becomes `reparam @w = lora(@w.base, @w.lora.a, @w.lora.b) {scale = alpha / rank}`.
+`kind=dora`: `reparam @w = dora(@w.base, @w.dora.a, @w.dora.b, @w.dora.magnitude) {scale = alpha / rank}`, the
+magnitude [d1] holding ||W||_c (column norms over axis 0), so that the derived weight equals W at start. The
+magnitude reads the base's value once, here: a lazy base is evaluated for it from its initializer and ParamId
+(the value it will initialize to) and stays lazy itself.
+Uses of `@w` are unchanged; the base keeps the ParamId; `a` [d0, rank] ~ N(0, init_std or 1/rank), `b`
+[rank, d1] = 0 and the magnitude are trainable where the base lives on autodiff (else the request waits for
+`train`). A quantized weight (`reparam @w = dequantize(...)`, from quantize-weights) is the base of QLoRA or
+QDoRA: its derivation is renamed `@w.base`, its codes keep the ParamId, and the factors take the dequantized
+dtype (DoRA's magnitude the dequantized weight's norms).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.ir import Graph, Init, ParamNode, PassError, ReparamNode, TensorType, new_param_id
-from kiln.ir.naming import lora_a, lora_b, lora_base
+import numpy as np
+
+from kiln.ir import Graph, Init, Interpreter, ParamNode, PassError, ReparamNode, TensorType, new_param_id
+from kiln.ir.naming import dora_a, dora_b, dora_magnitude, lora_a, lora_b, lora_base
+from kiln.ir.ops.linalg import column_norms
 from kiln.ir.verifier import DEQUANTIZE
 
 from .param_state import GroupOptions, request_grad
 
+KINDS = ("lora", "dora")
 
-def lora_factors(name: str, type: TensorType, home: ParamNode, rank: int, init_std: float | None
+
+def _factor(name: str, type: TensorType, home: ParamNode, init: Init | None = None,
+            data: np.ndarray | None = None) -> ParamNode:
+    """A trainable factor `name` placed (device, autodiff) like the stored base `home`."""
+    node = ParamNode(name, type, new_param_id(), init, data, device=home.device, autodiff=home.autodiff,
+                     checkpointing=home.checkpointing)
+    return request_grad(node, True)
+
+
+def lora_factors(a_name: str, b_name: str, type: TensorType, home: ParamNode, rank: int, init_std: float | None
                  ) -> tuple[ParamNode, ParamNode]:
-    """The factors of weight `name`, of `type`, placed (device, autodiff) like its stored base `home`."""
+    """The factors a [d0, rank] ~ N(0, init_std or 1/rank) and b [rank, d1] = 0 of a weight of `type`."""
     d0, d1 = type.shape
-    def factor(node_name: str, shape: tuple, init: Init) -> ParamNode:
-        node = ParamNode(node_name, TensorType(shape, type.dtype), new_param_id(), init,
-                         device=home.device, autodiff=home.autodiff, checkpointing=home.checkpointing)
-        return request_grad(node, True)
     std = init_std if init_std is not None else 1.0 / rank
-    return (factor(lora_a(name), (d0, rank), Init("normal", (("std", std),))),
-            factor(lora_b(name), (rank, d1), Init("zeros")))
+    return (_factor(a_name, TensorType((d0, rank), type.dtype), home, Init("normal", (("std", std),))),
+            _factor(b_name, TensorType((rank, d1), type.dtype), home, Init("zeros")))
 
 
 @dataclass(frozen=True)
 class Reparameterize(GroupOptions):
-    """Apply LoRA (`kind=lora`) with `rank` and `alpha` to matched 2-D floating parameters."""
+    """Apply LoRA (`kind=lora`) or DoRA (`kind=dora`) with `rank` and `alpha` to matched 2-D floating parameters."""
 
     name = "reparameterize"
     kind: str = "lora"
@@ -42,8 +56,8 @@ class Reparameterize(GroupOptions):
     init_std: float | None = None
 
     def apply(self, graph: Graph) -> Graph:
-        if self.kind != "lora":
-            raise PassError(f"reparameterize: unknown kind {self.kind!r} (built in: lora)")
+        if self.kind not in KINDS:
+            raise PassError(f"reparameterize: unknown kind {self.kind!r} (built in: {', '.join(KINDS)})")
         if self.rank < 1:
             raise PassError(f"reparameterize: rank must be positive, got {self.rank}")
         nested = [r.name for r in graph.reparams.values() if r.kind != DEQUANTIZE]
@@ -52,6 +66,7 @@ class Reparameterize(GroupOptions):
                             f"(@{nested[0]} is already derived)")
         hit = self.selected(graph)
         quantized = {o for r in graph.reparams.values() for o in r.operands}  # codes and scales
+        values = Interpreter(graph)  # the weights DoRA's magnitudes are the norms of (computed on demand)
         params: dict[str, ParamNode] = {}
         reparams: dict[str, ReparamNode] = {}
         for name, p in graph.params.items():
@@ -61,20 +76,29 @@ class Reparameterize(GroupOptions):
                 continue
             base = frozen.replace(name=lora_base(name))
             params[base.name] = base
-            self.adapt(name, p.type, frozen, params, reparams)
+            self.adapt(name, p.type, frozen, values, params, reparams)
         for name, r in graph.reparams.items():
             codes = graph.params[r.operands[0]]
             if r.type.rank != 2 or not hit(codes):
                 reparams[name] = r
                 continue
             reparams[lora_base(name)] = r.replace(name=lora_base(name))
-            self.adapt(name, r.type, codes, params, reparams)
+            self.adapt(name, r.type, codes, values, params, reparams)
         return graph.replace(params=params, reparams=reparams)
 
-    def adapt(self, name: str, type: TensorType, home: ParamNode, params: dict[str, ParamNode],
-              reparams: dict[str, ReparamNode]) -> None:
-        """Add the factors of weight `name` and `reparam @name = lora(@name.base, a, b)`."""
-        a, b = lora_factors(name, type, home, self.rank, self.init_std)
-        params.update({a.name: a, b.name: b})
-        reparams[name] = ReparamNode(name, type, "lora", (lora_base(name), a.name, b.name),
+    def adapt(self, name: str, type: TensorType, home: ParamNode, values: Interpreter,
+              params: dict[str, ParamNode], reparams: dict[str, ReparamNode]) -> None:
+        """Add the factors of weight `name` and `reparam @name = <kind>(@name.base, factors...)`."""
+        names = (lora_a(name), lora_b(name)) if self.kind == "lora" else (dora_a(name), dora_b(name))
+        factors: tuple[ParamNode, ...] = lora_factors(*names, type, home, self.rank, self.init_std)
+        if self.kind == "dora":
+            weight = values.symbol(name)
+            norms = column_norms(weight.astype(np.float64))
+            if not np.all(norms > 0):
+                raise PassError(f"reparameterize: DoRA normalizes each column of @{name}, but column "
+                                f"{int(np.argmin(norms > 0))} is all zeros (it has no direction)")
+            norms = norms.astype(weight.dtype)
+            factors += (_factor(dora_magnitude(name), TensorType(type.shape[1:], type.dtype), home, data=norms),)
+        params.update({f.name: f for f in factors})
+        reparams[name] = ReparamNode(name, type, self.kind, (lora_base(name), *(f.name for f in factors)),
                                      {"scale": self.alpha / self.rank})

@@ -1,4 +1,4 @@
-"""Gradients of matrix products: matmul (numpy semantics), Burn-layout linear, and the LoRA derivation."""
+"""Gradients of matrix products: matmul (numpy semantics), Burn-layout linear, and the LoRA and DoRA derivations."""
 
 from __future__ import annotations
 
@@ -39,3 +39,24 @@ def _lora(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     return (g if ctx.wanted_float(op, 0) else None,
             emit(ctx, "matmul", scaled, transpose_last2(ctx, b)) if ctx.wanted_float(op, 1) else None,
             emit(ctx, "matmul", transpose_last2(ctx, a), scaled) if ctx.wanted_float(op, 2) else None)
+
+
+@gradient("dora")
+def _dora(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    """W' = m * V / n with V = base + scale * (a @ b), n = ||V|| over axis 0, the norm not detached:
+    d m = sum(g * V, 0) / n and d V = (m / n) * (g - (sum(g * V, 0) / n^2) * V), which reaches base, a and b
+    through the LoRA rule of V (PEFT's optional detach of n would drop the second term)."""
+    (base, a, b, m), (g,) = op.operands, out_grads
+    want_v = any(ctx.wanted_float(op, i) for i in range(3))
+    if g is None or not (want_v or ctx.wanted_float(op, 3)):
+        return (None,) * 4
+    v = emit(ctx, "lora", base, a, b, scale=op.attrs["scale"])
+    n = emit(ctx, "sqrt", emit(ctx, "sum", emit(ctx, "mul", v, v), axes=(0,)))
+    vg = emit(ctx, "sum", emit(ctx, "mul", v, g), axes=(0,))
+    dm = emit(ctx, "div", vg, n) if ctx.wanted_float(op, 3) else None
+    if not want_v:
+        return (None, None, None, dm)
+    along = emit(ctx, "div", vg, emit(ctx, "mul", n, n))
+    dv = emit(ctx, "mul", emit(ctx, "div", m, n), emit(ctx, "sub", g, emit(ctx, "mul", along, v)))
+    assert v.owner is not None
+    return (*_lora(GradContext(ctx.fb, ctx.wants[:3]), v.owner, (dv,)), dm)

@@ -1,4 +1,4 @@
-"""Matrix products: batched broadcasting matmul, Burn-layout linear, and the LoRA derivation."""
+"""Matrix products: batched broadcasting matmul, Burn-layout linear, and the LoRA and DoRA derivations."""
 
 from __future__ import annotations
 
@@ -55,18 +55,48 @@ define("linear", ("x", "weight", "bias?"), _linear_infer, one(_linear),
        doc="x @ weight + bias with weight stored [in, out], as Burn stores it")
 
 
-def _lora_infer(ts, attrs):
-    base, a, b = ts
-    same_dtype("lora", ts)
+def _adapted_type(op: str, base: TensorType, a: TensorType, b: TensorType) -> TensorType:
+    """The type of base + s * (a @ b), the adapted weight of `op` (lora, dora)."""
+    same_dtype(op, (base, a, b))
     if base.rank != 2 or a.rank != 2 or b.rank != 2:
-        raise ShapeError(f"lora: base, a and b must be 2-D, got {base}, {a}, {b}")
-    delta = matmul_type("lora", a, b)
-    broadcast_shapes(base.shape, delta.shape, what="lora base and a @ b")
+        raise ShapeError(f"{op}: base, a and b must be 2-D, got {base}, {a}, {b}")
+    delta = matmul_type(op, a, b)
+    broadcast_shapes(base.shape, delta.shape, what=f"{op} base and a @ b")
     if delta.shape != base.shape:
-        raise ShapeError(f"lora: a @ b has shape {list(delta.shape)} but base is {list(base.shape)}")
-    return (base,)
+        raise ShapeError(f"{op}: a @ b has shape {list(delta.shape)} but base is {list(base.shape)}")
+    return base
+
+
+def _lora_infer(ts, attrs):
+    return (_adapted_type("lora", *ts),)
 
 
 define("lora", ("base", "a", "b"), _lora_infer,
        one(lambda base, a, b, scale: base + scale * (a @ b)), {"scale": Attr(FLOAT)},
        doc="base + scale * (a @ b): the LoRA derivation of an adapted weight")
+
+
+def _dora_infer(ts, attrs):
+    base, magnitude = _adapted_type("dora", *ts[:3]), ts[3]
+    same_dtype("dora", ts)
+    if magnitude.shape != base.shape[1:]:
+        raise ShapeError(f"dora: magnitude must be [{base.shape[1]}] (one per output column of base {base}), "
+                         f"got {magnitude}")
+    return (base,)
+
+
+def column_norms(w: np.ndarray) -> np.ndarray:
+    """||w||_c: the L2 norm of each column of a [in, out] weight (over axis 0, one per output feature)."""
+    return np.sqrt(np.sum(w * w, axis=0))
+
+
+def _dora(base, a, b, magnitude, scale):
+    v = base + scale * (a @ b)
+    return magnitude * (v / column_norms(v))
+
+
+define("dora", ("base", "a", "b", "magnitude"), _dora_infer, one(_dora), {"scale": Attr(FLOAT)},
+       doc="magnitude * V / ||V||_c with V = base + scale * (a @ b): the DoRA derivation (Liu et al. 2024). "
+           "Weights are [in, out], so the norm is over axis 0, one per output column (PEFT's per-output-feature "
+           "norm in its [out, in] layout); magnitude is [out]. The norm is not detached: gradients are exact "
+           "(PEFT can optionally detach it). A zero column of V has no direction and gives NaN, as in PEFT.")

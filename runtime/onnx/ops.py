@@ -91,9 +91,18 @@ def _linear(call: OnnxCall) -> OnnxResult:
 
 @onnx_rule("lora")
 def _lora(call: OnnxCall) -> OnnxResult:
-    base, a, b = call.inputs
+    """base + scale * (a @ b) (also DoRA's V, whose call has the magnitude as a fourth input)."""
+    base, a, b = call.inputs[:3]
     delta = call.node("Mul", call.scalar(call.attrs["scale"]), call.node("MatMul", a, b))
     return call.node("Add", base, delta)
+
+
+@onnx_rule("dora")
+def _dora(call: OnnxCall) -> OnnxResult:
+    """magnitude * V / ||V|| over axis 0, V as LoRA computes it."""
+    v = _lora(call)
+    norm = call.node("Sqrt", call.node("ReduceSum", call.node("Mul", v, v), call.ints((0,)), keepdims=0))
+    return call.node("Mul", call.inputs[3], call.node("Div", v, norm))
 
 
 @onnx_rule(*_REDUCE)

@@ -85,9 +85,16 @@ def _linear(call: OpCall) -> RelaxResult:
 
 @relax_rule("lora")
 def _lora(call: OpCall) -> RelaxResult:
-    """base + scale * (a @ b)."""
-    base, a, b = call.args
+    """base + scale * (a @ b) (also DoRA's V, whose call has the magnitude as a fourth argument)."""
+    base, a, b = call.args[:3]
     return R.add(base, R.multiply(relax.const(call.attrs["scale"], call.dtype()), R.matmul(a, b)))
+
+
+@relax_rule("dora")
+def _dora(call: OpCall) -> RelaxResult:
+    """magnitude * V / ||V|| over axis 0, V as LoRA computes it."""
+    v = call.emit(_lora(call))
+    return R.multiply(call.args[3], R.divide(v, R.sqrt(R.sum(R.multiply(v, v), [0], False))))
 
 
 @relax_rule(*_REDUCE)

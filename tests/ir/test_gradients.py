@@ -144,6 +144,18 @@ case("linear", "no-bias", [r(3, 4), r(4, 5)], lambda x, w: x @ w)
 case("linear", "vector", [r(4), r(4, 5), r(5)], lambda x, w, b: x @ w + b)
 case("lora", "scale", [r(4, 5), r(4, 2), r(2, 5)], lambda base, a, b: base + 0.5 * (a @ b), scale=0.5)
 
+
+def _dora(base, a, b, m, scale=0.5):
+    """DoRA (Liu et al. 2024) in torch for [in, out] weights: m * V / ||V|| over axis 0, the norm not detached."""
+    v = base + scale * (a @ b)
+    return m * v / torch.linalg.vector_norm(v, dim=0)
+
+
+case("dora", "scale", [r(4, 5), r(4, 2), r(2, 5), pos(5)], _dora, scale=0.5)
+case("dora", "frozen-base", [Frozen(r(3, 4)), r(3, 1), r(1, 4), pos(4)], lambda w, a, b, m: _dora(w, a, b, m, -2.0),
+     scale=-2.0)
+case("dora", "magnitude-only", [Frozen(r(3, 4)), Frozen(r(3, 2)), Frozen(r(2, 4)), r(4)], _dora, scale=0.5)
+
 # -- nn ----------------------------------------------------------------------------------------------------------
 
 case("conv1d", "plain", [r(2, 3, 6), r(4, 3, 3)], F.conv1d)

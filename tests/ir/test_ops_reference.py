@@ -410,6 +410,21 @@ case("lora", "f64", [rand((3, 6), "f64"), rand((3, 1), "f64"), rand((1, 6), "f64
 case("lora", "bf16", [rand((3, 4), "bf16"), rand((3, 2), "bf16"), rand((2, 4), "bf16")],
      lambda w, a, b: (w.float() + 0.25 * (a.float() @ b.float())).bfloat16(), scale=0.25)
 
+
+def dora_oracle(scale: float) -> Callable[..., torch.Tensor]:
+    """DoRA (Liu et al. 2024) for [in, out] weights: V = W + s * (A @ B), W' = m * V / ||V||_c over axis 0."""
+    def fn(w, a, b, m):
+        v = w + scale * (a @ b)
+        return m * v / torch.sqrt(torch.sum(v * v, dim=0))
+    return fn
+
+
+for name, scale in {"half": 0.5, "neg": -2.0, "zero": 0.0}.items():
+    case("dora", name, [rand((4, 5)), rand((4, 2)), rand((2, 5)), rand((5,), lo=0.1)], dora_oracle(scale),
+         scale=scale)
+case("dora", "f64", [rand((3, 6), "f64"), rand((3, 1), "f64"), rand((1, 6), "f64"), rand((6,), "f64")],
+     dora_oracle(2.0), scale=2.0)
+
 # -- dropout: the deterministic corners (the stochastic ones have their own tests below) --------------------------
 
 case("dropout", "not-training", [rand((4, 5)), arr(False, "bool")], lambda x, t: F.dropout(x, 0.5, training=False),
@@ -838,6 +853,9 @@ DYNAMIC = [
     Dyn("linalg", "lora", (((None, 5), "f32"), ((None, 2), "f32"), ((2, 5), "f32")),
         lambda n: [rand((n, 5)), rand((n, 2)), rand((2, 5))], lambda w, a, b: w + 0.5 * (a @ b), (None, 5),
         {"scale": 0.5}),
+    Dyn("linalg", "dora", (((None, 5), "f32"), ((None, 2), "f32"), ((2, 5), "f32"), ((5,), "f32")),
+        lambda n: [rand((n, 5)), rand((n, 2)), rand((2, 5)), rand((5,))], dora_oracle(0.5), (None, 5),
+        {"scale": 0.5}),
     Dyn("random", "dropout", (((None, 8), "f32"), ((), "bool")), lambda n: [rand((n, 8)), arr(False, "bool")],
         lambda x, t: x, (None, 8)),
     Dyn("nn", "conv2d", (((None, 2, 5, 5), "f32"), ((3, 2, 3, 3), "f32"), ((3,), "f32")),
@@ -1001,6 +1019,13 @@ BAD = [
         {"scale": 1.0}),
     Bad("lora-rank", "lora", (((4, 5), "f32"), ((2,), "f32"), ((2, 5), "f32")), r"^lora: base, a and b must be 2-D",
         {"scale": 1.0}),
+    Bad("dora-magnitude-shape", "dora", (((4, 5), "f32"), ((4, 2), "f32"), ((2, 5), "f32"), ((1, 5), "f32")),
+        r"^dora: magnitude must be \[5\] \(one per output column of base .*\), got tensor<1x5xf32>$",
+        {"scale": 1.0}),
+    Bad("dora-magnitude-dtype", "dora", (((4, 5), "f32"), ((4, 2), "f32"), ((2, 5), "f32"), ((5,), "f64")),
+        r"^dora: ", {"scale": 1.0}),
+    Bad("dora-factor-shape", "dora", (((4, 5), "f32"), ((4, 2), "f32"), ((2, 6), "f32"), ((5,), "f32")),
+        r"^dora base and a @ b: shapes", {"scale": 1.0}),
     Bad("lora-no-scale", "lora", (((4, 5), "f32"), ((4, 2), "f32"), ((2, 5), "f32")),
         r"^lora: missing attribute 'scale'"),
     Bad("unknown-attr", "add", (F23, F23), r"^add: unknown attribute 'alpha' \(expected none\)", {"alpha": 1.0}),

@@ -45,6 +45,7 @@ def test_the_trait_table() -> None:
     ("dropout", {T.ELEMENTWISE, T.STOCHASTIC, T.MEMORY_BOUND}),
     ("matmul", set()),
     ("softmax", set()),
+    ("dora", set()),  # a derivation: a matmul and a column reduction, not memory bound, recomputed by nothing
 ])
 def test_op_traits(kind: str, traits: set[Trait]) -> None:
     opdef = lookup(kind)

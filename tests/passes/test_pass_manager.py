@@ -135,6 +135,9 @@ for _cls in TEST_PASSES:
     ('test-typed{label=""}', [Typed(label="")]),
     ("test-typed{label=}", [Typed(label="")]),
     ("test-typed{paths=,}", [Typed(paths=())]),
+    # a comma before the next `key=` separates options; inside a value it separates tuple items
+    ("test-typed{count=3,paths=a.*,b.**,enabled=true}", [Typed(count=3, enabled=True, paths=("a.*", "b.**"))]),
+    ("test-typed{label=x, count=2}", [Typed(label="x", count=2)]),
     ('to-device{device="cuda:1"},cse', [get_pass("to-device")(device="cuda:1"), get_pass("cse")()]),
 ])
 def test_parse_pipeline(text: str, expected: list[Pass]) -> None:

@@ -121,6 +121,7 @@ def _cases() -> list[Case]:
     c.append(Case("linear", "bias", [f32(4, 6), f32(6, 3), f32(3)]))
     c.append(Case("linear", "no-bias-3d", [f32(2, 4, 6), f32(6, 3)]))
     c.append(Case("lora", "rank2", [f32(6, 5), f32(6, 2), f32(2, 5)], {"scale": 0.5}))
+    c.append(Case("dora", "rank2", [f32(6, 5), f32(6, 2), f32(2, 5), f32(5, lo=0.5)], {"scale": 0.5}))
     c.append(Case("conv1d", "stride-pad-dilation-groups", [f32(2, 4, 11), f32(6, 2, 3), f32(6)],
                   {"stride": (2,), "padding": (1,), "dilation": (2,), "groups": 2}))
     c.append(Case("conv2d", "bias-pad", [f32(2, 3, 7, 6), f32(4, 3, 3, 3), f32(4)], {"padding": (1, 1)}))

@@ -152,6 +152,7 @@ CASES: list[tuple[str, Case]] = [
     ("linear", case("linear", batched((2, 3), (4, 3)), params={"fc.weight": floats(3, 5), "fc.bias": floats(5)})),
     ("linear-no-bias", case("linear", floats(2, 6, 3), params={"fc.weight": floats(3, 5)})),
     ("lora", case("lora", floats(4, 5), floats(4, 2), floats(2, 5), scale=0.5)),
+    ("dora", case("dora", floats(4, 5), floats(4, 2), floats(2, 5), floats(5), scale=0.5)),
     ("conv1d", case("conv1d", batched((2, 4, 9), (1, 4, 9)), params={"w": floats(6, 2, 3), "b": floats(6)},
                     stride=(2,), padding=(1,), dilation=(2,), groups=2)),
     ("conv2d", case("conv2d", IMAGE, params={"w": floats(3, 4, 3, 2)}, padding=(1, 0), stride=(1, 2))),
@@ -359,6 +360,17 @@ def test_lora_folds_into_its_base_weight():
     model = check(graph, [floats(3, 6)])
     ids = {t.name: int(t.metadata_props[0].value) for t in model.graph.initializer}
     assert ids == {p: leaf.id for p, leaf in module.leaves() if isinstance(leaf, kiln.Param) and "lora" not in p}
+
+
+def test_dora_folds_into_its_base_weight():
+    """A DoRA model (factors and magnitudes randomized through its record) exports its folded weights under the
+    bases' paths and ids, and onnxruntime matches the interpreter running the dora derivation."""
+    module = randomized(randomized(MLP()).apply_dora(kiln.Dora(rank=2, alpha=4.0)))
+    graph = kiln.trace(module.valid(), ((None, 6), "f32"))
+    assert {r.kind for r in graph.reparams.values()} == {"dora"}
+    model = check(graph, [floats(3, 6)])
+    ids = {t.name: int(t.metadata_props[0].value) for t in model.graph.initializer}
+    assert ids == {p: leaf.id for p, leaf in module.leaves() if isinstance(leaf, kiln.Param) and "dora" not in p}
 
 
 def test_initializers_are_named_by_module_path_and_carry_param_ids(tmp_path: Path):
