@@ -205,3 +205,33 @@ def test_captured_step_on_tvm_matches_the_interpreter(target: str, tmp_path: Pat
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-5)
     for (s, f), (_, g) in zip(want.fc.weight.reparam.factors, got.fc.weight.reparam.factors):
         np.testing.assert_allclose(value(g), value(f), rtol=1e-4, atol=1e-5, err_msg=s)
+
+
+def test_the_reparameterizer_protocol_expresses_dora_as_the_builtin_does():
+    """issue 11: DoRA "proving the Reparameterizer protocol is general": a user's Reparameterizer returning
+    (frozen base, Reparam("dora", factors)) gives the built-in's function and gradients once its factors hold the
+    same values."""
+    from kiln import Reparam
+
+    built = perturbed(Net().apply_dora(Dora(rank=2, alpha=3.0, init_std=0.5)))
+    factors = dict(built.fc.weight.reparam.factors)
+
+    class UserDora:
+        def reparameterize(self, path, param):
+            if path != "fc.weight":
+                return param.replace(grad=False, configured_grad=False), None
+            base = param.replace(grad=False, configured_grad=False)
+            mine = tuple((s, Param.from_data(value(factors[s]), device=param.device)) for s in
+                         ("dora.a", "dora.b", "dora.magnitude"))
+            return base, Reparam("dora", mine, {"scale": 1.5})
+
+    source = Net()
+    source.fc.weight = Param.from_data(np.asarray(built.fc.weight.state.get()), device=AD)
+    source.fc.bias = Param.from_data(value(built.fc.bias), device=AD)
+    user = source.apply_reparameterization(UserDora())
+    np.testing.assert_allclose(out(user), out(built), rtol=1e-6)
+    x = kiln.tensor(X)
+    g_user, g_built = (((m(x) ** 2).mean()).backward() for m in (user, built))
+    for (suffix, mine), (_, theirs) in zip(user.fc.weight.reparam.factors, built.fc.weight.reparam.factors):
+        np.testing.assert_allclose(g_user[mine.id], g_built[theirs.id], rtol=1e-5, atol=1e-7, err_msg=suffix)
+    assert user.fc.weight.id not in g_user  # the user's base is frozen as the built-in's is
