@@ -13,9 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,10 @@ from .signature import FunctionSignature
 
 FORMAT = "kiln-executable/2"  # /2: weights in a burnpack (/1 used .params.npz)
 SIDECAR, PARAMS = ".kiln.json", ".bpk"
+MAX_SIDECAR_BYTES = 16 << 20  # signatures of thousands of functions fit; a sidecar beyond it is not kiln's
+# what a sidecar must hold (beyond its digest) for load_program to use it, with each field's JSON type
+_SIDECAR_FIELDS = {"format": str, "target": str, "device": str, "params": str, "functions": list,
+                   "library_sha256": str}
 
 
 class CorruptArtifact(KilnError):
@@ -54,9 +58,18 @@ class Program:
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
-    """The SHA-256 of a file's bytes, in hex."""
+    """The SHA-256 of a regular file's bytes, in hex (a device or pipe, which may never end, is an OSError)."""
     with open(path, "rb") as f:
+        _regular(f, path)
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _regular(f: Any, path: str | os.PathLike[str]) -> int:
+    """The size of an open regular file; anything else (a link to /dev/zero, a FIFO) is an OSError naming it."""
+    info = os.fstat(f.fileno())
+    if not stat.S_ISREG(info.st_mode):
+        raise OSError(f"{path} is not a regular file")
+    return info.st_size
 
 
 def _payload_digest(payload: Mapping[str, Any]) -> str:
@@ -100,13 +113,21 @@ def write_artifact(path: str, program: Program, export: Callable[[str], None],
 def read_sidecar(path: str) -> dict[str, Any]:
     """The verified sidecar of the library at `path` (its digest and the library's checksum both match)."""
     try:
-        with open(path + SIDECAR, encoding="utf-8") as f:
-            payload = json.load(f)
+        with open(path + SIDECAR, "rb") as f:
+            if _regular(f, path + SIDECAR) > MAX_SIDECAR_BYTES:
+                raise ValueError(f"larger than {MAX_SIDECAR_BYTES:,} bytes")
+            payload = json.loads(f.read())
+        if not isinstance(payload, dict):
+            raise ValueError(f"a JSON {type(payload).__name__}, not an object")
         digest = payload.pop("sidecar_sha256")
-    except (OSError, ValueError, KeyError, AttributeError) as e:
-        raise CorruptArtifact(f"{path}{SIDECAR}: unreadable sidecar ({e})") from None
+    except (OSError, ValueError, KeyError, RecursionError) as e:
+        raise CorruptArtifact(f"{path}{SIDECAR}: unreadable sidecar ({type(e).__name__}: {e})") from None
     if digest != _payload_digest(payload):
         raise CorruptArtifact(f"{path}{SIDECAR}: sidecar does not match its digest")
+    wrong = [k for k, kind in _SIDECAR_FIELDS.items() if not isinstance(payload.get(k), kind)]
+    if wrong:
+        raise CorruptArtifact(f"{path}{SIDECAR}: sidecar field {wrong[0]!r} is missing or not a JSON "
+                              f"{_SIDECAR_FIELDS[wrong[0]].__name__}")
     if payload.get("format") != FORMAT:
         raise CorruptArtifact(f"{path}{SIDECAR}: artifact format {payload.get('format')!r}, but this kiln reads "
                               f"{FORMAT!r}; rebuild or re-export it")
@@ -127,7 +148,9 @@ def read_params(path: str, payload: Mapping[str, Any], signatures: Mapping[str, 
         return None
     source = path + PARAMS
     try:
-        data = Path(source).read_bytes()
+        with open(source, "rb") as f:
+            _regular(f, source)
+            data = f.read()
     except OSError as e:
         raise CorruptArtifact(f"{source}: unreadable weights ({e.strerror or e})") from None
     if hashlib.sha256(data).hexdigest() != payload["params_sha256"]:
@@ -149,7 +172,10 @@ def read_params(path: str, payload: Mapping[str, Any], signatures: Mapping[str, 
 def load_program(path: str) -> tuple[Program, dict[str, Any]]:
     """Load a verified library with its sidecar payload."""
     payload = read_sidecar(path)
-    signatures = {d["name"]: FunctionSignature.from_json(d) for d in payload["functions"]}
+    try:
+        signatures = {d["name"]: FunctionSignature.from_json(d) for d in payload["functions"]}
+    except (KeyError, TypeError, ValueError, KilnError) as e:
+        raise CorruptArtifact(f"{path}{SIDECAR}: malformed function signature ({type(e).__name__}: {e})") from None
     try:
         library = tvm.runtime.load_module(path)
     except RuntimeError as e:  # e.g. a CUDA library on a host whose TVM runtime has no CUDA loader

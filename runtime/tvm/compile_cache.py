@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from kiln.ir import KilnError
 
-from .artifact import SIDECAR, Program, load_program, write_artifact
+from .artifact import PARAMS, SIDECAR, Program, load_program, write_artifact
 
 CACHE_ENV = "KILN_CACHE_DIR"
 MEMORY_ENTRIES = 256
@@ -40,7 +40,11 @@ def lookup(key: str) -> tuple[Program, str | None] | None:
         _memory.move_to_end(key)
         return _memory[key]
     path = entry_path(key)
-    if not os.path.exists(path + SIDECAR):
+    if not os.path.lexists(path + SIDECAR):
+        return None
+    links = [p for p in (path, path + SIDECAR, path + PARAMS) if os.path.islink(p)]
+    if links:  # an entry is kiln's own files: a link may point anywhere (another user's library, /dev/zero)
+        _log.warning("kiln compile cache: not using entry %s: %s is a symbolic link", key, links[0])
         return None
     try:
         program, payload = load_program(path)

@@ -137,9 +137,38 @@ def _flip_a_byte(path: Path) -> None:
     _replace(path, bytes(data))
 
 
-@pytest.mark.parametrize(("victim", "damage"), [("library", _truncate), ("library", _flip_a_byte),
-                                                 ("sidecar", _truncate), ("sidecar", _flip_a_byte)],
-                         ids=["truncated-library", "altered-library", "truncated-sidecar", "altered-sidecar"])
+def _json_array(path: Path) -> None:
+    _replace(path, b"[1, 2, 3]")
+
+
+def _deeply_nested(path: Path) -> None:
+    _replace(path, b"[" * 100_000 + b"]" * 100_000)
+
+
+def _digest_ok_but_no_functions(path: Path) -> None:
+    """A sidecar whose (unkeyed) digest matches but that lacks a field the loader reads."""
+    payload = json.loads(path.read_bytes())
+    payload.pop("sidecar_sha256")
+    payload.pop("functions")
+    payload["sidecar_sha256"] = artifact._payload_digest(payload)
+    _replace(path, json.dumps(payload).encode())
+
+
+def _link_to_dev_zero(path: Path) -> None:
+    """A link that would make a reader hash an endless file (a hang before)."""
+    path.unlink()
+    path.symlink_to("/dev/zero")
+
+
+DAMAGES = [("library", _truncate), ("library", _flip_a_byte), ("sidecar", _truncate), ("sidecar", _flip_a_byte),
+           ("sidecar", _json_array), ("sidecar", _deeply_nested), ("sidecar", _digest_ok_but_no_functions),
+           ("library", _link_to_dev_zero), ("sidecar", _link_to_dev_zero)]
+
+
+@pytest.mark.parametrize(("victim", "damage"), DAMAGES,
+                         ids=["truncated-library", "altered-library", "truncated-sidecar", "altered-sidecar",
+                              "array-sidecar", "nested-sidecar", "incomplete-sidecar", "library-link",
+                              "sidecar-link"])
 def test_a_damaged_entry_is_detected_rebuilt_and_replaced(cache_root: Path, victim: str, damage,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     graph = small_graph()
