@@ -8,6 +8,7 @@ in the process that made it, so `.kir` prints it as `init = python` and cannot r
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,6 +77,14 @@ def python(fn: PythonInit) -> Init:
     if not callable(fn):
         raise ShapeError(f"a Python initializer must be callable as fn(shape, dtype, rng), not {fn!r}")
     return Init(PYTHON, (("fn", fn),))
+
+
+def identity(init: Init, type: TensorType, seed: int) -> str:
+    """What tells initial values apart across processes (compile-cache keys): a built-in's kind and arguments;
+    for a Python initializer, whose repr is only an address, a digest of the value it gives."""
+    if init.kind != PYTHON:
+        return repr(init)
+    return hashlib.blake2b(evaluate(init, type, seed).tobytes(), digest_size=20).hexdigest()
 
 
 def check(init: Init) -> Init:

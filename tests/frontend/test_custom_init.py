@@ -32,8 +32,8 @@ class Counting:
 
 
 class Net(Module):
-    def __init__(self, init, device: kiln.Device | None = None):
-        self.w = Param.lazy((3, 2), init, device=device)
+    def __init__(self, init, device: kiln.Device | None = None, id: int | None = None):
+        self.w = Param.lazy((3, 2), init, device=device, id=id)
 
     def forward(self, x: kiln.Tensor) -> kiln.Tensor:
         return x @ self.w.val()
@@ -150,3 +150,29 @@ def test_evaluate_runs_a_python_init_like_a_built_in():
     value = initializers.evaluate(init, TensorType((5,), DType.bf16), 123)
     expected = np.random.default_rng(123).uniform(0.0, 1.0, 5).astype(value.dtype)
     np.testing.assert_array_equal(value.astype(np.float32), expected.astype(np.float32))
+
+
+def test_bound_compile_cache_keys_tell_python_initializers_apart_by_value():
+    # a callable's repr is an address, which another process may reuse for another function: the key must not
+    # let a build with other initial weights hit the cache
+    from kiln.runtime.tvm.compile import cache_key
+    from kiln.runtime.tvm.target import resolve_target
+
+    class Fill:
+        """Two of these print alike, as two functions at one reused address do."""
+
+        def __init__(self, value: float):
+            self.value = value
+
+        def __call__(self, shape, dtype, rng):
+            return np.full(shape, self.value)
+
+        def __repr__(self) -> str:
+            return "<function fill at 0x7f0000000000>"
+
+    def key(value: float) -> str:
+        graph = kiln.trace(Net(Fill(value), id=1), ((None, 3), "f32"))
+        return cache_key(graph, ["forward"], resolve_target("llvm"), "bound", True)
+
+    assert key(1.0) != key(2.0)
+    assert key(1.0) == key(1.0)
