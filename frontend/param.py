@@ -167,10 +167,12 @@ class Param:
             value = initializers.checked(fn(s.value), s.type, self.id, fn, "init mapper")
             state = LazyState(s.type, None, s.device, s.seed, value)
         else:
-            inner = s.init
-            state = LazyState(s.type, initializers.python(
-                lambda shape, dtype, rng: fn(initializers.sample(inner, TensorType(shape, dtype), rng, self.id))),
-                s.device, s.seed)
+            inner, pid = s.init, self.id
+
+            def mapped(shape: tuple[int, ...], dtype: DType, rng: np.random.Generator) -> np.ndarray:
+                t = TensorType(shape, dtype)
+                return initializers.checked(fn(initializers.sample(inner, t, rng, pid)), t, pid, fn, "init mapper")
+            state = LazyState(s.type, initializers.python(mapped), s.device, s.seed)
         return self.replace(state=state, leaf=True, autodiff_node=new_autodiff_node())
 
     @staticmethod

@@ -220,4 +220,14 @@ def test_init_mapper_of_the_wrong_shape_names_the_parameter():
     p = Param.lazy((2, 3), kiln.ir.Init("ones"), id=5).init_mapper(np.ravel)
     with pytest.raises(ShapeError) as info:
         p.val()
-    assert "gave shape [6] for parameter" in str(info.value) and str(kiln.ParamId(5)) in str(info.value)
+    assert str(info.value).startswith(f"init mapper ravel gave shape [6] for parameter {kiln.ParamId(5)}")
+
+
+def test_python_mapper_errors_are_record_errors_naming_the_path():
+    bad = One(Param.from_data(LIVE).save_mapper(lambda a: a.astype(object)))
+    with pytest.raises(RecordError, match="^w: a mapper gave numpy dtype object has no kiln DType"):
+        bad.into_record()
+    quantized = One(Param.from_data(LIVE)).quantize_weights(Quantizer()).into_record()
+    reader = One(Param.from_data(LIVE).load_mapper(lambda a: a))
+    with pytest.raises(RecordError, match=r"^w: a Python load mapper cannot read a quantized \(QFloat\) entry"):
+        reader.try_load_record(quantized)
