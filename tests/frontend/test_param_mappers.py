@@ -231,3 +231,15 @@ def test_python_mapper_errors_are_record_errors_naming_the_path():
     reader = One(Param.from_data(LIVE).load_mapper(lambda a: a))
     with pytest.raises(RecordError, match=r"^w: a Python load mapper cannot read a quantized \(QFloat\) entry"):
         reader.try_load_record(quantized)
+
+
+def test_linear_with_torch_weight_layout_loads_a_torch_state_dict():
+    # PyTorch's Linear state_dict holds weight [out, in]; kiln's Linear computes with [in, out] (torch oracle)
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(3, 2)
+    state = {k: v.detach().numpy() for k, v in reference.state_dict().items()}
+    linear = nn.Linear(3, 2, weight_layout=Layout.transpose()).load_state_dict(state)
+    x = np.random.default_rng(2).standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_allclose(linear(kiln.tensor(x)).numpy(), reference(torch.from_numpy(x)).detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(linear.state_dict()["weight"], state["weight"])  # saved back as torch has it
