@@ -1,5 +1,6 @@
 """kiln.frontend: what users write — modules, parameters, flags, devices, tensors, layers, trace."""
 
+from kiln.ir.layout import Layout
 from kiln.ir.param_id import ParamId
 from kiln.ir.param_id import seed_param_ids as seed
 from kiln.passes.group import ParamGroup
@@ -12,7 +13,7 @@ from .grad import grad
 from .gradients import Gradients, GradientsParams
 from .module import Module, ModuleMapper, ModuleVisitor
 from .onnx import export_onnx
-from .param import Flag, Param, Reparam
+from .param import Flag, Param, ParamMapper, Reparam
 from .reparam import Dora, Lora, QLora, Quantizer, QuantScheme, Reparameterizer
 from .step import TrainStep, compile_step
 from .tensor import Tensor, tensor
@@ -25,6 +26,7 @@ __all__ = [
     "Flag",
     "Gradients",
     "GradientsParams",
+    "Layout",
     "Lora",
     "Module",
     "ModuleMapper",
@@ -33,6 +35,7 @@ __all__ = [
     "Param",
     "ParamGroup",
     "ParamId",
+    "ParamMapper",
     "QLora",
     "QuantScheme",
     "Quantizer",

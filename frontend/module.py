@@ -87,7 +87,7 @@ def _rebuild(value: Any, prefix: str, name: str, fn: Callable[[str, Leaf], Leaf]
 def _node(name: str, p: Param) -> ParamNode:
     """A parameter's state as a graph node (its data if initialized, else its initializer)."""
     return ParamNode(name, p.type, p.id, p.state.init, p.state.value, p.grad, p.configured_grad, p.device.name,
-                     p.device.autodiff_enabled, p.device.checkpointing, p.buffer)
+                     p.device.autodiff_enabled, p.device.checkpointing, p.buffer, p.layout)
 
 
 def _rebuild_reparam(param: Param, path: str, fn: Callable[[str, Leaf], Leaf], hooks: Any) -> Param:
@@ -254,8 +254,8 @@ class Module(RecordMethods, SummaryMethods):
             p = graph.params.get(path)
             if p is None:
                 return leaf
-            if leaf.reparam is not None:
-                return Param.from_node(p)  # materialized: a plain parameter with the computed value
+            if leaf.reparam is not None:  # materialized: a plain parameter with the computed value
+                return Param.from_node(p).replace(mapper=leaf.mapper)  # Burn keeps the param_mapper
             return rebind_param(p, leaf)
 
         def rebind_derived(path: str, leaf: Param) -> Param:
@@ -287,15 +287,16 @@ class Module(RecordMethods, SummaryMethods):
                 state = state.moved(device)
             if transfer == "fork":  # Burn's to_device(d).detach(), require_grad again: a fresh leaf, same ParamId
                 return leaf.replace(id=p.id, state=state, device=device, grad=p.grad,
-                                    configured_grad=p.configured_grad, leaf=True, autodiff_node=new_autodiff_node())
+                                    configured_grad=p.configured_grad, leaf=True, autodiff_node=new_autodiff_node(),
+                                    layout=p.layout)
             moved_tracked = (transfer == "to_device" and p.device != leaf.device.name and leaf.is_initialized()
                              and leaf.grad)
             new = leaf.replace(id=p.id, state=state, device=device, grad=p.grad, configured_grad=p.configured_grad,
-                               leaf=leaf.leaf and not moved_tracked)
+                               leaf=leaf.leaf and not moved_tracked, layout=p.layout)
             same = (new.device.name, new.device.autodiff_enabled, new.device.checkpointing, new.grad,
-                    new.configured_grad, new.leaf) == (leaf.device.name, leaf.device.autodiff_enabled,
-                                                       leaf.device.checkpointing, leaf.grad, leaf.configured_grad,
-                                                       leaf.leaf)
+                    new.configured_grad, new.leaf, new.layout) == (leaf.device.name, leaf.device.autodiff_enabled,
+                                                                   leaf.device.checkpointing, leaf.grad,
+                                                                   leaf.configured_grad, leaf.leaf, leaf.layout)
             return leaf if same and state is leaf.state else new
         return self._map_leaves(rebind)
 

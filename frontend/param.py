@@ -2,6 +2,12 @@
 
 A Param's value lives in a `LazyState` that clones share, so a shared lazy parameter initializes once and
 every clone sees the same value. Params are immutable: state changes make new Params.
+
+A Param's file form (records, state dicts) may differ from its live form (Burn's param_mapper): a declarative
+`Layout` travels into the graph (`.kir`, traces, every pass), while Python load/save callables (a
+`ParamMapper`) stay on the Param, frontend only: a trace's graph never sees them. A Param takes one or the
+other, so the order of the two is never a question. An init mapper composes onto the lazy initializer (it
+becomes a Python one, `init = python` in a trace) without running it.
 """
 
 from __future__ import annotations
@@ -9,12 +15,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from kiln.ir import DType, Init, ParamId, ParamNode, TensorType, new_param_id, registry
+from kiln.ir import DType, Init, ParamId, ParamNode, ShapeError, TensorType, new_param_id, registry
 from kiln.ir import init as initializers
+from kiln.ir.layout import Layout
 
 from .device import Device, as_device
 from .tensor import Tensor, apply, leaf, symbol
@@ -51,6 +59,28 @@ class LazyState:
         return LazyState(self.type, self.init, device, self.seed, None if self.value is None else self.value.copy())
 
 
+ArrayMap = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class ParamMapper:
+    """Python callables between a parameter's live value and its file form: `load` maps a record's array to the
+    live value (checked against the live shape afterwards), `save` maps the live value to what records hold."""
+
+    load: ArrayMap | None = None
+    save: ArrayMap | None = None
+
+
+def _initial(init: Init | initializers.PythonInit) -> Init:
+    """A built-in initializer checked, or a Python callable `fn(shape, dtype, rng)` wrapped as one."""
+    return initializers.check(init) if isinstance(init, Init) else initializers.python(init)
+
+
+def _exclusive(layout: Layout | None, mapper: ParamMapper | None) -> None:
+    if layout is not None and mapper is not None and (mapper.load or mapper.save):
+        raise ShapeError(f"a Param takes a Layout ({layout}) or Python load/save mappers, not both")
+
+
 @dataclass(frozen=True, eq=False)
 class Reparam:
     """A derivation of a parameter's effective value from its base: an op kind, factor Params, attributes."""
@@ -83,28 +113,67 @@ class Param:
     autodiff_node: int = field(default_factory=new_autodiff_node)
     reparam: Reparam | None = None
     buffer: bool = False  # running state: recorded and moved like a parameter, never trained
+    layout: Layout | None = None  # the file form in records, declared as data (in the graph too)
+    mapper: ParamMapper | None = None  # Python load/save mappers: frontend only, never in a graph
+
+    def __post_init__(self) -> None:
+        if self.layout is not None:
+            self.layout.check(self.state.type.shape)
+        _exclusive(self.layout, self.mapper)
 
     @staticmethod
-    def lazy(shape: tuple[int, ...], init: Init, dtype: DType | str = DType.f32, device: Device | str | None = None,
-             require_grad: bool = True, id: int | None = None) -> Param:
-        """An uninitialized parameter: nothing is allocated until its value is needed."""
+    def lazy(shape: tuple[int, ...], init: Init | initializers.PythonInit, dtype: DType | str = DType.f32,
+             device: Device | str | None = None, require_grad: bool = True, id: int | None = None,
+             layout: Layout | None = None) -> Param:
+        """An uninitialized parameter: nothing is allocated until its value is needed. `init` is a built-in
+        `Init` or a callable `fn(shape, dtype, rng) -> array`, `rng` a numpy Generator seeded from the ParamId."""
         device = as_device(device)
         dtype = DType(dtype) if isinstance(dtype, str) else dtype
         pid = new_param_id() if id is None else ParamId(id)
-        state = LazyState(TensorType(tuple(shape), dtype), initializers.check(init), device, pid)
+        state = LazyState(TensorType(tuple(shape), dtype), _initial(init), device, pid)
         return Param(pid, state, device, require_grad and device.autodiff_enabled and dtype.is_float,
-                     require_grad and dtype.is_float)
+                     require_grad and dtype.is_float, layout=layout)
 
     @staticmethod
     def from_data(data: np.ndarray, device: Device | str | None = None, require_grad: bool = True,
-                  id: int | None = None) -> Param:
+                  id: int | None = None, layout: Layout | None = None) -> Param:
         device = as_device(device)
         arr = np.asarray(data)
         dtype = DType.from_numpy(arr.dtype)
         pid = new_param_id() if id is None else ParamId(id)
         state = LazyState(TensorType(tuple(arr.shape), dtype), None, device, pid, arr)
         return Param(pid, state, device, require_grad and device.autodiff_enabled and dtype.is_float,
-                     require_grad and dtype.is_float)
+                     require_grad and dtype.is_float, layout=layout)
+
+    # Burn's param_mapper ----------------------------------------------------------------------------
+    def with_layout(self, layout: Layout | None) -> Param:
+        """This parameter recorded in `layout`'s file form (None: the live form)."""
+        return self.replace(layout=layout)
+
+    def load_mapper(self, fn: ArrayMap) -> Param:
+        """Map a record's array through `fn` when loading (Burn's `load_mapper`)."""
+        return self.replace(mapper=dataclasses.replace(self.mapper or ParamMapper(), load=fn))
+
+    def save_mapper(self, fn: ArrayMap) -> Param:
+        """Map the live value through `fn` when recording (Burn's `save_mapper`)."""
+        return self.replace(mapper=dataclasses.replace(self.mapper or ParamMapper(), save=fn))
+
+    def init_mapper(self, fn: ArrayMap) -> Param:
+        """Map the initial value through `fn` (same shape, same kind of dtype): composed onto a lazy initializer
+        without running it, applied now to an initialized value (Burn's `init_mapper`). The result is a new
+        untracked leaf with its own state."""
+        s = self.state
+        if s.value is not None:
+            value = initializers.checked(fn(s.value), s.type, self.id, fn, "init mapper")
+            state = LazyState(s.type, None, s.device, s.seed, value)
+        else:
+            inner, pid = s.init, self.id
+
+            def mapped(shape: tuple[int, ...], dtype: DType, rng: np.random.Generator) -> np.ndarray:
+                t = TensorType(shape, dtype)
+                return initializers.checked(fn(initializers.sample(inner, t, rng, pid)), t, pid, fn, "init mapper")
+            state = LazyState(s.type, initializers.python(mapped), s.device, s.seed)
+        return self.replace(state=state, leaf=True, autodiff_node=new_autodiff_node())
 
     @staticmethod
     def running(shape: tuple[int, ...], init: Init, device: Device | str | None = None) -> Param:
@@ -128,7 +197,7 @@ class Param:
         """A Param holding a graph node's state (its data, or its initializer, stays lazy)."""
         device = Device(node.device, node.autodiff, node.checkpointing)
         return Param(node.id, LazyState(node.type, node.init, device, node.id, node.data), device, node.grad,
-                     node.configured_grad, buffer=node.buffer)
+                     node.configured_grad, buffer=node.buffer, layout=node.layout)
 
     @property
     def type(self) -> TensorType:

@@ -3,6 +3,12 @@
 A record holds each tensor parameter's stored value (a reparameterized parameter's base at its path, its
 factors below it), never flags. Loading runs the load-record pass over the module's state and gives each
 parameter the data, dtype and ParamId the pass chose; everything else about it is the destination's.
+
+Records hold Burn's record form: a parameter with a file form (a `Layout`, or a Python save mapper) is written
+in it (`into_record`, `into_record_group`, `save_file` and `state_dict` alike), and loading maps the file form
+back (the load-record pass applies a `Layout`; a Python load mapper maps its entry here, before the pass checks
+the result against the live shape). A lazy parameter with a Layout stays lazy; a Python save mapper needs the
+value when the record is made, so it runs then (on the initial value, without initializing the parameter).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from kiln.passes.load_record import LoadRecord
 from kiln.runtime.records.qfloat import QFloatScheme
 from kiln.runtime.records.record import DTypePolicy, ModuleRecord, RecordEntry
 
-from .param import Flag, Param
+from .param import ArrayMap, Flag, Param
 
 
 class Stateful(Protocol):
@@ -37,13 +43,14 @@ class Stateful(Protocol):
 M = TypeVar("M", bound=Stateful)
 
 
-def _stored(param: Param):
-    """The stored value, or for a lazy parameter a provider computing its initial value when the record is
-    written (same seed, same value) without initializing or changing the parameter."""
+def _stored(param: Param, through: ArrayMap | None = None):
+    """The stored value (mapped `through` a file form), or for a lazy parameter a provider computing it when the
+    record is written (same seed, same value) without initializing or changing the parameter."""
     state = param.state
     if state.value is not None:
-        return state.value
-    return functools.partial(initializers.evaluate, state.init, state.type, state.seed)
+        return state.value if through is None else through(state.value)
+    initial = functools.partial(initializers.evaluate, state.init, state.type, state.seed)
+    return initial if through is None else lambda: through(initial())
 
 
 def _scales(param: Param) -> Param | None:
@@ -52,15 +59,55 @@ def _scales(param: Param) -> Param | None:
     return dict(chain[0].factors).get(SCALES) if chain and chain[0].kind == "dequantize" else None
 
 
-def _entry(param: Param) -> RecordEntry:
-    """A parameter's stored value as a record entry; a quantized one is a single QFloat entry holding its codes
-    and scales (Burn records a quantized tensor whole), its scales not recorded apart."""
+def _save_mapper(param: Param) -> ArrayMap | None:
+    return param.mapper.save if param.mapper is not None else None
+
+
+def _entry(path: str, param: Param) -> RecordEntry:
+    """A parameter's stored value in its file form as a record entry; a quantized one is a single QFloat entry
+    holding its codes and scales (Burn records a quantized tensor whole), its scales not recorded apart."""
     scales = _scales(param)
+    layout, save = param.layout, _save_mapper(param)
+    if scales is not None and (layout is not None or save is not None):
+        raise RecordError(f"{path}: a quantized parameter cannot be recorded in a file form "
+                          f"({layout or 'a save mapper'}): its scale blocks follow the live axes")
+    if layout is not None:
+        return RecordEntry(param.id, param.type.dtype, layout.file_shape(param.lazy_shape()),
+                           _stored(param, layout.save))
+    if save is not None:
+        stored = _stored(param)
+        array = _array(path, save(stored() if callable(stored) else stored))
+        return RecordEntry(param.id, DType.from_numpy(array.dtype), array.shape, array)
     if scales is None:
         return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), _stored(param))
     attrs = param.reparam.chain()[0].attrs
     return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), _stored(param),
                        QFloatScheme(attrs["value"], tuple(attrs["block"])), _stored(scales))
+
+
+def _array(path: str, value: object) -> np.ndarray:
+    """A mapper's result as an array of a kiln dtype; else a RecordError naming the path."""
+    array = np.asarray(value)
+    try:
+        DType.from_numpy(array.dtype)
+    except ValueError as error:
+        raise RecordError(f"{path}: a mapper gave {error}") from None
+    return array
+
+
+def _load_mapped(module: Stateful, record: ModuleRecord) -> ModuleRecord:
+    """`record` with each entry a Python load mapper reads replaced by the mapper's result (settings kept)."""
+    mapped = {}
+    for path, leaf in module.leaves():
+        load = leaf.mapper.load if isinstance(leaf, Param) and leaf.mapper is not None else None
+        entry = record.get(path) if load is not None else None
+        if entry is None or load is None:
+            continue
+        if entry.scheme is not None:
+            raise RecordError(f"{path}: a Python load mapper cannot read a quantized (QFloat) entry")
+        array = _array(path, load(entry.array()))
+        mapped[path] = RecordEntry(entry.param_id, DType.from_numpy(array.dtype), array.shape, array)
+    return record if not mapped else ModuleRecord({**record, **mapped}, record.settings)
 
 
 class RecordMethods:
@@ -75,13 +122,13 @@ class RecordMethods:
         A quantized parameter's scales travel inside its QFloat entry, so they are not entries of their own."""
         leaves = [(path, leaf) for path, leaf in self.leaves() if isinstance(leaf, Param)]
         inside = {id(s) for _, leaf in leaves if (s := _scales(leaf)) is not None}
-        return ModuleRecord({path: _entry(leaf) for path, leaf in leaves
+        return ModuleRecord({path: _entry(path, leaf) for path, leaf in leaves
                              if id(leaf) not in inside and group.matches(leaf.id, path, leaf)})
 
     def state_dict(self: Stateful) -> dict[str, np.ndarray]:
-        """`{path: array}` of `into_record`'s entries, for PyTorch users: each parameter's stored value (a lazy
-        one computed as `into_record` would write it, and left lazy), a quantized one's codes with its scales
-        at `<path>.scales`."""
+        """`{path: array}` of `into_record`'s entries, for PyTorch users: each parameter's stored value in its
+        file form (Burn's record form; a lazy one computed as `into_record` would write it, and left lazy), a
+        quantized one's codes with its scales at `<path>.scales`."""
         out = {}
         record = self.into_record()
         for path, entry in record.items():
@@ -109,7 +156,7 @@ class RecordMethods:
 
     def try_load_record(self: M, record: ModuleRecord) -> M:
         """The module with `record` applied, honoring its dtype policy and settings; raises RecordError."""
-        return self.run_pass(LoadRecord(record))
+        return self.run_pass(LoadRecord(_load_mapped(self, record)))
 
     def load_record(self: M, record: ModuleRecord) -> M:
         """try_load_record, failing with RuntimeError as Burn's `load_record` panics."""

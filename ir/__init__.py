@@ -22,6 +22,7 @@ from .errors import (
 from .graph import FlagNode, Function, Graph, Init, Op, Operand, ParamNode, ReparamNode, SymRef, Value
 from .hashing import structural_hash
 from .interpreter import Interpreter, evaluate_op, interpret
+from .layout import Layout
 from .nx import to_dot, to_networkx
 from .param_id import ParamId, new_param_id, seed_param_ids
 from .parser import parse, parse_file
@@ -35,7 +36,7 @@ from .verifier import verify
 
 __all__ = [
     "AutodiffWarning", "Builder", "DType", "FlagNode", "Function", "FunctionBuilder", "Graph", "IRParseError", "Init",
-    "Interpreter", "KilnError", "Op", "OpDef", "Operand", "ParamGroupError", "ParamGroupWarning",
+    "Interpreter", "KilnError", "Layout", "Op", "OpDef", "Operand", "ParamGroupError", "ParamGroupWarning",
     "ParamId", "ParamNode", "PassError", "RecordError", "ReparamNode",
     "Rewriter", "ShapeError", "SymRef", "TensorType", "Trait", "TrainingStateWarning", "Value", "VerifyError",
     "evaluate_op", "interpret",

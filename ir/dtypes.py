@@ -34,6 +34,12 @@ class DType(enum.Enum):
         return self in _INTS
 
     @property
+    def kind(self) -> str:
+        """"float", "bool" or "int" (codes included): what a record entry or a Python initializer's result must
+        agree with, whatever its width."""
+        return "float" if self.is_float else "bool" if self is DType.bool else "int"
+
+    @property
     def is_packed(self) -> bool:
         """Sub-byte storage codes of quantized weights: stored, never computed on directly."""
         return self in _PACKED

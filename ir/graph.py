@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
+from .layout import Layout
 from .types import DType, TensorType
 
 FLAG_TYPE = TensorType((), DType.bool)
@@ -98,7 +99,8 @@ class ParamNode(_Replaceable):
     """A parameter: its path, type, Burn ParamId, lazy initializer or data, and gradient state.
 
     `grad` is the effective require-grad state; `configured_grad` is what `train` restores. `autodiff`
-    says whether the value lives on an autodiff device, with `checkpointing` its strategy (or None).
+    says whether the value lives on an autodiff device, with `checkpointing` its strategy (or None). `layout`
+    is the parameter's file form in records (None: the live form), kept by every state pass.
     """
 
     name: str
@@ -112,6 +114,7 @@ class ParamNode(_Replaceable):
     autodiff: bool = False
     checkpointing: str | None = None
     buffer: bool = False  # running state (batch-norm statistics): recorded, never requires gradients
+    layout: Layout | None = None
 
 
 

@@ -1,11 +1,14 @@
-"""Lazy initializers (Burn's set): argument schemas and numpy evaluation.
+"""Lazy initializers (Burn's set, plus Python callables): argument schemas and numpy evaluation.
 
 A parameter's initializer runs only when its value is needed, seeded by its ParamId so the same parameter
-always initializes to the same value, whoever asks first.
+always initializes to the same value, whoever asks first. A Python initializer (kind `python`, made by
+`python(fn)`) is called as `fn(shape, dtype, rng)` with the same seeded `numpy.random.Generator`; it lives only
+in the process that made it, so `.kir` prints it as `init = python` and cannot read it back.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +18,8 @@ import numpy as np
 from .attrs import BOOL, FLOAT, INT, Attr, optional, validate_attrs
 from .errors import ShapeError
 from .graph import Init
-from .types import TensorType
+from .param_id import ParamId
+from .types import DType, TensorType
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,30 @@ INITIALIZERS: dict[str, InitDef] = {
 }
 
 
+PYTHON = "python"
+
+PythonInit = Callable[[tuple[int, ...], DType, np.random.Generator], np.ndarray]
+
+
+def python(fn: PythonInit) -> Init:
+    """An initializer calling `fn(shape, dtype, rng)`, `rng` seeded from the parameter's ParamId."""
+    if not callable(fn):
+        raise ShapeError(f"a Python initializer must be callable as fn(shape, dtype, rng), not {fn!r}")
+    return Init(PYTHON, (("fn", fn),))
+
+
+def identity(init: Init, type: TensorType, seed: int) -> str:
+    """What tells initial values apart across processes (compile-cache keys): a built-in's kind and arguments;
+    for a Python initializer, whose repr is only an address, a digest of the value it gives."""
+    if init.kind != PYTHON:
+        return repr(init)
+    return hashlib.blake2b(evaluate(init, type, seed).tobytes(), digest_size=20).hexdigest()
+
+
 def check(init: Init) -> Init:
     """Validate an initializer's kind and arguments; returns it with arguments in schema order."""
+    if init.kind == PYTHON:
+        return python(init.kwargs.get("fn"))
     if init.kind not in INITIALIZERS:
         raise ShapeError(f"unknown initializer {init.kind!r}")
     schema = INITIALIZERS[init.kind].schema
@@ -76,7 +102,34 @@ def evaluate(init: Init, type: TensorType, seed: int) -> np.ndarray:
     """The initial value of a parameter of this type; deterministic in `seed` (the ParamId)."""
     if not type.is_static:
         raise ShapeError(f"cannot initialize a parameter of dynamic type {type}")
-    spec = INITIALIZERS[init.kind]
-    args = validate_attrs(init.kind, spec.schema, init.kwargs)
-    rng = np.random.default_rng(seed)
-    return np.asarray(spec.sample(type.shape, rng, **args)).astype(type.dtype.numpy)
+    return sample(init, type, np.random.default_rng(seed), ParamId(seed))
+
+
+def sample(init: Init, type: TensorType, rng: np.random.Generator, param: ParamId) -> np.ndarray:
+    """The initializer's value for a parameter (`param`, named in errors) of this static type, drawn from `rng`."""
+    if init.kind != PYTHON:
+        spec = INITIALIZERS[init.kind]
+        args = validate_attrs(init.kind, spec.schema, init.kwargs)
+        return np.asarray(spec.sample(type.shape, rng, **args)).astype(type.dtype.numpy)
+    fn = init.kwargs["fn"]
+    return checked(fn(type.shape, type.dtype, rng), type, param, fn, "initializer")
+
+
+def checked(value: object, type: TensorType, param: ParamId, fn: Callable, role: str) -> np.ndarray:
+    """What the Python `fn` (a `role`, named in errors) gave as the value of parameter `param` of this type: the
+    same shape and kind of dtype (float, int or bool), cast to the dtype; else a ShapeError naming both."""
+    value = np.asarray(value)
+    source = f"{role} {getattr(fn, '__qualname__', repr(fn))}"
+    if value.shape != type.shape:
+        raise ShapeError(f"{source} gave shape {list(value.shape)} for parameter {param} of type {type}")
+    if _kind(value.dtype) != type.dtype.kind:
+        raise ShapeError(f"{source} gave {value.dtype} values for parameter {param} of type {type}")
+    return value.astype(type.dtype.numpy)
+
+
+def _kind(dtype: np.dtype) -> str:
+    """The DType kind of a numpy result; its name when kiln has no such dtype."""
+    try:
+        return DType.from_numpy(dtype).kind
+    except ValueError:
+        return str(dtype)

@@ -13,9 +13,10 @@ from . import init as initializers
 from .builder import FunctionBuilder
 from .devices import checkpointing_name, device_name
 from .dtypes import DType
-from .errors import IRParseError, KilnError
+from .errors import IRParseError, KilnError, ShapeError
 from .gcpause import gc_paused
 from .graph import FlagNode, Graph, Init, Node, Operand, ParamNode, ReparamNode, SymRef, Value
+from .layout import Layout
 from .param_id import ParamId
 from .registry import infer
 from .types import TensorType
@@ -273,21 +274,30 @@ class Parser:
         if "id" not in attrs:
             raise self.error(f"param @{self.name_of(tok)} has no id", tok)
         grad = attrs.get("grad", False)
-        known = {"id", "init", "data", "grad", "configured_grad", "device", "autodiff", "checkpointing", "buffer"}
+        known = {"id", "init", "data", "grad", "configured_grad", "device", "autodiff", "checkpointing", "buffer",
+                 "layout"}
         extra = set(attrs) - known
         if extra:
             raise self.error(f"unknown param attribute {sorted(extra)[0]!r}", tok)
         data = attrs.get("data")
         if data is not None and (data.shape != t.shape or DType.from_numpy(data.dtype) is not t.dtype):
             raise self.error(f"param data does not have type {t}", tok)
+        layout = attrs.get("layout")
+        if layout is not None:
+            try:
+                layout[0].check(t.shape)
+            except ShapeError as e:
+                raise self.error(f"param @{self.name_of(tok)}: {e}", layout[1]) from None
         return ParamNode(self.name_of(tok), t, attrs["id"], attrs.get("init"), data, grad,
                          attrs.get("configured_grad", grad), attrs.get("device", "cpu"), attrs.get("autodiff", False),
-                         attrs.get("checkpointing"), attrs.get("buffer", False))
+                         attrs.get("checkpointing"), attrs.get("buffer", False), layout and layout[0])
 
     def parse_param_attr(self, key: str) -> Any:
         tok = self.peek()
         if key == "init":
             return self.parse_init()
+        if key == "layout":
+            return self.parse_layout(), tok
         if key == "data" and tok[1] == "elided":
             self.next()
             return None
@@ -314,8 +324,28 @@ class Parser:
         except ValueError as e:
             raise self.error(str(e), tok) from None
 
+    def parse_layout(self) -> Layout:
+        """`permute[1, 0]`, `reshape[6]` or `permute[1, 0] reshape[6]`: a parameter's file form."""
+        first = self.peek()
+        dims: dict[str, tuple[int, ...]] = {}
+        while self.peek()[:2] in (("ident", "permute"), ("ident", "reshape")) and self.peek()[1] not in dims:
+            word = self.next()[1]
+            value = self.parse_attr_value(word)
+            if not isinstance(value, tuple) or not all(type(d) is int for d in value):
+                raise self.error(f"layout {word} needs a list of integers like {word}[1, 0]", first)
+            dims[word] = value
+        if not dims:
+            raise self.error("expected a layout like permute[1, 0] or reshape[6]", first)
+        try:
+            return Layout(dims.get("permute"), dims.get("reshape"))
+        except ShapeError as e:
+            raise self.error(str(e), first) from None
+
     def parse_init(self) -> Init:
         tok = self.expect_kind("ident", "an initializer like kaiming_uniform(a = 2.0)")
+        if tok[1] == initializers.PYTHON:
+            raise self.error("a Python initializer (init = python) cannot be read from text: it exists only in "
+                             "the process that made it", tok)
         if tok[1] not in initializers.INITIALIZERS:
             raise self.error(f"unknown initializer {tok[1]!r}", tok)
         args: list[tuple[str, Any]] = []

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from . import init as initializers
 from . import registry
 from .dtypes import DType
 from .graph import FlagNode, Function, Graph, Init, Op, Operand, ParamNode, ReparamNode, SymRef
@@ -87,6 +88,8 @@ def _is_default(value: Any, default: Any) -> bool:
 
 
 def init_text(init: Init) -> str:
+    if init.kind == initializers.PYTHON:
+        return initializers.PYTHON  # a callable has no text: the parser refuses it by name
     args = ", ".join(f"{k} = {attr_text(v)}" for k, v in init.args)
     return f"{init.kind}({args})" if args else init.kind
 
@@ -101,6 +104,8 @@ def param_text(p: ParamNode, elide_data: bool = False) -> str:
         items.append(("init", init_text(p.init)))
     if p.data is not None:
         items.append(("data", "elided" if elide_data else dense_text(p.data)))
+    if p.layout is not None:
+        items.append(("layout", str(p.layout)))
     items.append(("grad", attr_text(p.grad)))
     if p.configured_grad != p.grad:
         items.append(("configured_grad", attr_text(p.configured_grad)))

@@ -64,6 +64,11 @@ def _verify_param(p: ParamNode) -> None:
             initializers.check(p.init)
         except KilnError as e:
             raise VerifyError(f"{where}: {e}") from None
+    if p.layout is not None:
+        try:
+            p.layout.check(p.type.shape)
+        except KilnError as e:
+            raise VerifyError(f"{where}: {e}") from None
     if p.data is not None and (tuple(p.data.shape) != p.type.shape or p.data.dtype != p.type.dtype.numpy):
         raise VerifyError(f"{where}: data of shape {p.data.shape} and dtype {p.data.dtype} is not a {p.type}")
     if p.grad and not p.type.dtype.is_float:

@@ -11,6 +11,11 @@ unless the dtype policy casts.
 A quantized tensor (Burn's QFloat; entries with a `scheme`) holds codes and scales together: loaded into a
 quantized parameter (codes node `w.codes`, scales `w.scales`, recorded at `w`) it replaces both and the
 dequantize's value kind and block take the record's; loaded into a plain float parameter it is dequantized.
+
+A parameter with a `layout` is recorded in its file form: the entry's shape is checked against the file shape
+(the error names both shapes and the layout) and the data is mapped to the live form, a view where numpy can
+give one (a file record stays memory-mapped). A QFloat entry cannot load into a quantized parameter with a
+layout: its blocks of scales follow the file's axes, which the live codes do not share.
 """
 
 from __future__ import annotations
@@ -98,15 +103,15 @@ def _scheme(entry: RecordEntryLike | None) -> object | None:
     return getattr(entry, "scheme", None)
 
 
-def _kind(dtype: DType) -> str:
-    return "float" if dtype.is_float else "bool" if dtype is DType.bool else "int"
-
-
 def _mismatch(path: str, node: ParamNode, entry: RecordEntryLike, policy: DTypePolicy) -> str | None:
     """Why `entry` cannot replace `node`'s value, or None when it can."""
-    if tuple(entry.shape) != node.type.shape:
+    if node.layout is not None and tuple(entry.shape) != node.layout.file_shape(node.type.shape):
+        return (f"{path}: shape mismatch, expected {list(node.layout.file_shape(node.type.shape))} (the file form "
+                f"of live shape {list(node.type.shape)} under layout {node.layout}) but record has "
+                f"{list(entry.shape)}")
+    if node.layout is None and tuple(entry.shape) != node.type.shape:
         return f"{path}: shape mismatch, expected {list(node.type.shape)} but record has {list(entry.shape)}"
-    if policy is DTypePolicy.FROM_RECORD and _kind(entry.dtype) != _kind(node.type.dtype):
+    if policy is DTypePolicy.FROM_RECORD and entry.dtype.kind != node.type.dtype.kind:
         return f"{path}: dtype mismatch, expected {node.type.dtype.value} but record has {entry.dtype.value}"
     return None
 
@@ -117,6 +122,8 @@ def _take(node: ParamNode, entry: RecordEntryLike, policy: DTypePolicy) -> Param
     data = entry.array()
     if data.dtype != dtype.numpy:
         data = data.astype(dtype.numpy)
+    if node.layout is not None:
+        data = node.layout.load(data, node.type.shape)
     return node.replace(id=entry.param_id, type=TensorType(node.type.shape, dtype), init=None, data=data)
 
 
@@ -168,6 +175,10 @@ class LoadRecord(StatePass):
                 errors.append(problem)
                 continue
             if name in quantized and _scheme(entry) is not None:
+                if node.layout is not None:
+                    errors.append(f"{path}: a quantized entry cannot load into a quantized parameter with layout "
+                                  f"{node.layout} (its scale blocks follow the file's axes)")
+                    continue
                 r = quantized[name]
                 params[name] = _take(node, entry, DTypePolicy.FROM_RECORD)  # codes stay in their code dtype
                 params[r.operands[1]] = _take_scales(graph.params[r.operands[1]], entry, policy)

@@ -11,7 +11,7 @@ from kiln.frontend.module import Module
 from kiln.frontend.param import Param
 from kiln.frontend.tensor import Tensor, apply
 from kiln.frontend.tracing import current_trace
-from kiln.ir import Init, ShapeError
+from kiln.ir import Init, Layout, ShapeError
 
 from . import sizes
 
@@ -22,11 +22,13 @@ def _kaiming(fan_in: int) -> Init:
 
 
 class Linear(Module):
-    """y = x @ weight + bias, weight stored [in, out] as Burn stores it."""
+    """y = x @ weight + bias, weight stored [in, out] as Burn stores it; `weight_layout` is its file form in
+    records (`Layout.transpose()`: PyTorch's [out, in])."""
 
-    def __init__(self, d_input: int, d_output: int, bias: bool = True, device: Device | str | None = None):
+    def __init__(self, d_input: int, d_output: int, bias: bool = True, device: Device | str | None = None,
+                 weight_layout: Layout | None = None):
         sizes.positive(self, d_input=d_input, d_output=d_output)
-        self.weight = Param.lazy((d_input, d_output), _kaiming(d_input), device=device)
+        self.weight = Param.lazy((d_input, d_output), _kaiming(d_input), device=device, layout=weight_layout)
         self.bias = Param.lazy((d_output,), _kaiming(d_input), device=device) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:

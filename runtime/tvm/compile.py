@@ -19,6 +19,7 @@ import tvm
 from tvm.target import Target
 
 from kiln.ir import Graph, KilnError, structural_hash
+from kiln.ir import init as initializers
 from kiln.ir.interpreter import param_value
 from kiln.runtime.progress import log, stage
 
@@ -42,7 +43,8 @@ def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: st
     parts = [structural_hash(graph, include_data=params == "bound"), tuple(functions), str(target), params,
              fast_math, LOWERING_VERSION, tvm.__version__]
     if params == "bound":
-        parts += [(p.name, int(p.id), repr(p.init)) for p in graph.params.values() if p.data is None]
+        parts += [(p.name, int(p.id), initializers.identity(p.init, p.type, p.id)) for p in graph.params.values()
+                  if p.data is None and p.init is not None]
     if tuning is not None:
         parts.append(("tuning", tuning))
     h.update(repr(parts).encode())
