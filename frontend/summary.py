@@ -37,13 +37,17 @@ def _grad_state(p: Param) -> str:
 
 
 def _describe(p: Param, count: int, home: str) -> str:
-    """One parameter's line: effective type, counted elements, lazy/initialized, gradient state, derivation, and
-    its device where it is not the model's first (`home`)."""
+    """One parameter's line: effective type, counted elements, lazy/initialized, gradient state, derivation, file
+    form (a layout or Python mappers), and its device where it is not the model's first (`home`)."""
     parts = [str(p.value_type), f"{count:,} params", "initialized" if p.is_initialized() else "lazy", _grad_state(p)]
     if p.type != p.value_type:
         parts.append(f"stored {p.type}")
     if p.reparam is not None:
         parts.append("derived by " + "/".join(r.kind for r in p.reparam.chain()))
+    if p.layout is not None:
+        parts.append(f"recorded as {p.layout}")
+    elif p.mapper is not None and (p.mapper.load or p.mapper.save):
+        parts.append("recorded through Python mappers")
     if str(p.device) != home:
         parts.append(f"on {p.device}")
     return "  ".join(parts)

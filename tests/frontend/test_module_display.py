@@ -137,3 +137,12 @@ def test_named_parameters_are_the_params_visit_sees():
     assert [p for p, _ in named] == [p for p, _ in seen] and all(a is b for (_, a), (_, b) in zip(named, seen))
     assert "fc.weight.lora.a" in dict(named)
     assert np.all([isinstance(p, kiln.Param) for _, p in named])
+
+
+def test_print_shows_a_parameters_file_form():
+    """A layout (or Python mappers) changes what records hold, so the tree says so; the live type is unchanged."""
+    layer = nn.Linear(4, 2, weight_layout=kiln.Layout.transpose())
+    weight = "  weight: tensor<4x2xf32>  8 params  lazy  grad off  recorded as permute[1, 0]"
+    assert repr(layer).splitlines()[1] == weight
+    layer.bias = layer.bias.save_mapper(lambda a: a * 2)
+    assert repr(layer).splitlines()[2].endswith("grad off  recorded through Python mappers")
