@@ -81,13 +81,23 @@ def checkpoint(graph: Graph, fn: Function, n_forward: int, strategy: str) -> Fun
             new, k = f"{name}.recompute{k}", k + 1
         return new
 
-    def recompute(o: Operand) -> None:
-        """Copy the op of a forward value the backward may not read as it is (and what it needs), once."""
-        if isinstance(o, Value) and id(o) in made and id(o) not in kept and id(o) not in backward:
-            assert o.owner is not None
-            for x in o.owner.operands:
-                recompute(x)
-            rw.replay([o.owner], backward, rename=fresh)
+    def missing(o: Operand) -> bool:
+        return isinstance(o, Value) and id(o) in made and id(o) not in kept and id(o) not in backward
+
+    def recompute(root: Operand) -> None:
+        """Copy the op of a forward value the backward may not read as it is (and what it needs), once: a
+        post-order walk with its own stack, so a chain of any length recomputes without Python recursion."""
+        stack: list[tuple[Operand, bool]] = [(root, False)]
+        while stack:
+            o, operands_done = stack.pop()
+            if not missing(o):
+                continue
+            assert isinstance(o, Value) and o.owner is not None
+            if operands_done:
+                rw.replay([o.owner], backward, rename=fresh)
+            else:
+                stack.append((o, True))
+                stack.extend((x, False) for x in reversed(o.owner.operands))
 
     for op in fn.ops:
         if id(op) in forward_ids:

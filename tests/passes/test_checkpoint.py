@@ -111,3 +111,41 @@ def test_balanced_recomputes_take_and_gather_and_keeps_every_result() -> None:
     for a, b in zip(Interpreter(balanced).run(inputs, "forward_backward"),
                     Interpreter(none).run(inputs, "forward_backward")):
         np.testing.assert_array_equal(a, b)
+
+
+CHAIN_SCRIPT = """
+import sys
+import numpy as np
+from kiln.ir import Builder, interpret
+from kiln.passes import PassManager
+b = Builder("Chain")
+x = b.input("x", ((4,), "f32"))
+y = b.mul(x, b.param("w", (4,), grad=True, data=np.full(4, 0.5, np.float32)))
+for i in range(int(sys.argv[1])):
+    y = b.op("tanh", y)
+b.ret(b.sum(y))
+graph = PassManager.parse("autodiff").run(b.build())
+sys.setrecursionlimit(400)  # far below the chain's length: a recursive walk would fail
+for strategy in ("balanced", "all"):
+    out = PassManager.parse(f"checkpoint{{strategy={strategy}}},dce").run(graph)
+    loss, grad = interpret(out, [np.ones(4, np.float32)], function="forward_backward")
+    print(strategy, float(loss), float(grad[0]))
+"""
+
+
+def test_checkpointing_a_long_chain_needs_no_recursion():
+    """issue 15: `checkpoint{strategy=balanced}` hit RecursionError on ~600 chained elementwise ops. A 20,000-op
+    chain runs under a recursion limit of 400, and both strategies agree with numpy's chain rule."""
+    import subprocess
+    import sys
+    n = 20_000
+    done = subprocess.run([sys.executable, "-c", CHAIN_SCRIPT, str(n)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    y, dy = np.float64(0.5), 1.0  # the oracle: tanh applied n times to 0.5, and the product of the derivatives
+    for _ in range(n):
+        y = np.tanh(y)
+        dy *= 1.0 - y * y
+    for line in done.stdout.splitlines():
+        strategy, loss, grad = line.split()
+        assert float(loss) == pytest.approx(4 * y, rel=1e-4), strategy
+        assert float(grad) == pytest.approx(dy, rel=1e-3, abs=1e-9), strategy
