@@ -116,6 +116,17 @@ class ParamNode(_Replaceable):
     buffer: bool = False  # running state (batch-norm statistics): recorded, never requires gradients
     layout: Layout | None = None
 
+    def tied_to(self, other: ParamNode) -> bool:
+        """Whether `other`, which shares this node's ParamId, is the same parameter at another path (tied
+        weights): the same type, state and value (one array, or equal arrays). Anything else is two parameters
+        claiming one id, which the parser and the verifier refuse."""
+        state = (self.type, self.init, self.grad, self.configured_grad, self.buffer, self.layout)
+        if state != (other.type, other.init, other.grad, other.configured_grad, other.buffer, other.layout):
+            return False
+        if self.data is None or other.data is None:
+            return self.data is other.data
+        return self.data is other.data or bool(np.array_equal(self.data, other.data))
+
 
 
 @dataclass(frozen=True)

@@ -111,10 +111,15 @@ class Parser:
         flags: dict[str, FlagNode] = {}
         reparams: dict[str, ReparamNode] = {}
         functions = {}
+        owners: dict[int, ParamNode] = {}  # ParamId -> the first parameter declaring it
         while not self.accept("}"):
             tok = self.peek()
             if tok[1] == "param":
                 node: Node = self.parse_param()
+                first = owners.setdefault(node.id, node)
+                if first is not node and not first.tied_to(node):
+                    raise self.error(f"param @{node.name} has ParamId {ParamId(node.id)}, as @{first.name} does, but "
+                                     "the two differ (one id is one parameter)", tok)
                 params[node.name] = node
             elif tok[1] == "flag":
                 node = self.parse_flag()

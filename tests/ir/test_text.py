@@ -527,6 +527,9 @@ PARSE_ERRORS = [
     ("stray character in module", "module @M {\n  ~\n}\n", 2, 3, "unexpected character"),
     ("trailing text", "module @M {\n}\nmodule @N {\n}\n", 3, 1, "end of input after the module"),
     ("bad flag", fn("    return %x", decls='  flag @t = 3 {id = "0x1"}'), 2, 8, "a flag's value is true or false"),
+    ("duplicate ParamId", fn("    return %x", decls='  param @a : tensor<3xf32> {id = "0x1", init = zeros}\n'
+                             '  param @b : tensor<4xf32> {id = "0x1", init = zeros}'), 3, 3,
+     "param @b has ParamId 0400000000000, as @a does, but the two differ"),
     ("unknown device", fn("    return %x", decls='  param @w : tensor<3xf32> {id = "0x1", device = "tpu"}'),
      2, 50, "unknown device 'tpu'"),
     ("unknown checkpointing", fn("    return %x", decls='  param @w : tensor<3xf32> {id = "0x1", '
@@ -830,6 +833,23 @@ def test_verify_accepts_a_hand_built_graph() -> None:
     x = Value(t(3), "x")
     a = neg(x, "a")
     verify(graph_of(a, args=[x], results=[a.results[0]]))
+
+
+def test_one_param_id_is_one_parameter_or_a_tied_one() -> None:
+    """issue 15: two parameters sharing an id loaded, then training failed far away with a misleading ShapeError.
+    Tied weights (one Param at two paths: same type, state and value) keep verifying; anything else is refused."""
+    b = Builder("Tied")
+    x = b.input("x", ((3,), "f32"))
+    w = b.param("a", (3,), id=7, data=np.ones(3, np.float32))
+    b.param("b", (3,), id=7, data=np.ones(3, np.float32))
+    b.ret(b.add(x, w))
+    tied = verify(b.build())
+    assert parse(print_graph(tied)).params["b"].id == 7
+    untied = tied.replace(params={**tied.params, "b": tied.params["b"].replace(data=np.zeros(3, np.float32))})
+    expect_verify_error(untied, "param @b: ParamId", "is also @a's, but the two differ")
+    reshaped = tied.replace(params={**tied.params, "b": tied.params["b"].replace(
+        type=TensorType((1, 3), DType.f32), data=np.ones((1, 3), np.float32))})
+    expect_verify_error(reshaped, "(tensor<3xf32> and tensor<1x3xf32>)")
 
 
 def test_verify_use_before_def() -> None:

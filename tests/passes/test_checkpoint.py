@@ -135,7 +135,8 @@ for strategy in ("balanced", "all"):
 
 def test_checkpointing_a_long_chain_needs_no_recursion():
     """issue 15: `checkpoint{strategy=balanced}` hit RecursionError on ~600 chained elementwise ops. A 5,000-op
-    chain (over ten times the limit) runs under a recursion limit of 400, and both strategies agree with numpy's chain rule."""
+    chain (over ten times the limit) runs under a recursion limit of 400; both strategies agree with numpy's chain
+    rule."""
     import subprocess
     import sys
     n = 5_000
