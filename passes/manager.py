@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from kiln.ir import Graph, KilnError, ParamGroupWarning, PassError, VerifyError, print_graph, verify
+from kiln.ir.gcpause import gc_paused
 
 from .base import Pass
 from .equivalence import first_difference
@@ -43,7 +44,7 @@ class PassManager:
             if self.print_before_all:
                 self._dump(f"Before {label}", graph)
             start = time.perf_counter()
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), gc_paused():  # a pass builds a graph: nothing in it is garbage yet
                 if self.strict:
                     warnings.simplefilter("error", ParamGroupWarning)
                 try:

@@ -547,3 +547,24 @@ def test_device_passes_apply_the_device_rule(name: str) -> None:
         PassManager.parse(f"{name}{{device=tpu}}")
     (moved,) = PassManager.parse(f"{name}{{device=cuda}}").passes
     assert moved.device == "cuda:0"
+
+
+def test_passes_run_with_the_cyclic_collector_paused_and_restore_it() -> None:
+    """issue 15: passes slowed per op as graphs grew (full collections walking every op); the manager pauses the
+    collector around each pass, as the parser and the rewriter do, and leaves it as it found it."""
+    import gc
+
+    seen: list[bool] = []
+
+    class Probe(Pass):
+        name = "test-probe-gc"
+
+        def apply(self, graph: Graph) -> Graph:
+            seen.append(gc.isenabled())
+            return graph
+
+    b = Builder("M")
+    b.ret(b.input("x", ((2,), "f32")))
+    assert gc.isenabled()
+    PassManager([Probe(), Probe()]).run(b.build())
+    assert seen == [False, False] and gc.isenabled()
