@@ -164,6 +164,26 @@ def cmd_import_onnx(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    """Report (info), trim to the size bound (prune) or empty (clear) the compile cache on disk."""
+    from kiln.runtime.tvm import compile_cache  # TVM loads only for this command
+
+    if args.action == "prune":
+        gone = compile_cache.prune(args.max_bytes)
+    elif args.action == "clear":
+        gone = compile_cache.clear()
+    else:
+        gone = []
+    entries = compile_cache.disk_entries()
+    lines = [f"compile cache {compile_cache.cache_dir()}: {len(entries)} entries, "
+             f"{sum(e.bytes for e in entries):,} bytes (bound {compile_cache.max_bytes():,} bytes, "
+             f"${compile_cache.MAX_BYTES_ENV})"]
+    if gone:
+        lines.append(f"removed {len(gone)} entries, {sum(e.bytes for e in gone):,} bytes")
+    write_text(None, "\n".join(lines) + "\n")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kiln", description=__doc__.split("\n\n")[0],
                                      epilog="exit codes: 0 ok, 1 bad input, 2 bad usage, 3 file error")
@@ -229,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     import_onnx.add_argument("input", help="an .onnx file")
     import_onnx.add_argument("-o", "--output", required=True, help="the .bpk file to write")
     import_onnx.set_defaults(run=cmd_import_onnx)
+    cache = sub.add_parser("cache", help="report, prune or clear the compile cache on disk")
+    cache.add_argument("action", choices=("info", "prune", "clear"),
+                       help="info: entries and bytes; prune: drop least recently used entries down to the bound; "
+                            "clear: drop every entry")
+    cache.add_argument("--max-bytes", type=int, help="the bound prune trims to (default: $KILN_CACHE_MAX_BYTES)")
+    cache.set_defaults(run=cmd_cache)
     return parser
 
 

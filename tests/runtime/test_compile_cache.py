@@ -276,3 +276,53 @@ def test_a_lazy_parameters_id_keys_by_value_whatever_its_python_type() -> None:
     as_int = graph.replace(params={"w": graph.params["w"].replace(id=5)})
     assert type(graph.params["w"].id) is kiln.ParamId and type(as_int.params["w"].id) is int
     assert key(as_int) == key(graph) != key(graph.replace(params={"w": graph.params["w"].replace(id=6)}))
+
+
+def scaled_graph(scale: float) -> Graph:
+    """small_graph with its weights scaled: another bound build, so another entry."""
+    graph = small_graph()
+    w = graph.params["w"]
+    return graph.replace(params={"w": w.replace(data=(w.data * np.float32(scale)).astype(np.float32))})
+
+
+def test_the_disk_cache_evicts_the_least_recently_used_entries_beyond_its_bound(
+        cache_root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """issue 15: the cache grew without bound. A bound of two entries keeps the two most recently used: a hit
+    counts as a use, so after A, B, a hit on A and a build of C, B is the one that left."""
+    a, b, c = (scaled_graph(s) for s in (1.0, 2.0, 3.0))
+    compile_graph(a)
+    size = sum(e.bytes for e in compile_cache.disk_entries())
+    monkeypatch.setenv(compile_cache.MAX_BYTES_ENV, str(2 * size + size // 2))
+    compile_graph(b)
+    keys = {name: e.key for name, e in zip("ab", compile_cache.disk_entries())}
+    compile_cache.clear_memory()  # as a new process: the next build of A is a disk hit
+    time.sleep(0.01)
+    compile_graph(a)
+    with caplog.at_level(logging.INFO, logger=compile_cache.__name__):
+        compile_graph(c)
+    left = {e.key for e in compile_cache.disk_entries()}
+    assert keys["a"] in left and keys["b"] not in left and len(left) == 2
+    assert f"evicted {keys['b']}" in caplog.text
+    assert not any(name.startswith(keys["b"]) for name in entry_files(cache_root))  # library and sidecar both
+
+
+def test_a_malformed_bound_is_reported_and_the_build_still_stands(
+        cache_root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(compile_cache.MAX_BYTES_ENV, "4GB")
+    x = np.ones((2, 8), np.float32)
+    with caplog.at_level(logging.WARNING, logger=compile_cache.__name__):
+        exe = compile_graph(small_graph())
+    assert "KILN_CACHE_MAX_BYTES='4GB' is not a byte count" in caplog.text
+    np.testing.assert_allclose(exe(x), interpret(small_graph(), [x])[0], rtol=1e-5, atol=1e-6)
+
+
+def test_kiln_cache_reports_prunes_and_clears(cache_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for scale in (1.0, 2.0):
+        compile_graph(scaled_graph(scale))
+    total = sum(e.bytes for e in compile_cache.disk_entries())
+    assert cli_main(["cache", "info"]) == 0
+    assert f": 2 entries, {total:,} bytes" in capsys.readouterr().out
+    assert cli_main(["cache", "prune", "--max-bytes", str(total - 1)]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out and len(compile_cache.disk_entries()) == 1
+    assert cli_main(["cache", "clear"]) == 0
+    assert ": 0 entries, 0 bytes" in capsys.readouterr().out and entry_files(cache_root) == []
