@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import weakref
+
+import numpy as np
 
 from .attrs import attrs_key
 from .graph import Function, Graph, SymRef
@@ -24,6 +27,22 @@ def _function_items(fn: Function):
     yield ("return", tuple(ref(r) for r in fn.results))
 
 
+_digests: dict[int, tuple[weakref.ref, bytes]] = {}  # id(read-only array) -> (the array, its digest)
+
+
+def data_digest(array: np.ndarray) -> bytes:
+    """A digest of an array's bytes, read in place (no copy of a contiguous array). A read-only array (a record's
+    view, which nothing can change) is digested once and remembered while it lives; a writable one every time."""
+    known = _digests.get(id(array))
+    if known is not None and known[0]() is array:
+        return known[1]
+    digest = hashlib.blake2b(np.ascontiguousarray(array).reshape(-1).view(np.uint8), digest_size=20).digest()
+    if not array.flags.writeable:
+        key = id(array)
+        _digests[key] = (weakref.ref(array, lambda _, key=key: _digests.pop(key, None)), digest)
+    return digest
+
+
 def structural_hash(graph: Graph, include_data: bool = False) -> str:
     """Hex digest over types, ops, attributes, symbols and node state, not over SSA value names.
 
@@ -38,7 +57,7 @@ def structural_hash(graph: Graph, include_data: bool = False) -> str:
     for p in graph.params.values():
         feed(("param", p.name, str(p.type), p.grad, p.device, p.autodiff, p.checkpointing, p.buffer))
         if include_data and p.data is not None:
-            h.update(p.data.tobytes())
+            h.update(data_digest(p.data))
     for f in graph.flags.values():
         feed(("flag", f.name, f.value))
     for r in graph.reparams.values():

@@ -302,6 +302,7 @@ def graphs(draw) -> Graph:
     symbols = draw(st.lists(names, min_size=8, max_size=8, unique=True))
     b = Builder(draw(names))
     syms: list[SymRef] = []
+    used_ids: set[int] = set()  # one ParamId is one parameter (untied parameters may not share one)
     for name in symbols[:draw(st.integers(0, 3))]:
         dtype = draw(st.sampled_from(COMPUTE_DTYPES))
         shape = draw(small_shapes)
@@ -310,7 +311,9 @@ def graphs(draw) -> Graph:
         data = draw(st.none() | dense(shape, dtype))
         init = draw(st.none() | inits())
         device = draw(st.sampled_from(["cpu", "cuda:0"]) | st.integers(0, 2**40).map(lambda n: f"cuda:{n}"))
-        syms.append(b.param(name, shape, dtype, id=draw(param_ids), init=init, data=data, grad=grad,
+        pid = draw(param_ids.filter(lambda i: i not in used_ids))
+        used_ids.add(pid)
+        syms.append(b.param(name, shape, dtype, id=pid, init=init, data=data, grad=grad,
                             configured_grad=configured, device=device, autodiff=draw(st.booleans()),
                             checkpointing=draw(st.none() | st.sampled_from(["balanced", "none", "all"]))))
         if not grad and draw(st.booleans()):  # running state (batch-norm statistics)
