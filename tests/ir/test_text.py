@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import zlib
 from pathlib import Path
 
 import ml_dtypes
@@ -822,7 +823,8 @@ def neg(x, name: str) -> Op:
 
 
 def param(name: str, type: TensorType | None = None, **kw) -> ParamNode:
-    return ParamNode(name, type or t(3), 1, **kw)
+    """A parameter node with an id of its own (derived from its name: one id is one parameter)."""
+    return ParamNode(name, type or t(3), kw.pop("id", zlib.crc32(name.encode())), **kw)
 
 
 def expect_verify_error(graph: Graph, *fragments: str) -> None:
