@@ -1,0 +1,197 @@
+"""Seeded mutation fuzzing of kiln's readers (issue 15), run as `python fuzz.py TARGET SEED SECONDS ITERATIONS`.
+
+Each target builds a small corpus of valid inputs, then mutates them (bit flips, byte overwrites, truncation,
+insertion, chunk duplication, and for text also token edits) and feeds each mutant to the reader. Only kiln's
+error types may escape; anything else, or one input running longer than PER_INPUT_SECONDS, stops the run with a
+reproducer written beside the corpus and exit status 1. The process's address space is capped, so a reader
+that allocates without bound fails as a MemoryError (a finding) instead of exhausting the machine. The last
+line printed is a JSON summary.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+PER_INPUT_SECONDS = 10
+HEADROOM = 3 << 30  # address space allowed beyond what the process has mapped at start
+
+
+def mutate(data: bytes, rng: random.Random) -> bytes:
+    """One to four random edits of `data`."""
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.randrange(6)
+        at = rng.randrange(len(out) + 1)
+        if kind == 0 and out:  # flip a bit
+            i = min(at, len(out) - 1)
+            out[i] ^= 1 << rng.randrange(8)
+        elif kind == 1 and out:  # overwrite a byte with an interesting value
+            out[min(at, len(out) - 1)] = rng.choice([0, 1, 0x7F, 0x80, 0xFF, rng.randrange(256)])
+        elif kind == 2:  # truncate
+            del out[at:]
+        elif kind == 3:  # insert random bytes
+            out[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
+        elif kind == 4 and out:  # duplicate a chunk
+            j = rng.randrange(len(out))
+            out[at:at] = out[j:j + rng.randint(1, 64)]
+        elif out:  # overwrite 8 bytes with an extreme little-endian integer (lengths, offsets, counts)
+            value = rng.choice([0, 2**31 - 1, 2**32 - 1, 2**63 - 1, 2**64 - 1, rng.getrandbits(64)])
+            out[at:at + 8] = value.to_bytes(8, "little")
+    return bytes(out)
+
+
+TEXT_EDITS = ["-1", "0", "1e309", "nan", "-inf", "?", "x", "{", "}", "[", "]", ",", "=", "%", "@", '"', "tensor<",
+              "9" * 30, "2147483648", "dense<", "f16", "i4", "param", "func", "return", "uniform(lo = 2.0, hi = 1.0)",
+              "normal(std = -1.0)", "gain = nan", "tensor<99999999x99999999xf32>"]
+
+
+def mutate_text(text: str, rng: random.Random) -> bytes:
+    """Token-level edits of IR text (more of them reach the parser's later stages than byte noise does)."""
+    words = text.split(" ")
+    for _ in range(rng.randint(1, 3)):
+        i = rng.randrange(len(words))
+        if rng.random() < 0.5:
+            words[i] = rng.choice(TEXT_EDITS)
+        else:
+            words.insert(i, rng.choice(TEXT_EDITS))
+    return " ".join(words).encode()
+
+
+# --- targets: (corpus builder, mutator, reader); the reader raises kiln's errors or returns ----------------------
+
+
+def kir_corpus(folder: Path) -> list[bytes]:
+    from kiln.ir import parse_file, print_graph
+
+    root = Path(__file__).resolve().parents[1] / "filecheck"
+    texts = []
+    for path in sorted(root.rglob("*.kir")):
+        try:
+            texts.append(print_graph(parse_file(str(path))).encode())
+        except Exception:  # files of error cases do not parse: the others are the corpus
+            continue
+    return texts
+
+
+def kir_read(data: bytes, folder: Path) -> None:
+    from kiln.ir import parse, verify
+    from kiln.passes import PassManager
+
+    graph = verify(parse(data.decode("utf-8", errors="replace"), "fuzz.kir"))
+    PassManager.parse("canonicalize,cse,dce").run(graph)
+
+
+def burnpack_corpus(folder: Path) -> list[bytes]:
+    import kiln
+    from kiln import Quantizer, nn
+    from kiln.runtime.records.record import ModuleRecord
+
+    kiln.seed(0)
+    models = [nn.Linear(6, 4), nn.Sequential(nn.Conv2d(1, 2, 3), nn.LayerNorm(2)),
+              nn.Linear(8, 4, bias=False).quantize_weights(Quantizer())]
+    blobs = []
+    for i, model in enumerate(models):
+        path = folder / f"m{i}.bpk"
+        model.save_file(str(path))
+        blobs.append(path.read_bytes())
+    fixture = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "burn" / "mnist-model.bpk"
+    if fixture.is_file():
+        blobs.append(fixture.read_bytes()[:1 << 20] if fixture.stat().st_size > 1 << 20 else fixture.read_bytes())
+    del ModuleRecord
+    return blobs
+
+
+def burnpack_read(data: bytes, folder: Path) -> None:
+    from kiln.runtime.records.record import ModuleRecord
+
+    record = ModuleRecord.from_bytes(data)
+    for _, entry in record.items():
+        np.asarray(entry.array())
+
+
+def onnx_corpus(folder: Path) -> list[bytes]:
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((3, 4)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.arange(4, dtype=np.int64), "b")]
+    inits[0].metadata_props.add(key="kiln.param_id", value="12345")
+    graph = helper.make_graph([], "g", [], [], initializer=inits)
+    return [helper.make_model(graph).SerializeToString()]
+
+
+def onnx_read(data: bytes, folder: Path) -> None:
+    from kiln.runtime.onnx.tensors import read_record
+
+    path = folder / "fuzz.onnx"
+    path.write_bytes(data)
+    for _, entry in read_record(path).items():
+        np.asarray(entry.array())
+
+
+TARGETS: dict[str, tuple[Callable[[Path], list[bytes]], Callable[[bytes, random.Random], bytes],
+                         Callable[[bytes, Path], None]]] = {
+    "kir": (kir_corpus, lambda d, rng: mutate_text(d.decode(), rng) if rng.random() < 0.7 else mutate(d, rng),
+            kir_read),
+    "burnpack": (burnpack_corpus, mutate, burnpack_read),
+    "onnx": (onnx_corpus, mutate, onnx_read),
+}
+
+
+def _alarm(signum, frame):
+    raise TimeoutError(f"one input ran longer than {PER_INPUT_SECONDS} s")
+
+
+def _cap_memory() -> None:
+    with open("/proc/self/statm") as f:
+        mapped = int(f.read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + HEADROOM, resource.RLIM_INFINITY))
+
+
+def main(target: str, seed: int, seconds: float, iterations: int) -> int:
+    from kiln.ir import KilnError
+
+    build, change, read = TARGETS[target]
+    folder = Path(tempfile.mkdtemp(prefix=f"kiln-fuzz-{target}-"))
+    corpus = build(folder)
+    for sample in corpus:  # the unmutated corpus must read
+        read(sample, folder)
+    _cap_memory()
+    signal.signal(signal.SIGALRM, _alarm)
+    rng = random.Random(seed)
+    counts = {"inputs": 0, "kiln_errors": 0, "accepted": 0}
+    deadline = time.monotonic() + seconds
+    while counts["inputs"] < iterations and time.monotonic() < deadline:
+        data = change(rng.choice(corpus), rng)
+        counts["inputs"] += 1
+        signal.alarm(PER_INPUT_SECONDS)
+        try:
+            read(data, folder)
+            counts["accepted"] += 1
+        except KilnError:
+            counts["kiln_errors"] += 1
+        except BaseException as error:  # noqa: BLE001 - any other escape is the finding
+            signal.alarm(0)
+            repro = folder / f"repro-{seed}-{counts['inputs']}.bin"
+            repro.write_bytes(data)
+            print(json.dumps({**counts, "target": target, "escaped": f"{type(error).__name__}: {error}"[:500],
+                              "repro": str(repro)}))
+            return 1
+        finally:
+            signal.alarm(0)
+    print(json.dumps({**counts, "target": target, "seed": seed}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])))

@@ -1,0 +1,29 @@
+"""The readers under seeded mutation fuzzing (issue 15): `.kir` parse + verify + passes, burnpack records, ONNX
+initializers. Each target runs for FUZZ_SECONDS (KILN_FUZZ_SECONDS) or KILN_FUZZ_ITERATIONS inputs in its own
+process with a capped address space; only kiln's error types may escape, and no input may run over 10 s."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FUZZ = Path(__file__).with_name("fuzz.py")
+SECONDS = float(os.environ.get("KILN_FUZZ_SECONDS", "12"))
+ITERATIONS = int(os.environ.get("KILN_FUZZ_ITERATIONS", "1000000000"))
+SEED = int(os.environ.get("KILN_FUZZ_SEED", "1"))
+
+
+@pytest.mark.parametrize("target", ["kir", "burnpack", "onnx"])
+def test_only_kiln_errors_escape_a_reader(target: str) -> None:
+    done = subprocess.run([sys.executable, str(FUZZ), target, str(SEED), str(SECONDS), str(ITERATIONS)],
+                          capture_output=True, text=True, timeout=SECONDS + 300)
+    lines = done.stdout.strip().splitlines()
+    assert lines, done.stderr[-3000:]
+    summary = json.loads(lines[-1])
+    assert done.returncode == 0 and "escaped" not in summary, summary
+    assert summary["inputs"] >= 20 and summary["kiln_errors"] > 0, summary  # it exercised the error paths
