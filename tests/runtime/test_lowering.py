@@ -146,6 +146,13 @@ def _cases() -> list[Case]:
                   {"value": "q8s", "block": (2, 4)}))
     i4 = ints(3, 5, lo=-8, hi=8, dtype=ml_dtypes.int4)
     c.append(Case("dequantize", "q4f-i4-codes", [i4, f32(1, lo=0.01, hi=0.1)], {"value": "q4f", "dtype": DType.f16}))
+    # issue 11: NF4 (a lookup of the QLoRA paper's levels) and f16/bf16 scales (Burn's ScaleDtype)
+    c.append(Case("quantize", "nf4-block", [f32(4, 8)], {"value": "nf4", "block": (4,)}))
+    c.append(Case("quantize", "q8s-f16-scales", [f32(4, 8)],
+                  {"value": "q8s", "block": (2, 4), "scale_dtype": DType.f16}))
+    c.append(Case("quantize", "q4f-bf16-scale", [f32(3, 5)], {"value": "q4f", "scale_dtype": DType.bf16}))
+    c.append(Case("dequantize", "nf4-bf16-scales", [i4, f32(3, 1, lo=0.01, hi=0.1).astype(ml_dtypes.bfloat16)],
+                  {"value": "nf4", "block": (5,)}))
     c.append(Case("dropout", "not-training", [f32(3, 5)], {"p": 0.3}, flags=(False,)))
     c.append(Case("dropout", "runtime-flag-off", [f32(3, 5)], {"p": 0.3}, flags=(False,), flag_inputs=True))
     for kind in ("sum", "mean", "max", "min"):

@@ -193,6 +193,10 @@ CASES: list[tuple[str, Case]] = [
     ("quantize-absmean", case("quantize", floats(4, 6), value="q8f", block=(3,), calibration="absmean")),
     ("dequantize", case("dequantize", params={"w.codes": np.arange(-8, 8).reshape(4, 4).astype(DType.i4.numpy),
                                                "w.scales": floats(2, 1)}, value="q4s", block=(2, 4))),
+    # issue 11: NF4 (a lookup of the QLoRA paper's levels) and f16/bf16 scales (Burn's ScaleDtype)
+    ("dequantize-nf4-f16", case("dequantize", params={"w.codes": np.arange(-8, 8).reshape(4, 4).astype(DType.i4.numpy),
+                                                       "w.scales": floats(4, 1).astype(np.float16)},
+                                value="nf4", block=(4,))),
     ("dequantize-i8-f16", case("dequantize", params={"w.codes": np.arange(-6, 6, dtype=np.int8).reshape(3, 4),
                                                       "w.scales": floats(1)}, value="q8f", dtype=DType.f16)),
     ("add-f16", case("add", X.astype(np.float16), floats(4).astype(np.float16))),
