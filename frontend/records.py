@@ -60,7 +60,7 @@ def _entry(param: Param) -> RecordEntry:
         return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), _stored(param))
     attrs = param.reparam.chain()[0].attrs
     return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), _stored(param),
-                       QFloatScheme(attrs["value"], tuple(attrs["block"])), _stored(scales))
+                       QFloatScheme(attrs["value"], tuple(attrs["block"]), scales.type.dtype), _stored(scales))
 
 
 class RecordMethods:

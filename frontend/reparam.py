@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from kiln.ir import DType
 from kiln.passes.group import ParamGroup
 
 from .param import Param, Reparam
@@ -33,19 +34,28 @@ class Reparameterizer(Protocol):
 
 @dataclass(frozen=True)
 class QuantScheme:
-    """Value kind (q8f, q8s, q4f, q4s, q2f, q2s) and block shape (empty: one scale per tensor)."""
+    """Value kind (Burn's q8f, q8s, q4f, q4s, q2f, q2s or kiln's nf4), block shape (empty: one scale per tensor)
+    and the scales' dtype (Burn's ScaleDtype: f32, f16 or bf16)."""
 
     value: str = "q8f"
     block: tuple[int, ...] = ()
+    scale_dtype: DType = DType.f32
 
     def with_value(self, value: str) -> QuantScheme:
         return replace(self, value=value)
 
-    def per_block(self, block: tuple[int, ...]) -> QuantScheme:
-        return replace(self, block=tuple(block))
+    def per_block(self, block: tuple[int, ...], scale_dtype: DType | str = DType.f32) -> QuantScheme:
+        """One scale per block of `block` over the trailing dims, stored as `scale_dtype`."""
+        return replace(self, block=tuple(block), scale_dtype=DType(scale_dtype))
 
-    def per_tensor(self) -> QuantScheme:
-        return replace(self, block=())
+    def per_tensor(self, scale_dtype: DType | str = DType.f32) -> QuantScheme:
+        """One scale for the whole tensor, stored as `scale_dtype`."""
+        return replace(self, block=(), scale_dtype=DType(scale_dtype))
+
+    @classmethod
+    def nf4(cls, block: int = 64, scale_dtype: DType | str = DType.f32) -> QuantScheme:
+        """QLoRA's NF4 (kiln's scheme, not Burn's): 16 normal-float levels, absmax scales per `block` values."""
+        return cls("nf4", (block,), DType(scale_dtype))
 
 
 @dataclass

@@ -180,7 +180,8 @@ class LoadRecord(StatePass):
 
 
 def _take_scales(node: ParamNode, entry: RecordEntryLike, policy: DTypePolicy) -> ParamNode:
-    """The scales node holding a QFloat entry's scales (f32, or the module's float dtype when casting)."""
+    """The scales node holding a QFloat entry's scales (at the scheme's scale dtype, or the module's when
+    casting)."""
     data = entry.scale_array()  # type: ignore[attr-defined]
-    dtype = node.type.dtype if policy is DTypePolicy.CAST_TO_MODULE else DType.f32
+    dtype = node.type.dtype if policy is DTypePolicy.CAST_TO_MODULE else DType.from_numpy(data.dtype)
     return node.replace(type=TensorType(tuple(data.shape), dtype), init=None, data=data.astype(dtype.numpy))

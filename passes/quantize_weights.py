@@ -2,7 +2,8 @@
 
 Every matched floating parameter that is not a buffer (biases included, as Burn maps all float params) becomes
 `param @P.codes` (the ParamId kept, never trainable), `param @P.scales` and
-`reparam @P = dequantize(@P.codes, @P.scales) {value, block}`, so uses of `@P` are unchanged. The values come
+`reparam @P = dequantize(@P.codes, @P.scales) {value, block}` (the scales at the scale dtype), so uses of `@P`
+are unchanged. The values come
 from the `quantize` op's reference semantics. Already quantized parameters are skipped; a LoRA base is an error,
 since Burn's QLoRA quantizes before it adapts.
 """
@@ -12,28 +13,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from kiln.ir import Graph, KilnError, ParamNode, PassError, ReparamNode, evaluate_op, new_param_id
+from kiln.ir import DType, Graph, KilnError, ParamNode, PassError, ReparamNode, evaluate_op, new_param_id
 from kiln.ir.interpreter import param_value
 from kiln.ir.naming import quant_codes, quant_scales
-from kiln.ir.ops.quant import CALIBRATIONS, VALUE_RANGES
+from kiln.ir.ops.quant import CALIBRATIONS, SCALE_DTYPES, VALUE_KINDS
 from kiln.ir.registry import infer
 from kiln.ir.verifier import DEQUANTIZE
 
 from .param_state import GroupOptions
 
-QuantValue = Literal[tuple(VALUE_RANGES)]  # type: ignore[valid-type]  # the op's value kinds, as option choices
+QuantValue = Literal[VALUE_KINDS]  # type: ignore[valid-type]  # the op's value kinds, as option choices
 Calibration = Literal[CALIBRATIONS]  # type: ignore[valid-type]
+ScaleDtype = Literal[tuple(d.value for d in SCALE_DTYPES)]  # type: ignore[valid-type]
 
 
 @dataclass(frozen=True)
 class QuantizeWeights(GroupOptions):
-    """Quantize matched floating parameters with `value` (Burn's default q8f), `block` (trailing dims; empty:
-    per tensor) and `calibration` (minmax or absmean)."""
+    """Quantize matched floating parameters with `value` (Burn's default q8f, or kiln's nf4), `block` (trailing
+    dims; empty: per tensor), `calibration` (minmax or absmean) and `scale_dtype` (f32, f16 or bf16)."""
 
     name = "quantize-weights"
     value: QuantValue = "q8f"
     block: tuple[int, ...] = ()
     calibration: Calibration = "minmax"
+    scale_dtype: ScaleDtype = "f32"
 
     def apply(self, graph: Graph) -> Graph:
         hit = self.selected(graph)
@@ -59,7 +62,8 @@ class QuantizeWeights(GroupOptions):
                 raise PassError(f"quantize-weights: @{taken} already exists")
         scheme = {"value": self.value, "block": self.block}
         try:
-            full, types = infer("quantize", [p.type], {**scheme, "calibration": self.calibration})
+            full, types = infer("quantize", [p.type], {**scheme, "calibration": self.calibration,
+                                                       "scale_dtype": DType(self.scale_dtype)})
             codes, scales = evaluate_op("quantize", [param_value(p)], full, types)
             attrs, _ = infer(DEQUANTIZE, types, {**scheme, "dtype": p.type.dtype})
         except KilnError as e:

@@ -1,0 +1,189 @@
+"""Issue 11's formats through modules and burnpack: every value kind x (per tensor, per block) x scale dtype
+round trips byte-identically, Burn's F16/BF16 scale bytes, kiln's NF4 scheme, bits per parameter of a real
+layer, unknown QFloat schemes kept opaque, and QLoRA over an NF4 base."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import Lora, Module, QLora, Quantizer, QuantScheme, RecordError, nn
+from kiln.ir import DType
+from kiln.runtime.records.burnpack import BurnDType, PackTensor
+from kiln.runtime.records.burnpack_io import BurnpackFile, to_bytes
+from kiln.runtime.records.record import ModuleRecord
+
+VALUES = ["q8f", "q8s", "q4f", "q4s", "q2f", "q2s", "nf4"]
+SCALES = [DType.f32, DType.f16, DType.bf16]
+BURN_SCALE = {DType.f32: "F32", DType.f16: "F16", DType.bf16: "BF16"}  # Burn's ScaleDtype serde names
+X = np.random.default_rng(3).standard_normal((2, 16)).astype(np.float32)
+
+
+class Net(Module):
+    def __init__(self, d_in: int = 16, d_out: int = 32, device: kiln.Device | None = None):
+        self.fc = nn.Linear(d_in, d_out, device=device)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def scheme_of(value: str, block: tuple[int, ...], dtype: DType) -> QuantScheme:
+    base = QuantScheme(value)
+    return base.per_block(block, dtype) if block else base.per_tensor(dtype)
+
+
+def bits_per_param(data: bytes) -> float:
+    """Stored bits of the file's tensors over their element count (from the bytes, not from formulas)."""
+    pack = BurnpackFile.from_bytes(data)
+    stored = sum(e.data_offsets[1] - e.data_offsets[0] for e in pack.entries.values())
+    return 8 * stored / sum(e.numel for e in pack.entries.values())
+
+
+@pytest.mark.parametrize("dtype", SCALES, ids=lambda d: d.value)
+@pytest.mark.parametrize("block", [(), (8,)], ids=["tensor", "block"])
+@pytest.mark.parametrize("value", VALUES)
+def test_every_combination_round_trips_byte_identically(value: str, block: tuple[int, ...], dtype: DType) -> None:
+    """Burn's QuantScheme: per block, `block.dtype` is the ScaleDtype; per tensor, `tensor` is (null: F32)."""
+    q = Net().quantize_weights(Quantizer(scheme=scheme_of(value, block, dtype)))
+    data = q.into_record().to_bytes()
+    # into a module quantized otherwise: codes, scales (with their dtype) and the scheme come from the record
+    loaded = Net().quantize_weights(Quantizer()).load_record(ModuleRecord.from_bytes(data))
+    assert loaded.into_record().to_bytes() == data
+    assert ModuleRecord.from_bytes(data).to_bytes() == data
+    np.testing.assert_array_equal(loaded.valid()(kiln.tensor(X)).numpy(), q.valid()(kiln.tensor(X)).numpy())
+    scheme = BurnpackFile.from_bytes(data).entries["fc.weight"].dtype.scheme_value
+    assert scheme["value"] == ("KilnNF4" if value == "nf4" else value.upper())
+    assert scheme["mode"] == ("Lookup" if value == "nf4" else "Symmetric")
+    if block:
+        assert scheme["tensor"] is None and scheme["block"]["dtype"] == BURN_SCALE[dtype]
+    else:
+        assert scheme["block"] is None and scheme["tensor"] == (None if dtype is DType.f32 else BURN_SCALE[dtype])
+    # the weight's bits per parameter: codes plus one scale of the scale dtype per block of 8 (or per tensor)
+    weight = BurnpackFile.from_bytes(data).entries["fc.weight"]
+    bits = {"q8f": 8, "q8s": 8}.get(value, 2 if value.startswith("q2") else 4)
+    per_scale = dtype.bits / (8 if block else 16 * 32)
+    assert 8 * (weight.data_offsets[1] - weight.data_offsets[0]) / weight.numel == pytest.approx(bits + per_scale)
+
+
+def test_f16_and_bf16_scales_are_burns_bytes() -> None:
+    """burn-notes §1.4: packed u32 words, then "the block scales at the scale dtype"; the scheme map in Burn's
+    field order {value, store, mode, tensor, block} (cubecl's QuantScheme serde)."""
+    # q8s per tensor: the f32 scale 2 * 1 / 254 = 0.0078740 lies between f16 0x2008 (0.0078735) and 0x2009
+    # (0.0078812), and between bf16 0x3C01 (0.0078735) and 0x3C02 (0.0079346): rounded up, then the codes are
+    # round_half_away(x / scale)
+    w = np.array([[0.5, -1.0, 0.25, 1.0]], np.float32)
+    for dtype, scale_bits, codes in ((DType.f16, 0x2009, [63, -127, 32, 127]),
+                                     (DType.bf16, 0x3C02, [63, -126, 32, 126])):
+        net = Net(4, 1)
+        net.fc.weight = kiln.Param.from_data(w)
+        net.fc.bias = kiln.Param.from_data(np.zeros(1, np.float32))
+        q = net.quantize_weights(Quantizer(scheme=QuantScheme("q8s").per_tensor(dtype)))
+        pack = BurnpackFile.from_bytes(q.into_record().to_bytes())
+        cbor = pack.entries["fc.weight"].dtype.scheme
+        name = BURN_SCALE[dtype].encode()
+        assert cbor == (b"\xa5" + b"\x65value\x63Q8S" + b"\x65store\xa1\x69PackedU32\x00" + b"\x64mode\x69Symmetric"
+                        + b"\x66tensor" + bytes([0x60 + len(name)]) + name + b"\x65block\xf6")
+        # codes as one little-endian word, element i at bits 8i; then the scale rounded up to its dtype
+        word = np.array(codes, np.int8).tobytes()
+        assert bytes(pack.tensor_bytes("fc.weight")) == word + scale_bits.to_bytes(2, "little")
+
+
+def test_bits_per_param_of_a_real_layer() -> None:
+    """A 768x3072 Linear (BERT's FFN): "a 4-bit base costs 4 + 32/block bits per parameter (5.0 at block 32)";
+    NF4 at block 64 is 4.5 with F32 scales and 4.25 with F16, measured from the stored bytes."""
+    net = Net(768, 3072)
+    figures = {}
+    for name, scheme in {"q4s/32 f32": QuantScheme("q4s").per_block((32,)),
+                         "q4s/32 f16": QuantScheme("q4s").per_block((32,), "f16"),
+                         "nf4/64 f32": QuantScheme.nf4(),
+                         "nf4/64 f16": QuantScheme.nf4(64, "f16"),
+                         "nf4/64 bf16": QuantScheme.nf4(64, "bf16")}.items():
+        group = kiln.ParamGroup.from_path("fc.weight")
+        q = net.quantize_weights(Quantizer(scheme=scheme, param_group=group))
+        record = q.into_record()
+        figures[name] = bits_per_param(ModuleRecord({"fc.weight": record["fc.weight"]}).to_bytes())
+    assert figures == pytest.approx({"q4s/32 f32": 5.0, "q4s/32 f16": 4.5, "nf4/64 f32": 4.5, "nf4/64 f16": 4.25,
+                                     "nf4/64 bf16": 4.25}, abs=1e-3)
+
+
+FUTURE = {"value": "Q3X", "store": {"PackedU32": 0}, "mode": "Symmetric", "tensor": "UE8M0", "block": None,
+          "param": "future"}
+
+
+def future_pack() -> bytes:
+    """A burnpack from a newer Burn: a float bias and a weight in a QFloat scheme kiln does not know."""
+    return to_bytes([PackTensor("fc.weight", BurnDType.qfloat(FUTURE), (16, 32), 7, bytes(range(256)) * 2, 512),
+                     PackTensor("fc.bias", "F32", (32,), 8, np.arange(32, dtype=np.float32))])
+
+
+def test_an_unknown_qfloat_scheme_stays_opaque_and_saves_back_byte_identically() -> None:
+    """Issue 11: "a burnpack entry whose QFloat scheme kiln does not know is kept as it came and re-saved
+    byte-identically; only using it as a value raises a RecordError naming the tensor and scheme"."""
+    data = future_pack()
+    record = ModuleRecord.from_bytes(data)
+    assert record.to_bytes() == data
+    np.testing.assert_array_equal(record["fc.bias"].array(), np.arange(32))
+    with pytest.raises(RecordError, match=r"'fc\.weight'.*Q3X"):
+        record["fc.weight"].array()
+
+
+def test_loading_an_opaque_tensor_into_a_module_names_the_tensor_and_scheme() -> None:
+    with pytest.raises(RecordError, match=r"'fc\.weight'.*Q3X.*cannot be used as a value"):
+        Net().try_load_record(ModuleRecord.from_bytes(future_pack()))
+
+
+def test_inspect_shows_the_scheme_and_bits_per_param(tmp_path, capsys) -> None:
+    """`kiln inspect` lists each QFloat tensor's scheme and its stored bits per parameter."""
+    from kiln.cli import main
+
+    q = Net().quantize_weights(Quantizer(scheme=QuantScheme.nf4(8, "f16")))
+    q.save_file(tmp_path / "q")
+    assert main(["inspect", str(tmp_path / "q.bpk")]) == 0
+    text = capsys.readouterr().out
+    assert "QFloat(nf4 block [8] f16, 6.00 bits/param)" in text  # 4 + 16/8
+    assert main(["inspect", "--json", str(tmp_path / "q.bpk")]) == 0
+    assert '"bits_per_param": 6.0' in capsys.readouterr().out
+    (tmp_path / "f.bpk").write_bytes(future_pack())
+    assert main(["inspect", str(tmp_path / "f.bpk")]) == 0
+    assert "QFloat(unknown scheme" in capsys.readouterr().out
+
+
+def test_qlora_on_an_nf4_base_trains_through_the_interpreter_and_tvm() -> None:
+    """QLoRA (Dettmers et al. 2023): a frozen NF4 base with trainable LoRA adapters; the loss decreases, and the
+    TVM build's losses follow the interpreter's."""
+    pytest.importorskip("tvm")
+    from kiln.runtime.backend import set_default_backend
+    from kiln.runtime.tvm.backend import TVMBackend
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    y = (x @ rng.standard_normal((16, 8)) * 0.5).astype(np.float32)
+    qlora = QLora(Lora(4, 8.0), Quantizer(scheme=QuantScheme.nf4(8, "bf16")))
+    net = Net(16, 8, kiln.Device("cpu").autodiff()).apply_qlora(qlora)
+    curves = []
+    for backend in (None, TVMBackend("llvm", fast_math=False)):
+        previous = set_default_backend(backend) if backend else None
+        try:
+            step = kiln.compile_step(net, mse, kiln.optim.Adam(), ((32, 16), "f32"), ((32, 8), "f32"))
+            curves.append([step(0.05, x, y) for _ in range(12)])
+        finally:
+            if previous is not None:
+                set_default_backend(previous)
+    interpreted, compiled = curves
+    assert interpreted[-1] < 0.7 * interpreted[0], interpreted
+    np.testing.assert_allclose(compiled, interpreted, rtol=1e-4)
+
+
+def mse(model: Net, x: kiln.Tensor, y: kiln.Tensor) -> kiln.Tensor:
+    return ((model(x) - y) ** 2).mean()
+
+
+def test_scheme_combinations_are_all_distinct_in_the_file() -> None:
+    seen = set()
+    for value, dtype in itertools.product(("q4s", "nf4"), SCALES):
+        q = Net().quantize_weights(Quantizer(scheme=scheme_of(value, (8,), dtype)))
+        seen.add(BurnpackFile.from_bytes(q.into_record().to_bytes()).entries["fc.weight"].dtype.scheme)
+    assert len(seen) == 6
