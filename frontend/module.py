@@ -378,7 +378,8 @@ class Module(RecordMethods, SummaryMethods):
             return base if reparam is None else base.replace(reparam=reparam)
         return self._map_leaves(attach)
 
-    def materialize(self) -> Module:
-        """Fold reparameterizations into plain parameters (base ids and trainability kept)."""
-        return self.run_pass("materialize")
+    def materialize(self, requantize: bool = False) -> Module:
+        """Fold reparameterizations into plain parameters (base ids and trainability kept); with `requantize`, a
+        QLoRA weight folds back into its base's quantization scheme, each one's error logged on `kiln`."""
+        return self.run_pass(get_pass("materialize")(requantize=requantize))
 

@@ -65,7 +65,7 @@ class QuantizeWeights(GroupOptions):
             full, types = infer("quantize", [p.type], {**scheme, "calibration": self.calibration,
                                                        "scale_dtype": DType(self.scale_dtype)})
             codes, scales = evaluate_op("quantize", [param_value(p)], full, types)
-            attrs, _ = infer(DEQUANTIZE, types, {**scheme, "dtype": p.type.dtype})
+            attrs, _ = infer(DEQUANTIZE, types, {**scheme, "dtype": p.type.dtype, "calibration": self.calibration})
         except KilnError as e:
             raise PassError(f"quantize-weights: @{p.name}: {e}") from None
         stored = p.replace(name=quant_codes(p.name), type=types[0], init=None, data=codes, grad=False,

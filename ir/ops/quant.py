@@ -223,5 +223,7 @@ define("quantize", ("x",), _quantize_infer,
        doc="(codes, scales): Burn's symmetric quantization of x, calibrated by min/max or mean |x|")
 define("dequantize", ("codes", "scales"), _dequantize_infer,
        lambda xs, attrs: (dequantize(*xs, attrs["value"], attrs["block"], attrs["dtype"]),),
-       {**_SCHEME, "dtype": Attr(DTYPE, DType.f32)},
+       {**_SCHEME, "dtype": Attr(DTYPE, DType.f32),
+        "calibration": Attr(one_of(*CALIBRATIONS), "minmax", "how the codes were calibrated: not read here, kept so "
+                                                             "materialize{requantize} re-quantizes alike")},
        doc="scale * level(code) per block: the float value of quantized codes")
