@@ -1,7 +1,7 @@
 """Gradients of weight quantization. Codes are integers: no gradient reaches them or flows from them.
 
 - dequantize (scale * level(code) per block): d scales = sum over each block of g * level(code), computed in
-  the scales' compute dtype;
+  the scales' compute dtype (none for double-quantized scales, which are integer codes as well);
 - quantize: only its scales result is differentiable, scale = peak * m / d per block (`scale_ratio`) with peak = max |x|
   (`minmax`, the gradient split evenly over tied maxima as torch's amax) or mean |x| (`absmean`). There is no
   straight-through estimator here: the codes, being piecewise constant, have none.
@@ -42,9 +42,9 @@ def _levels(ctx: GradContext, codes: Operand, value: str, dtype: DType) -> Opera
 
 @gradient("dequantize")
 def _dequantize(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
-    (codes, scales), (g,) = op.operands, out_grads
-    if g is None or not is_float(scales) or not ctx.wanted(1):
-        return (None, None)
+    (codes, scales), (g,) = op.operands[:2], out_grads
+    if g is None or not is_float(scales) or not ctx.wanted(1):  # double-quantized scales are codes too
+        return (None,) * len(op.operands)
     blocked, inner, _ = _views(codes.type.shape, op.attrs["block"])
     dt = scales.type.dtype.compute
     prod = emit(ctx, "mul", _cast(ctx, g, dt), _levels(ctx, codes, op.attrs["value"], dt))

@@ -9,6 +9,13 @@ divide them; an empty block is per-tensor, with one scale of shape [1]. Codes ke
 (8-bit values) or i4 (4- and 2-bit; i8 is also accepted). The math follows Burn's reference quantizer:
 `scale = 2 * max(|min|, |max|) / (b - a)`, `q = clamp(round_half_away(x / scale), a, b)`, `x ~ scale * q`;
 NF4 follows the paper: `scale = absmax`, `q = nearest level to x / scale`, `x ~ scale * NF4[q + 8]`.
+
+Double quantization (QLoRA section 3, bitsandbytes' `compress_statistics`) stores f32 scales as i8 codes:
+`offset = mean(scales)`, then per group of `SCALE_GROUP` consecutive scales (row-major block order)
+`g = max|s - offset| / 127` and `q = clamp(round_half_away((s - offset) / g), -127, 127)`, so that
+`s ~ q * g + offset`. The codes of x are computed against the exact scales, as bitsandbytes does; kiln codes
+the second level linearly (q8s), where bitsandbytes uses its dynamic 8-bit map. `dequantize` takes the three
+(`scales` i8, `scale_scales` f32 [groups], `scale_offset` f32 [1]) in place of float scales.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ VALUE_KINDS = (*VALUE_RANGES, *LOOKUP_TABLES)
 CALIBRATIONS = ("minmax", "absmean")
 SCALE_DTYPES = (DType.f32, DType.f16, DType.bf16)  # Burn's ScaleDtype F32, F16, BF16
 _CODE_DTYPES = (DType.i4, DType.i8)
+SCALE_GROUP = 256  # scales per second-level scale under double quantization (the QLoRA paper's block of 256)
 
 
 def value_bits(value: str) -> int:
@@ -111,10 +119,33 @@ def _compatible(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
     return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
 
 
+def scale_groups(n_scales: Dim) -> Dim:
+    """Second-level scales of `n_scales` double-quantized scales: one per SCALE_GROUP, the last maybe partial."""
+    return None if n_scales is None else -(-n_scales // SCALE_GROUP)
+
+
+def _check_double(ts: Sequence[TensorType]) -> None:
+    """Double-quantized scales: i8 codes, f32 second-level scales (one per group) and one f32 offset."""
+    if len(ts) == 3:
+        raise ShapeError("dequantize: operand 2 (scale_scales) needs operand 3 (scale_offset)")
+    scales, groups, offset = ts[1:]
+    if scales.dtype is not DType.i8:
+        raise ShapeError(f"dequantize: operand 1 (scales) has dtype {scales.dtype.value}, but double-quantized "
+                         "scales are i8")
+    n = None if any(d is None for d in scales.shape) else int(np.prod(scales.shape))
+    for i, (t, shape) in enumerate(((groups, (scale_groups(n),)), (offset, (1,))), 2):
+        if t.dtype is not DType.f32 or not _compatible(t.shape, shape):
+            raise ShapeError(f"dequantize: operand {i} ({'scale_scales' if i == 2 else 'scale_offset'}) is "
+                             f"{t}, but {n} double-quantized scales need f32 {list(shape)}")
+
+
 def _dequantize_infer(ts: Sequence[TensorType], attrs: Mapping[str, Any]) -> tuple[TensorType, ...]:
-    codes, scales = ts
+    codes, scales = ts[:2]
     _check_codes(codes, attrs["value"])
-    floating("dequantize", 1, scales)
+    if len(ts) > 2:
+        _check_double(ts)
+    else:
+        floating("dequantize", 1, scales)
     want = scales_shape("dequantize", codes.shape, attrs["block"])
     if not _compatible(scales.shape, want):
         raise ShapeError(f"dequantize: operand 1 (scales) has shape {list(scales.shape)}, but codes of shape "
@@ -204,9 +235,35 @@ def quantize(x: np.ndarray, value: str, block: Sequence[int], calibration: str,
     return codes, scales.reshape(scales_shape("quantize", x.shape, block))
 
 
-def dequantize(codes: np.ndarray, scales: np.ndarray, value: str, block: Sequence[int], dtype: DType) -> np.ndarray:
+def double_quantize(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(i8 codes, f32 group scales, f32 [1] offset) of f32 scales: the module docstring's double quantization."""
+    flat = scales.astype(np.float32).reshape(-1)
+    offset = np.float32(flat.mean()) if flat.size else np.float32(0)
+    centered = flat - offset
+    groups = scale_groups(flat.size)
+    padded = np.zeros(groups * SCALE_GROUP, np.float32)
+    padded[:flat.size] = centered
+    peak = np.abs(padded.reshape(groups, SCALE_GROUP)).max(axis=1)
+    group_scales = (peak / np.float32(127)).astype(np.float32)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = centered / np.repeat(group_scales, SCALE_GROUP)[:flat.size]
+    q = np.nan_to_num(np.clip(round_half_away(ratio), -127, 127), nan=0.0).astype(np.int8)
+    return q.reshape(scales.shape), group_scales, np.array([offset], np.float32)
+
+
+def double_scales(codes: np.ndarray, group_scales: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """The f32 scales double-quantized codes stand for: q * g(group) + offset."""
+    flat = codes.reshape(-1).astype(np.float32)
+    groups = np.repeat(group_scales.astype(np.float32), SCALE_GROUP)[:flat.size]
+    return (flat * groups + offset.astype(np.float32)[0]).reshape(codes.shape)
+
+
+def dequantize(codes: np.ndarray, scales: np.ndarray, value: str, block: Sequence[int], dtype: DType,
+               scale_scales: np.ndarray | None = None, scale_offset: np.ndarray | None = None) -> np.ndarray:
     """scale(block of each element) * level(code), computed in the scales' compute dtype (f32 for f16/bf16
-    scales, as Burn widens them), as `dtype`."""
+    scales, as Burn widens them, and for double-quantized ones), as `dtype`."""
+    if scale_scales is not None and scale_offset is not None:
+        scales = double_scales(scales, scale_scales, scale_offset)
     dims = block_dims("dequantize", codes.shape, block)
     compute = DType.from_numpy(scales.dtype).compute.numpy
     grid = np.expand_dims(scales.astype(compute).reshape(_counts(codes.shape, dims)), _block_axes(codes.ndim))
@@ -221,9 +278,10 @@ define("quantize", ("x",), _quantize_infer,
        {**_SCHEME, "calibration": Attr(one_of(*CALIBRATIONS), "minmax"),
         "scale_dtype": Attr(DTYPE, DType.f32, "Burn's ScaleDtype of the scales: f32, f16 or bf16")},
        doc="(codes, scales): Burn's symmetric quantization of x, calibrated by min/max or mean |x|")
-define("dequantize", ("codes", "scales"), _dequantize_infer,
-       lambda xs, attrs: (dequantize(*xs, attrs["value"], attrs["block"], attrs["dtype"]),),
+define("dequantize", ("codes", "scales", "scale_scales?", "scale_offset?"), _dequantize_infer,
+       lambda xs, attrs: (dequantize(*xs[:2], attrs["value"], attrs["block"], attrs["dtype"], *xs[2:]),),
        {**_SCHEME, "dtype": Attr(DTYPE, DType.f32),
         "calibration": Attr(one_of(*CALIBRATIONS), "minmax", "how the codes were calibrated: not read here, kept so "
                                                              "materialize{requantize} re-quantizes alike")},
-       doc="scale * level(code) per block: the float value of quantized codes")
+       doc="scale * level(code) per block: the float value of quantized codes (double-quantized scales: "
+           "scale = scales * scale_scales[group] + scale_offset)")

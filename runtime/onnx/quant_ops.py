@@ -11,7 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.ir import DType, KilnError
-from kiln.ir.ops.quant import LOOKUP_BIAS, LOOKUP_TABLES, VALUE_RANGES, block_dims, midpoints, scale_ratio, scales_shape
+from kiln.ir.ops.quant import (
+    LOOKUP_BIAS,
+    LOOKUP_TABLES,
+    SCALE_GROUP,
+    VALUE_RANGES,
+    block_dims,
+    midpoints,
+    scale_ratio,
+    scales_shape,
+)
 
 from .rule import OnnxCall, OnnxResult, onnx_rule
 from .tensors import onnx_dtype
@@ -82,8 +91,13 @@ def _quantize(call: OnnxCall) -> OnnxResult:
 @onnx_rule("dequantize")
 def _dequantize(call: OnnxCall) -> OnnxResult:
     """scale(block of each element) * level(code), in the scales' compute dtype, as the result dtype."""
-    codes, scales = call.inputs
-    compute = call.types[1].dtype.compute
+    codes, scales = call.inputs[:2]
+    if len(call.inputs) > 2:  # double-quantized: q * scale_scales[group] + offset, groups by row-major position
+        scales_type = call.types[1]
+        groups = np.arange(int(np.prod(scales_type.shape))).reshape(scales_type.shape) // SCALE_GROUP
+        group_scales = call.node("Gather", call.inputs[2], call.const(groups.astype(np.int64)))
+        scales = call.node("Add", call.node("Mul", call.cast(scales, DType.f32), group_scales), call.inputs[3])
+    compute = DType.f32 if len(call.inputs) > 2 else call.types[1].dtype.compute
     view_shape, grid_shape = _layout(call)
     view = call.node("Reshape", _levels(call, codes, compute), call.ints(view_shape))
     grid = call.node("Reshape", call.cast(scales, compute), call.ints(grid_shape))

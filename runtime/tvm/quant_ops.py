@@ -1,9 +1,10 @@
 """Relax lowerings of kiln's weight quantization (Burn's symmetric schemes and NF4): `quantize` and `dequantize`.
 
-`decode` is the one per-element rule (code and its block's scale to a float); the plain `dequantize` lowering is
-a te.compute over it, and a kernel that dequantizes inside a matmul calls the same function on the codes it
-loads. A block layout views a tensor [d0, d1, ...] as [d0/b0, b0, d1/b1, b1, ...] for `quantize`'s reductions.
-Sub-byte codes are int8 in TVM (see `dtypes`).
+`decode` is the one per-element rule (code and its block's scale to a float; `double_scale` first turns a
+double-quantized scale code into that scale); the plain `dequantize` lowering is a te.compute over them, and a
+kernel that dequantizes inside a matmul calls the same functions on the codes it loads. A block layout views a
+tensor [d0, d1, ...] as [d0/b0, b0, d1/b1, b1, ...] for `quantize`'s reductions. Sub-byte codes are int8 in TVM
+(see `dtypes`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from tvm import relax, te, tirx
 from tvm.relax import op as R
 
 from kiln.ir import DType
-from kiln.ir.ops.quant import LOOKUP_BIAS, LOOKUP_TABLES, VALUE_RANGES, block_dims, midpoints, scale_ratio
+from kiln.ir.ops.quant import (
+    LOOKUP_BIAS,
+    LOOKUP_TABLES,
+    SCALE_GROUP,
+    VALUE_RANGES,
+    block_dims,
+    midpoints,
+    scale_ratio,
+)
 
 from .dtypes import tvm_dtype
 from .rule import OpCall, RelaxResult, relax_rule
@@ -120,14 +129,33 @@ def _quantize(call: OpCall) -> RelaxResult:
     return codes, R.reshape(scales, layout[1] if layout else [1])
 
 
+def double_scale(code: tirx.PrimExpr, group_scale: tirx.PrimExpr, offset: tirx.PrimExpr) -> tirx.PrimExpr:
+    """The f32 scale a double-quantized scale code stands for (`quant.double_scales`)."""
+    return code.astype("float32") * group_scale + offset
+
+
+def flat_index(index: Sequence[tirx.PrimExpr], shape: Sequence[tirx.PrimExpr]) -> tirx.PrimExpr:
+    """The row-major position of `index` in a tensor of `shape`."""
+    flat = tirx.const(0, "int64")
+    for i, n in zip(index, shape):
+        flat = flat * n + i
+    return flat
+
+
 @relax_rule("dequantize")
 def _dequantize(call: OpCall) -> RelaxResult:
-    """`decode` of every code with its block's scale, as the target dtype."""
+    """`decode` of every code with its block's scale (from its double-quantized form if so), as the target
+    dtype."""
     value, block, out = call.attrs["value"], call.attrs["block"], tvm_dtype(call.attrs["dtype"])
 
-    def compute(codes: te.Tensor, scales: te.Tensor) -> te.Tensor:
+    def compute(codes: te.Tensor, scales: te.Tensor, *second: te.Tensor) -> te.Tensor:
         def element(*i: tirx.PrimExpr) -> tirx.PrimExpr:
-            return decode(value, codes[i], scales[scale_index(i, block)]).astype(out)
+            at = scale_index(i, block)
+            scale = scales[at]
+            if second:
+                group = tirx.floordiv(flat_index(at, scales.shape), SCALE_GROUP)
+                scale = double_scale(scale, second[0][group], second[1][0])
+            return decode(value, codes[i], scale).astype(out)
         return te.compute(codes.shape, element, name="dequantize")
 
     return call.bb.call_te(compute, *call.args, primfunc_name_hint="dequantize")

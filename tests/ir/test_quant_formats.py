@@ -142,3 +142,51 @@ def test_nf4_grid_of_every_combination_is_distinct() -> None:
         _, scales = run("quantize", x, value=value, block=(8,), scale_dtype=dtype)
         seen.add((value, scales.tobytes()))
     assert len(seen) == 6
+
+
+def paper_double_quant(absmax: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """QLoRA section 3 / bitsandbytes' compress_statistics, with a linear 8-bit second level: subtract the mean,
+    then per 256 consecutive scales an absmax/127 scale and codes rounded half away from zero (torch)."""
+    t = torch.tensor(absmax.reshape(-1), dtype=torch.float32)
+    offset = t.mean()
+    centered = t - offset
+    groups = list(torch.split(centered, 256))
+    g = torch.stack([c.abs().max() / 127 for c in groups])
+    q = torch.cat([torch.clamp(torch.sign(c) * torch.floor(c.abs() / s + 0.5), -127, 127) for c, s in zip(groups, g)])
+    return q.to(torch.int8).numpy().reshape(absmax.shape), g.numpy(), offset.reshape(1).numpy()
+
+
+def test_double_quantization_follows_the_papers_algorithm() -> None:
+    """"double quantization of the absmax scales: subtract their mean, quantize to 8-bit in blocks of 256 with one
+    f32 scale per block (plus the f32 mean)"; a partial last group gets its own scale."""
+    from kiln.ir.ops.quant import double_quantize
+
+    x = np.random.default_rng(11).standard_normal((300, 128)).astype(np.float32)
+    _, absmax = run("quantize", x, value="nf4", block=(64,))
+    q, g, offset = double_quantize(absmax)
+    want_q, want_g, want_offset = paper_double_quant(absmax)
+    assert q.dtype == np.int8 and q.shape == absmax.shape and g.shape == (3,) and offset.shape == (1,)
+    np.testing.assert_allclose(offset, want_offset, rtol=1e-6)
+    np.testing.assert_allclose(g, want_g, rtol=1e-6)
+    assert np.abs(q.astype(int) - want_q.astype(int)).max() <= 1  # a rounding tie may fall either way in f32
+    # dequantize takes the three in place of the scales: NF4[c + 8] * (q * g[group] + offset)
+    codes = run("quantize", x, value="nf4", block=(64,))[0]
+    (values,) = run("dequantize", codes, q, g, offset, value="nf4", block=(64,), dtype=DType.f32)
+    scales = q.reshape(-1).astype(np.float64) * np.repeat(g, 256)[:600] + offset[0]
+    want = NF4[codes.astype(int) + 8].reshape(300, 2, 64) * scales.reshape(300, 2, 1)
+    np.testing.assert_allclose(values, want.reshape(300, 128), rtol=1e-5, atol=1e-7)
+    # the second level adds at most half a step of its group to each scale
+    err = np.abs(scales - absmax.reshape(-1))
+    assert (err <= np.repeat(g, 256)[:600] * 0.5 + 1e-6).all()
+
+
+@pytest.mark.parametrize(("types", "message"), [
+    ([(4, 8), DType.i4, (4, 1), DType.f32, (1,), DType.f32], r"operand 2 \(scale_scales\) needs operand 3"),
+    ([(4, 8), DType.i4, (4, 1), DType.f32, (1,), DType.f32, (1,), DType.f32], r"scales\) has dtype f32.*are i8"),
+    ([(4, 8), DType.i4, (4, 1), DType.i8, (2,), DType.f32, (1,), DType.f32], r"operand 2 \(scale_scales\).*\[1\]"),
+    ([(4, 8), DType.i4, (4, 1), DType.i8, (1,), DType.f32, (2,), DType.f32], r"operand 3 \(scale_offset\)"),
+])
+def test_double_quantized_operands_are_checked(types: list, message: str) -> None:
+    ts = [TensorType(types[i], types[i + 1]) for i in range(0, len(types), 2)]
+    with pytest.raises(ShapeError, match=message):
+        infer("dequantize", ts, {"value": "nf4", "block": (8,)})
