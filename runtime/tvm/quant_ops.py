@@ -29,10 +29,9 @@ from .dtypes import tvm_dtype
 from .rule import OpCall, RelaxResult, relax_rule
 
 
-def decode(value: str, code: tirx.PrimExpr, scale: tirx.PrimExpr) -> tirx.PrimExpr:
-    """The value of one code given its block's scale, in the scale's compute dtype (f32 for f16/bf16/f32 scales,
-    f64 for f64): `quant.dequantize` per element."""
-    dtype = "float64" if scale.dtype == "float64" else "float32"
+def decode(value: str, code: tirx.PrimExpr, scale: tirx.PrimExpr, dtype: str = "float32") -> tirx.PrimExpr:
+    """The value of one code given its block's scale, computed in `dtype` (the scales' compute dtype: f32 for
+    f16/bf16/f32 and double-quantized scales, f64 for f64): `quant.dequantize` per element."""
     table = LOOKUP_TABLES.get(value)
     if table is None:
         level = code.astype(dtype)
@@ -147,6 +146,7 @@ def _dequantize(call: OpCall) -> RelaxResult:
     """`decode` of every code with its block's scale (from its double-quantized form if so), as the target
     dtype."""
     value, block, out = call.attrs["value"], call.attrs["block"], tvm_dtype(call.attrs["dtype"])
+    precision = "float32" if len(call.args) > 2 else tvm_dtype(call.types[1].dtype.compute)
 
     def compute(codes: te.Tensor, scales: te.Tensor, *second: te.Tensor) -> te.Tensor:
         def element(*i: tirx.PrimExpr) -> tirx.PrimExpr:
@@ -155,7 +155,7 @@ def _dequantize(call: OpCall) -> RelaxResult:
             if second:
                 group = tirx.floordiv(flat_index(at, scales.shape), SCALE_GROUP)
                 scale = double_scale(scale, second[0][group], second[1][0])
-            return decode(value, codes[i], scale).astype(out)
+            return decode(value, codes[i], scale, precision).astype(out)
         return te.compute(codes.shape, element, name="dequantize")
 
     return call.bb.call_te(compute, *call.args, primfunc_name_hint="dequantize")

@@ -197,6 +197,11 @@ CASES: list[tuple[str, Case]] = [
     ("dequantize-nf4-f16", case("dequantize", params={"w.codes": np.arange(-8, 8).reshape(4, 4).astype(DType.i4.numpy),
                                                        "w.scales": floats(4, 1).astype(np.float16)},
                                 value="nf4", block=(4,))),
+    ("dequantize-double-quant", case("dequantize", params={
+        "w.codes": np.tile(np.arange(-8, 8), (260, 1)).astype(DType.i4.numpy),
+        "w.scales": (np.arange(260) % 255 - 127).astype(np.int8).reshape(260, 1),
+        "w.scale_scales": np.array([1e-3, 2e-3], np.float32), "w.scale_offset": np.array([0.2], np.float32)},
+        value="nf4", block=(16,))),
     ("dequantize-i8-f16", case("dequantize", params={"w.codes": np.arange(-6, 6, dtype=np.int8).reshape(3, 4),
                                                       "w.scales": floats(1)}, value="q8f", dtype=DType.f16)),
     ("add-f16", case("add", X.astype(np.float16), floats(4).astype(np.float16))),
