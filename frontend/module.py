@@ -350,6 +350,7 @@ class Module(RecordMethods, SummaryMethods):
         return self.run_pass(get_pass("quantize-weights")(value=scheme.value, block=scheme.block,
                                                            calibration=quantizer.calibration,
                                                            scale_dtype=scheme.scale_dtype.value,
+                                                           double_quant=scheme.double_quant,
                                                            group=quantizer.param_group))
 
     def quantize_weights_group(self, quantizer: Quantizer, group: ParamGroup) -> Module:

@@ -35,11 +35,12 @@ class Reparameterizer(Protocol):
 @dataclass(frozen=True)
 class QuantScheme:
     """Value kind (Burn's q8f, q8s, q4f, q4s, q2f, q2s or kiln's nf4), block shape (empty: one scale per tensor)
-    and the scales' dtype (Burn's ScaleDtype: f32, f16 or bf16)."""
+    and the scales' dtype (Burn's ScaleDtype: f32, f16 or bf16) or, for nf4, double-quantized f32 scales."""
 
     value: str = "q8f"
     block: tuple[int, ...] = ()
     scale_dtype: DType = DType.f32
+    double_quant: bool = False
 
     def with_value(self, value: str) -> QuantScheme:
         return replace(self, value=value)
@@ -53,9 +54,10 @@ class QuantScheme:
         return replace(self, block=(), scale_dtype=DType(scale_dtype))
 
     @classmethod
-    def nf4(cls, block: int = 64, scale_dtype: DType | str = DType.f32) -> QuantScheme:
-        """QLoRA's NF4 (kiln's scheme, not Burn's): 16 normal-float levels, absmax scales per `block` values."""
-        return cls("nf4", (block,), DType(scale_dtype))
+    def nf4(cls, block: int = 64, scale_dtype: DType | str = DType.f32, double_quant: bool = False) -> QuantScheme:
+        """QLoRA's NF4 (kiln's scheme, not Burn's): 16 normal-float levels, absmax scales per `block` values,
+        with `double_quant` stored as i8 codes in groups of 256 (QLoRA's double quantization)."""
+        return cls("nf4", (block,), DType(scale_dtype), double_quant)
 
 
 @dataclass

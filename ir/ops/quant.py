@@ -235,6 +235,12 @@ def quantize(x: np.ndarray, value: str, block: Sequence[int], calibration: str,
     return codes, scales.reshape(scales_shape("quantize", x.shape, block))
 
 
+def check_double_quant(value: str) -> None:
+    """Double quantization is kiln's own (NF4's) form, so Burn's schemes stay Burn's."""
+    if value not in LOOKUP_TABLES:
+        raise ShapeError(f"double quantization is defined for {', '.join(LOOKUP_TABLES)} only, not {value}")
+
+
 def double_quantize(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(i8 codes, f32 group scales, f32 [1] offset) of f32 scales: the module docstring's double quantization."""
     flat = scales.astype(np.float32).reshape(-1)

@@ -90,7 +90,7 @@ class RecordEntry:
     shape: tuple[int, ...]
     data: np.ndarray | Callable[[], np.ndarray]
     scheme: QFloatScheme | None = None
-    scales: np.ndarray | Callable[[], np.ndarray] | None = None
+    scales: np.ndarray | Callable[[], np.ndarray] | tuple | None = None
     opaque: Opaque | None = None
 
     def __post_init__(self) -> None:
@@ -101,10 +101,13 @@ class RecordEntry:
         """The data, running the provider if there is one; nothing is cached, so a provider's result isn't kept."""
         return self.data() if callable(self.data) else self.data
 
-    def scale_array(self) -> np.ndarray:
-        """A quantized entry's f32 scales (shaped as `quantize` returns them); a RecordError for others."""
+    def scale_array(self) -> np.ndarray | tuple[np.ndarray, ...]:
+        """A quantized entry's scales (shaped as `quantize` returns them; double-quantized, the (i8 codes, f32
+        group scales, f32 offset) triple); a RecordError for others."""
         if self.scheme is None or self.scales is None:
             raise RecordError("tensor is not quantized: it has no scales")
+        if isinstance(self.scales, tuple):
+            return tuple(a() if callable(a) else a for a in self.scales)
         return self.scales() if callable(self.scales) else self.scales
 
     def packed(self) -> np.ndarray:

@@ -36,7 +36,7 @@ def qlora(scheme: QuantScheme) -> Net:
 
 def folded(net: Net) -> np.ndarray:
     """base + alpha / rank * a @ b in numpy, from the stored arrays (NF4 codes c name level NF4[c + 8], the
-    table test_quant_formats checks against the normal quantiles)."""
+    table tests/ir/test_quant_formats.py checks against the normal quantiles)."""
     state = net.state_dict()
     codes, scales = state["fc.weight"].astype(np.int64), state["fc.weight.scales"].astype(np.float64)
     if net.fc.weight.reparam.chain()[0].attrs["value"] == "nf4":
