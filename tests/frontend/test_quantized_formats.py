@@ -13,6 +13,7 @@ import torch
 import kiln
 from kiln import Lora, Module, QLora, Quantizer, QuantScheme, RecordError, nn
 from kiln.ir import DType
+from kiln.ir.ops.quant import NF4
 from kiln.runtime.records.burnpack import BurnDType, PackTensor
 from kiln.runtime.records.burnpack_io import BurnpackFile, to_bytes
 from kiln.runtime.records.record import ModuleRecord
@@ -68,6 +69,7 @@ def test_nf4_double_quant_on_a_real_layer_is_under_4_2_bits_and_matches_the_pape
     """Issue 11: "NF4 (block 64) with double-quantized scales (8-bit scales in blocks of 256 with one f32
     second-level scale): <= 4.2 bits/param measured on a real layer (bitsandbytes reaches 4.127)"."""
     net = Net(768, 3072)
+    net.fc.weight = kiln.Param.from_data(np.random.default_rng(4).normal(0, 0.02, (768, 3072)).astype(np.float32))
     q = net.quantize_weights(Quantizer(scheme=QuantScheme.nf4(double_quant=True),
                                        param_group=kiln.ParamGroup.from_path("fc.weight")))
     data = ModuleRecord({"fc.weight": q.into_record()["fc.weight"]}).to_bytes()
@@ -76,8 +78,17 @@ def test_nf4_double_quant_on_a_real_layer_is_under_4_2_bits_and_matches_the_pape
     w = net.fc.weight.val().numpy()
     got = q.fc.weight.val().numpy()
     want = nf4_double_quant_oracle(w)
-    mismatched = np.abs(got - want) > 1e-5
-    assert mismatched.mean() < 1e-4  # a value on a level midpoint may round either way in f32
+    # f32 rounding may differ from torch's: a value within 1e-5 of a midpoint between levels may take the other
+    # level, and the summation order of the mean may move a second-level code by one, changing a block's scale by
+    # one step (so its values by at most that step); nothing else may differ
+    mismatched = np.abs(got - want) > 1e-6
+    assert mismatched.mean() < 1e-3
+    absmax = np.abs(w).reshape(-1, 64).max(axis=1)
+    ratio = (w.reshape(-1, 64) / absmax[:, None]).reshape(w.shape)
+    table = NF4  # tests/ir/test_quant_formats.py checks it against the normal quantiles
+    near_mid = np.abs(ratio[..., None] - (table[:-1] + table[1:]) / 2).min(axis=-1) < 1e-5
+    step = np.abs(absmax - absmax.mean()).max() / 127
+    assert (np.abs(got - want)[~near_mid] <= 1.01 * step).all()
     # the error NF4 adds, relative to the weights' spread, is what 4 bits give
     assert np.abs(got - w).mean() < 0.1 * np.abs(w).mean()
     scheme = BurnpackFile.from_bytes(data).entries["fc.weight"].dtype.scheme_value
@@ -212,6 +223,9 @@ def test_inspect_shows_the_scheme_and_bits_per_param(tmp_path, capsys) -> None:
     assert "QFloat(nf4 block [8] f16, 6.00 bits/param)" in text  # 4 + 16/8
     assert main(["inspect", "--json", str(tmp_path / "q.bpk")]) == 0
     assert '"bits_per_param": 6.0' in capsys.readouterr().out
+    Net().quantize_weights(Quantizer(scheme=QuantScheme.nf4(8, double_quant=True))).save_file(tmp_path / "d")
+    assert main(["inspect", str(tmp_path / "d.bpk")]) == 0
+    assert "QFloat(nf4 block [8] double-quantized (256)," in capsys.readouterr().out
     (tmp_path / "f.bpk").write_bytes(future_pack())
     assert main(["inspect", str(tmp_path / "f.bpk")]) == 0
     assert "QFloat(unknown scheme" in capsys.readouterr().out

@@ -77,3 +77,16 @@ def test_requantize_nf4_keeps_the_scheme_and_scale_dtype() -> None:
     assert report["fc.weight"].mean_abs == pytest.approx(err.mean(), rel=1e-5)
     # NF4's worst case is half the widest gap between levels times the block's absmax
     assert report["fc.weight"].max_abs <= 0.5 * 0.28 * np.abs(folded(net)).max() * 1.01
+
+
+def test_requantize_keeps_double_quantized_scales() -> None:
+    """"same value/block/scale dtype": a double-quantized NF4 base re-quantizes double-quantized."""
+    net = Net().apply_qlora(QLora(Lora(2, 4.0), Quantizer(scheme=QuantScheme.nf4(8, double_quant=True))))
+    folded_value = net.fc.weight.val().numpy()
+    dense = net.materialize(requantize=True)
+    assert dense.fc.weight.reparam.kind == "dequantize"
+    assert [s for s, _ in dense.fc.weight.reparam.factors] == ["scales", "scales.scales", "scales.offset"]
+    assert dense.state_dict()["fc.weight.scales"].dtype == np.int8
+    _, report = requantize(net.state_graph())
+    err = np.abs(dense.fc.weight.val().numpy().astype(np.float64) - folded_value)
+    assert report["fc.weight"].max_abs == pytest.approx(err.max(), rel=1e-5, abs=1e-9)

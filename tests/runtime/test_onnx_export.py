@@ -362,6 +362,13 @@ def test_quantized_weights_export_as_codes_and_scales_dequantized_in_the_model()
     assert codes == dict.fromkeys(["fc1.weight.codes", "fc1.bias.codes"], onnx.TensorProto.INT4)
 
 
+def test_quantize_with_narrow_scales_is_refused_with_a_clear_error():
+    """Burn's round-up of f16/bf16 scales needs a bit cast, which ONNX lacks: a one-line KilnError, not a model
+    that rounds otherwise."""
+    with pytest.raises(KilnError, match="quantize: ONNX export supports f32 scales only, not scale_dtype = f16"):
+        to_onnx(case("quantize", floats(4, 8), value="q8s", block=(2, 4), scale_dtype=DType.f16).graph())
+
+
 def test_lora_folds_into_its_base_weight():
     module = randomized(MLP()).apply_lora(kiln.Lora(rank=2, alpha=4.0, init_std=0.5))
     graph = kiln.trace(module.valid(), ((None, 6), "f32"))
