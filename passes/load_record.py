@@ -172,8 +172,9 @@ class LoadRecord(StatePass):
                 r = quantized[name]
                 scheme = entry.scheme  # type: ignore[attr-defined]
                 if scheme.double_quant != (len(r.operands) > 2):
-                    errors.append(f"{path}: the record's scales are {'' if scheme.double_quant else 'not '}double-"
-                                  f"quantized but the module's are {'not ' if scheme.double_quant else ''}")
+                    form = {True: "double-quantized", False: "not double-quantized"}
+                    errors.append(f"{path}: the record's scales are {form[scheme.double_quant]} but the module's "
+                                  f"are {form[len(r.operands) > 2]}")
                     continue
                 params[name] = _take(node, entry, DTypePolicy.FROM_RECORD)  # codes stay in their code dtype
                 params.update(_take_scales([graph.params[o] for o in r.operands[1:]], entry, policy))

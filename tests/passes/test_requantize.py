@@ -61,8 +61,8 @@ def test_requantize_q8s_matches_a_numpy_requantization(caplog: pytest.LogCapture
     np.testing.assert_allclose(dense.fc.weight.val().numpy(), back, rtol=1e-6)
     err = np.abs(back.astype(np.float64) - folded(net))
     _, report = requantize(net.state_graph())
-    assert report["fc.weight"].max_abs == pytest.approx(err.max(), rel=1e-5)
-    assert report["fc.weight"].mean_abs == pytest.approx(err.mean(), rel=1e-5)
+    assert report["fc.weight"].max_abs == pytest.approx(err.max(), rel=1e-4, abs=1e-6)
+    assert report["fc.weight"].mean_abs == pytest.approx(err.mean(), rel=1e-4, abs=1e-6)
     assert "requantize @fc.weight (q8s): max |error|" in caplog.text
 
 
@@ -73,8 +73,8 @@ def test_requantize_nf4_keeps_the_scheme_and_scale_dtype() -> None:
     assert dense.state_dict()["fc.weight.scales"].dtype == np.float16
     _, report = requantize(net.state_graph())
     err = np.abs(dense.fc.weight.val().numpy().astype(np.float64) - folded(net))
-    assert report["fc.weight"].max_abs == pytest.approx(err.max(), rel=1e-5)
-    assert report["fc.weight"].mean_abs == pytest.approx(err.mean(), rel=1e-5)
+    assert report["fc.weight"].max_abs == pytest.approx(err.max(), rel=1e-4, abs=1e-6)
+    assert report["fc.weight"].mean_abs == pytest.approx(err.mean(), rel=1e-4, abs=1e-6)
     # NF4's worst case is half the widest gap between levels times the block's absmax
     assert report["fc.weight"].max_abs <= 0.5 * 0.28 * np.abs(folded(net)).max() * 1.01
 
@@ -89,4 +89,4 @@ def test_requantize_keeps_double_quantized_scales() -> None:
     assert dense.state_dict()["fc.weight.scales"].dtype == np.int8
     _, report = requantize(net.state_graph())
     err = np.abs(dense.fc.weight.val().numpy().astype(np.float64) - folded_value)
-    assert report["fc.weight"].max_abs == pytest.approx(err.max(), rel=1e-5, abs=1e-9)
+    assert report["fc.weight"].max_abs == pytest.approx(err.max(), rel=1e-5, abs=1e-7)
