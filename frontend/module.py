@@ -350,6 +350,8 @@ class Module(RecordMethods, SummaryMethods):
         scheme = quantizer.scheme
         return self.run_pass(get_pass("quantize-weights")(value=scheme.value, block=scheme.block,
                                                            calibration=quantizer.calibration,
+                                                           scale_dtype=scheme.scale_dtype.value,
+                                                           double_quant=scheme.double_quant,
                                                            group=quantizer.param_group))
 
     def quantize_weights_group(self, quantizer: Quantizer, group: ParamGroup) -> Module:
@@ -386,7 +388,8 @@ class Module(RecordMethods, SummaryMethods):
             return base if reparam is None else base.replace(reparam=reparam)
         return self._map_leaves(attach)
 
-    def materialize(self) -> Module:
-        """Fold reparameterizations into plain parameters (base ids and trainability kept)."""
-        return self.run_pass("materialize")
+    def materialize(self, requantize: bool = False) -> Module:
+        """Fold reparameterizations into plain parameters (base ids and trainability kept); with `requantize`, a
+        QLoRA weight folds back into its base's quantization scheme, each one's error logged on `kiln`."""
+        return self.run_pass(get_pass("materialize")(requantize=requantize))
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from kiln.ir import DType, RecordError
 from kiln.ir import init as initializers
-from kiln.ir.naming import SCALES, derived
+from kiln.ir.naming import quant_scale_factors
 from kiln.passes import Pass
 from kiln.passes.group import ParamGroup
 from kiln.passes.load_record import LoadRecord
@@ -53,10 +53,11 @@ def _stored(param: Param, through: ArrayMap | None = None):
     return initial if through is None else lambda: through(initial())
 
 
-def _scales(param: Param) -> Param | None:
-    """The scales factor of a quantized parameter (its first derivation dequantizes its codes), else None."""
+def _scales(param: Param) -> list[Param]:
+    """The scale factors of a quantized parameter (its first derivation dequantizes its codes): its scales, and
+    under double quantization their group scales and offset; none for other parameters."""
     chain = param.reparam.chain() if param.reparam is not None else []
-    return dict(chain[0].factors).get(SCALES) if chain and chain[0].kind == "dequantize" else None
+    return [f for _, f in chain[0].factors] if chain and chain[0].kind == "dequantize" else []
 
 
 def _save_mapper(param: Param) -> ArrayMap | None:
@@ -68,7 +69,7 @@ def _entry(path: str, param: Param) -> RecordEntry:
     holding its codes and scales (Burn records a quantized tensor whole), its scales not recorded apart."""
     scales = _scales(param)
     layout, save = param.layout, _save_mapper(param)
-    if scales is not None and (layout is not None or save is not None):
+    if scales and (layout is not None or save is not None):
         raise RecordError(f"{path}: a quantized parameter cannot be recorded in a file form "
                           f"({layout or 'a save mapper'}): its scale blocks follow the live axes")
     if layout is not None:
@@ -78,11 +79,14 @@ def _entry(path: str, param: Param) -> RecordEntry:
         stored = _stored(param)
         array = _array(path, save(stored() if callable(stored) else stored))
         return RecordEntry(param.id, DType.from_numpy(array.dtype), array.shape, array)
-    if scales is None:
+    if not scales:
         return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), _stored(param))
     attrs = param.reparam.chain()[0].attrs
-    return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), _stored(param),
-                       QFloatScheme(attrs["value"], tuple(attrs["block"])), _stored(scales))
+    double = len(scales) > 1
+    scheme = QFloatScheme(attrs["value"], tuple(attrs["block"]), DType.f32 if double else scales[0].type.dtype,
+                          double)
+    stored = tuple(_stored(f) for f in scales) if double else _stored(scales[0])
+    return RecordEntry(param.id, param.type.dtype, param.lazy_shape(), _stored(param), scheme, stored)
 
 
 def _array(path: str, value: object) -> np.ndarray:
@@ -121,7 +125,7 @@ class RecordMethods:
         """Collect the tensor parameters `group` matches; the others are skipped before their data is read.
         A quantized parameter's scales travel inside its QFloat entry, so they are not entries of their own."""
         leaves = [(path, leaf) for path, leaf in self.leaves() if isinstance(leaf, Param)]
-        inside = {id(s) for _, leaf in leaves if (s := _scales(leaf)) is not None}
+        inside = {id(s) for _, leaf in leaves for s in _scales(leaf)}
         return ModuleRecord({path: _entry(path, leaf) for path, leaf in leaves
                              if id(leaf) not in inside and group.matches(leaf.id, path, leaf)})
 
@@ -134,7 +138,9 @@ class RecordMethods:
         for path, entry in record.items():
             out[path] = entry.array()
             if entry.scheme is not None:
-                out[derived(path, SCALES)] = entry.scale_array()
+                scales = entry.scale_array()
+                names = quant_scale_factors(path, entry.scheme.double_quant)
+                out.update(zip(names, scales if isinstance(scales, tuple) else (scales,)))
         return out
 
     def load_state_dict(self: M, state: Mapping[str, np.typing.ArrayLike], strict: bool = True) -> M:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Protocol, Self
 
+from kiln.ir import DType
 from kiln.passes.group import ParamGroup
 
 from .param import Param, Reparam
@@ -50,19 +51,30 @@ class Reparameterizer(Protocol):
 
 @dataclass(frozen=True)
 class QuantScheme:
-    """Value kind (q8f, q8s, q4f, q4s, q2f, q2s) and block shape (empty: one scale per tensor)."""
+    """Value kind (Burn's q8f, q8s, q4f, q4s, q2f, q2s or kiln's nf4), block shape (empty: one scale per tensor)
+    and the scales' dtype (Burn's ScaleDtype: f32, f16 or bf16) or, for nf4, double-quantized f32 scales."""
 
     value: str = "q8f"
     block: tuple[int, ...] = ()
+    scale_dtype: DType = DType.f32
+    double_quant: bool = False
 
     def with_value(self, value: str) -> QuantScheme:
         return replace(self, value=value)
 
-    def per_block(self, block: tuple[int, ...]) -> QuantScheme:
-        return replace(self, block=tuple(block))
+    def per_block(self, block: tuple[int, ...], scale_dtype: DType | str = DType.f32) -> QuantScheme:
+        """One scale per block of `block` over the trailing dims, stored as `scale_dtype`."""
+        return replace(self, block=tuple(block), scale_dtype=DType(scale_dtype))
 
-    def per_tensor(self) -> QuantScheme:
-        return replace(self, block=())
+    def per_tensor(self, scale_dtype: DType | str = DType.f32) -> QuantScheme:
+        """One scale for the whole tensor, stored as `scale_dtype`."""
+        return replace(self, block=(), scale_dtype=DType(scale_dtype))
+
+    @classmethod
+    def nf4(cls, block: int = 64, scale_dtype: DType | str = DType.f32, double_quant: bool = False) -> QuantScheme:
+        """QLoRA's NF4 (kiln's scheme, not Burn's): 16 normal-float levels, absmax scales per `block` values,
+        with `double_quant` stored as i8 codes in groups of 256 (QLoRA's double quantization)."""
+        return cls("nf4", (block,), DType(scale_dtype), double_quant)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 from .graph import Graph
 
 BASE, CODES, SCALES = "base", "codes", "scales"
+SCALE_SCALES, SCALE_OFFSET = "scales.scales", "scales.offset"  # double-quantized scales' second level
 LORA_A, LORA_B = "lora.a", "lora.b"
 DORA_A, DORA_B, DORA_MAGNITUDE = "dora.a", "dora.b", "dora.magnitude"
 
@@ -58,6 +59,13 @@ def quant_codes(path: str) -> str:
 
 def quant_scales(path: str) -> str:
     return derived(path, SCALES)
+
+
+def quant_scale_factors(path: str, double: bool) -> tuple[str, ...]:
+    """The dequantize operands after the codes: the scales, and under double quantization their group scales
+    and offset."""
+    return (quant_scales(path), derived(path, SCALE_SCALES), derived(path, SCALE_OFFSET)) if double else \
+        (quant_scales(path),)
 
 
 def stored_name(path: str, quantized: bool) -> str:

@@ -22,7 +22,9 @@ from kiln.ir import Graph, KilnError, ParamGroupWarning, RecordError, parse, par
 from kiln.passes import PassManager, pass_names
 from kiln.runtime.atomic import atomic_file
 from kiln.runtime.progress import log, stage
+from kiln.runtime.records.burnpack import TensorEntry
 from kiln.runtime.records.burnpack_io import BurnpackFile
+from kiln.runtime.records.qfloat import QFloatScheme
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_IO = 0, 1, 2, 3
 
@@ -124,7 +126,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         entries = sorted(pack.entries.values(), key=lambda e: e.data_offsets)
         tensors = [{"name": e.name, "dtype": str(e.dtype), "shape": list(e.shape),
                     "param_id": None if e.param_id is None else str(e.param_id),
-                    "bytes": e.data_offsets[1] - e.data_offsets[0]} for e in entries]
+                    "bytes": e.data_offsets[1] - e.data_offsets[0], **_qfloat_fields(e)} for e in entries]
         totals = {"tensors": len(entries), "elements": sum(e.numel for e in entries),
                   "bytes": sum(t["bytes"] for t in tensors), "file_bytes": os.path.getsize(args.input)}
         report = {"file": args.input, "version": pack.version, "tensors": tensors, "totals": totals,
@@ -133,10 +135,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _qfloat_fields(entry: TensorEntry) -> dict:
+    """A QFloat tensor's scheme (kiln's reading of it, or the unknown map) and its stored bits per element."""
+    if entry.dtype.kind != "QFloat":
+        return {}
+    try:
+        scheme = str(QFloatScheme.from_burn(entry.dtype.scheme_value))
+    except RecordError:
+        scheme = f"unknown scheme {entry.dtype.scheme_value!r}"
+    stored = entry.data_offsets[1] - entry.data_offsets[0]
+    return {"scheme": scheme, "bits_per_param": round(8 * stored / max(entry.numel, 1), 4)}
+
+
 def _inspect_text(report: dict) -> str:
     """The inspect report as an aligned table (ids in Burn's form, as `id:` group terms take them)."""
     rows = [("NAME", "DTYPE", "SHAPE", "PARAM_ID", "BYTES")]
-    rows += [(t["name"], t["dtype"], str(t["shape"]), "-" if t["param_id"] is None else t["param_id"],
+    rows += [(t["name"], f"QFloat({t['scheme']}, {t['bits_per_param']:.2f} bits/param)" if "scheme" in t
+              else t["dtype"], str(t["shape"]), "-" if t["param_id"] is None else t["param_id"],
               f"{t['bytes']:,}") for t in report["tensors"]]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths)), row[4].rjust(12)]) for row in rows]

@@ -94,8 +94,9 @@ class _Dequantized:
 
     def array(self) -> np.ndarray:
         scheme = self.entry.scheme  # type: ignore[attr-defined]
-        return dequantize(self.entry.array(), self.entry.scale_array(),  # type: ignore[attr-defined]
-                          scheme.value, scheme.block, DType.f32)
+        scales = self.entry.scale_array()  # type: ignore[attr-defined]
+        scales = scales if isinstance(scales, tuple) else (scales,)
+        return dequantize(self.entry.array(), scales[0], scheme.value, scheme.block, DType.f32, *scales[1:])
 
 
 def _scheme(entry: RecordEntryLike | None) -> object | None:
@@ -155,8 +156,8 @@ class LoadRecord(StatePass):
         missing: list[str] = []
         used: set[str] = set()
         quantized = {r.operands[0]: r for r in graph.reparams.values() if r.kind == "dequantize"}  # codes: dequantize
-        inside = {r.operands[1]: codes for codes, r in quantized.items()  # scales taken from a QFloat entry
-                  if _scheme(self.record.get(record_paths[codes])) is not None}
+        inside = {o: codes for codes, r in quantized.items()  # scales taken from a QFloat entry
+                  if _scheme(self.record.get(record_paths[codes])) is not None for o in r.operands[1:]}
         reparams = dict(graph.reparams)
         for name, node in graph.params.items():
             params.setdefault(name, node)
@@ -180,9 +181,14 @@ class LoadRecord(StatePass):
                                   f"{node.layout} (its scale blocks follow the file's axes)")
                     continue
                 r = quantized[name]
-                params[name] = _take(node, entry, DTypePolicy.FROM_RECORD)  # codes stay in their code dtype
-                params[r.operands[1]] = _take_scales(graph.params[r.operands[1]], entry, policy)
                 scheme = entry.scheme  # type: ignore[attr-defined]
+                if scheme.double_quant != (len(r.operands) > 2):
+                    form = {True: "double-quantized", False: "not double-quantized"}
+                    errors.append(f"{path}: the record's scales are {form[scheme.double_quant]} but the module's "
+                                  f"are {form[len(r.operands) > 2]}")
+                    continue
+                params[name] = _take(node, entry, DTypePolicy.FROM_RECORD)  # codes stay in their code dtype
+                params.update(_take_scales([graph.params[o] for o in r.operands[1:]], entry, policy))
                 reparams[r.name] = r.replace(attrs={**r.attrs, "value": scheme.value, "block": scheme.block})
                 continue
             params[name] = _take(node, entry, policy)
@@ -190,8 +196,14 @@ class LoadRecord(StatePass):
         return graph.replace(params=params, reparams=reparams)
 
 
-def _take_scales(node: ParamNode, entry: RecordEntryLike, policy: DTypePolicy) -> ParamNode:
-    """The scales node holding a QFloat entry's scales (f32, or the module's float dtype when casting)."""
+def _take_scales(nodes: list[ParamNode], entry: RecordEntryLike, policy: DTypePolicy) -> dict[str, ParamNode]:
+    """The scale nodes holding a QFloat entry's scales (at the scheme's scale dtype, or the module's float dtype
+    when casting; double-quantized ones keep theirs)."""
     data = entry.scale_array()  # type: ignore[attr-defined]
-    dtype = node.type.dtype if policy is DTypePolicy.CAST_TO_MODULE else DType.f32
-    return node.replace(type=TensorType(tuple(data.shape), dtype), init=None, data=data.astype(dtype.numpy))
+    if isinstance(data, tuple):
+        return {n.name: n.replace(type=TensorType(tuple(a.shape), DType.from_numpy(a.dtype)), init=None, data=a)
+                for n, a in zip(nodes, data)}
+    (node,) = nodes
+    dtype = node.type.dtype if policy is DTypePolicy.CAST_TO_MODULE else DType.from_numpy(data.dtype)
+    return {node.name: node.replace(type=TensorType(tuple(data.shape), dtype), init=None,
+                                    data=data.astype(dtype.numpy))}

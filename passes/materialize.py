@@ -4,6 +4,7 @@ The result keeps the stored base's ParamId and configured trainability and is de
 are dropped. A QLoRA weight (LoRA over a dequantized base) folds to a dense float parameter with the codes'
 ParamId; its codes and scales are dropped too. A plain quantized weight (a standalone `dequantize`) is not a
 reparameterization in Burn and stays as it is, as do parameters that are not derived (lazy ones stay lazy).
+With `requantize`, a QLoRA weight is instead folded and quantized back into its base's scheme (`requantize.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from kiln.ir.naming import stored_base
 from kiln.ir.verifier import DEQUANTIZE
 
 from .param_state import StatePass
+from .requantize import requantize as requantize_qlora
 
 
 @dataclass(frozen=True)
@@ -22,9 +24,15 @@ class Materialize(StatePass):
     """Replace every reparameterization by a parameter with its value (base id and grad state kept)."""
 
     name = "materialize"
-    preserves_semantics = True
+    requantize: bool = False
+
+    @property
+    def preserves_semantics(self) -> bool:  # type: ignore[override]  # requantizing adds rounding error
+        return not self.requantize
 
     def apply(self, graph: Graph) -> Graph:
+        if self.requantize:
+            graph, _ = requantize_qlora(graph)
         folded = [r for r in graph.reparams.values() if r.kind != DEQUANTIZE]
         if not folded:
             return graph

@@ -1,7 +1,8 @@
 """Gradients of weight quantization. Codes are integers: no gradient reaches them or flows from them.
 
-- dequantize (scale * code per block): d scales = sum over each block of g * code;
-- quantize: only its scales result is differentiable, scale = 2 * peak / (b - a) per block with peak = max |x|
+- dequantize (scale * level(code) per block): d scales = sum over each block of g * level(code), computed in
+  the scales' compute dtype (none for double-quantized scales, which are integer codes as well);
+- quantize: only its scales result is differentiable, scale = peak * m / d per block (`scale_ratio`) with peak = max |x|
   (`minmax`, the gradient split evenly over tied maxima as torch's amax) or mean |x| (`absmean`). There is no
   straight-through estimator here: the codes, being piecewise constant, have none.
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 from ..dtypes import DType
 from ..gradients import Emitter, GradContext, Grads, emit, gradient, is_float, reshape_to, scalar
 from ..graph import Op, Operand
-from ..ops.quant import VALUE_RANGES, block_dims
+from ..ops.quant import LOOKUP_BIAS, LOOKUP_TABLES, block_dims, scale_ratio
 
 
 def _views(shape, block):
@@ -30,16 +31,25 @@ def _cast(fb: Emitter, v: Operand, dtype: DType) -> Operand:
     return v if v.type.dtype is dtype else emit(fb, "cast", v, dtype=dtype)
 
 
+def _levels(ctx: GradContext, codes: Operand, value: str, dtype: DType) -> Operand:
+    """The level of each code in `dtype` (`quant.levels` in IR): the code, or its lookup-table entry."""
+    if value not in LOOKUP_TABLES:
+        return _cast(ctx, codes, dtype)
+    index = emit(ctx, "sub", _cast(ctx, codes, DType.i32), scalar(ctx, LOOKUP_BIAS, DType.i32))
+    table = LOOKUP_TABLES[value].astype(dtype.numpy)
+    return emit(ctx, "take", emit(ctx, "constant", value=table), index)
+
+
 @gradient("dequantize")
 def _dequantize(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
-    (codes, scales), (g,) = op.operands, out_grads
-    if g is None or not is_float(scales) or not ctx.wanted(1):
-        return (None, None)
-    dt = scales.type.dtype
+    (codes, scales), (g,) = op.operands[:2], out_grads
+    if g is None or not is_float(scales) or not ctx.wanted(1):  # double-quantized scales are codes too
+        return (None,) * len(op.operands)
     blocked, inner, _ = _views(codes.type.shape, op.attrs["block"])
-    prod = emit(ctx, "mul", _cast(ctx, g, dt), _cast(ctx, codes, dt))
+    dt = scales.type.dtype.compute
+    prod = emit(ctx, "mul", _cast(ctx, g, dt), _levels(ctx, codes, op.attrs["value"], dt))
     per_block = emit(ctx, "sum", reshape_to(ctx, prod, blocked, "dequantize"), axes=inner)
-    return (None, reshape_to(ctx, per_block, scales.type.shape, "dequantize"))
+    return (None, _cast(ctx, reshape_to(ctx, per_block, scales.type.shape, "dequantize"), scales.type.dtype))
 
 
 @gradient("quantize")
@@ -48,13 +58,13 @@ def _quantize(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     if gs is None or not is_float(x) or not ctx.wanted(0):
         return (None,)
     f32 = DType.f32  # quantize computes in f32
-    lo, hi = VALUE_RANGES[op.attrs["value"]]
+    m, d = scale_ratio(op.attrs["value"])
     blocked, inner, kept = _views(x.type.shape, op.attrs["block"])
     xb = reshape_to(ctx, _cast(ctx, x, f32), blocked, "quantize")
     zero = scalar(ctx, 0.0, f32)
     sign = emit(ctx, "where", emit(ctx, "greater", xb, zero), scalar(ctx, 1.0, f32),
                 emit(ctx, "where", emit(ctx, "less", xb, zero), scalar(ctx, -1.0, f32), zero))
-    share = emit(ctx, "mul", reshape_to(ctx, gs, kept, "quantize"), scalar(ctx, 2.0 / (hi - lo), f32))
+    share = emit(ctx, "mul", _cast(ctx, reshape_to(ctx, gs, kept, "quantize"), f32), scalar(ctx, m / d, f32))
     if op.attrs["calibration"] == "absmean":
         size = 1
         for i in inner:

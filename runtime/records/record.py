@@ -2,7 +2,9 @@
 
 Data stays lazy both ways: a record read from a file or bytes views the pack's bytes (memory-mapped for a
 file) and reads nothing until a tensor is used, and a lazy parameter is recorded as a provider that runs only
-while the pack is written, so its value is neither kept nor stored in the module.
+while the pack is written, so its value is neither kept nor stored in the module. A QFloat tensor whose scheme
+kiln does not know (a newer Burn's) is kept opaque: its dtype and bytes are saved back unchanged, and only
+reading it as a value raises a RecordError naming the tensor and the scheme.
 """
 
 from __future__ import annotations
@@ -65,12 +67,22 @@ def kiln_dtype(dtype: BurnDType) -> DType:
         raise RecordError(f"Burn dtype {dtype} has no kiln dtype") from None
 
 
+@dataclass(frozen=True, eq=False)
+class Opaque:
+    """A QFloat tensor kiln cannot decode, as it came: its Burn dtype (the scheme's CBOR bytes) and its bytes."""
+
+    dtype: BurnDType
+    data: Callable[[], memoryview]
+    nbytes: int
+
+
 @dataclass(frozen=True, eq=False, slots=True)
 class RecordEntry:
     """One recorded tensor: ParamId, kiln dtype, shape, and its data or a zero-argument provider of it.
 
     A quantized tensor (Burn's QFloat) has a `scheme`: its data are the integer codes (dtype i8 or i4) and
-    `scales` (data or provider) its f32 scales; it is stored as one QFloat tensor holding both.
+    `scales` (data or provider) its scales; it is stored as one QFloat tensor holding both. An `opaque` entry
+    (a QFloat scheme kiln does not know) has f32 as the dtype it stands for and a `data` provider that raises.
     """
 
     param_id: ParamId
@@ -78,7 +90,8 @@ class RecordEntry:
     shape: tuple[int, ...]
     data: np.ndarray | Callable[[], np.ndarray]
     scheme: QFloatScheme | None = None
-    scales: np.ndarray | Callable[[], np.ndarray] | None = None
+    scales: np.ndarray | Callable[[], np.ndarray] | tuple | None = None
+    opaque: Opaque | None = None
 
     def __post_init__(self) -> None:
         """Normalise the shape so entries compare against TensorType shapes."""
@@ -88,10 +101,13 @@ class RecordEntry:
         """The data, running the provider if there is one; nothing is cached, so a provider's result isn't kept."""
         return self.data() if callable(self.data) else self.data
 
-    def scale_array(self) -> np.ndarray:
-        """A quantized entry's f32 scales (shaped as `quantize` returns them); a RecordError for others."""
+    def scale_array(self) -> np.ndarray | tuple[np.ndarray, ...]:
+        """A quantized entry's scales (shaped as `quantize` returns them; double-quantized, the (i8 codes, f32
+        group scales, f32 offset) triple); a RecordError for others."""
         if self.scheme is None or self.scales is None:
             raise RecordError("tensor is not quantized: it has no scales")
+        if isinstance(self.scales, tuple):
+            return tuple(a() if callable(a) else a for a in self.scales)
         return self.scales() if callable(self.scales) else self.scales
 
     def packed(self) -> np.ndarray:
@@ -181,6 +197,9 @@ class ModuleRecord(Mapping[str, RecordEntry]):
         for entry in sorted(pack.entries.values(), key=_data_start):
             param_id = new_param_id() if entry.param_id is None else entry.param_id
             scheme = schemes.get(entry.dtype)
+            if isinstance(scheme, RecordError):
+                entries[entry.name] = _opaque_entry(pack, entry, param_id, scheme)
+                continue
             if scheme is not None:
                 _check_qfloat_length(pack, entry, scheme)
                 entries[entry.name] = RecordEntry(
@@ -200,19 +219,36 @@ class ModuleRecord(Mapping[str, RecordEntry]):
 
 
 def _pack_tensor(path: str, entry: RecordEntry) -> PackTensor:
-    """A burnpack tensor; a quantized entry is one QFloat tensor packed when the writer reaches it."""
+    """A burnpack tensor; a quantized entry is one QFloat tensor packed when the writer reaches it, an opaque one
+    its dtype and bytes as read."""
+    if entry.opaque is not None:
+        return PackTensor(path, entry.opaque.dtype, entry.shape, entry.param_id, entry.opaque.data,
+                          entry.opaque.nbytes)
     if entry.scheme is None:
         return PackTensor(path, _burn_dtype_of(path, entry), entry.shape, entry.param_id, entry.data)
     return PackTensor(path, BurnDType.qfloat(entry.scheme.to_burn()), entry.shape, entry.param_id, entry.packed,
                       qfloat.nbytes(entry.shape, entry.scheme))
 
 
-def _scheme_of(pack: BurnpackFile, name: str, dtype: BurnDType) -> QFloatScheme:
-    """kiln's scheme for a pack's QFloat dtype, or a RecordError naming the file and tensor."""
+def _scheme_of(pack: BurnpackFile, name: str, dtype: BurnDType) -> QFloatScheme | RecordError:
+    """kiln's scheme for a pack's QFloat dtype, or the RecordError saying why kiln cannot represent it."""
     try:
         return QFloatScheme.from_burn(dtype.scheme_value)
     except RecordError as error:
-        raise RecordError(f"{pack.path}: tensor {name!r}: {error}") from None
+        return error
+
+
+def _opaque_entry(pack: BurnpackFile, entry: TensorEntry, param_id: ParamId, why: RecordError) -> RecordEntry:
+    """An entry keeping a QFloat tensor of an unknown scheme as it came; reading its value raises."""
+    start, end = entry.data_offsets
+    message = (f"{pack.path}: tensor {entry.name!r} has QFloat scheme {entry.dtype.scheme_value!r}, which kiln "
+               f"does not know ({why}); it is kept as stored and saved back unchanged, but cannot be used as a value")
+    return RecordEntry(param_id, DType.f32, entry.shape, functools.partial(_refuse, message), None, None,
+                       Opaque(entry.dtype, functools.partial(pack.tensor_bytes, entry.name), end - start))
+
+
+def _refuse(message: str) -> np.ndarray:
+    raise RecordError(message)
 
 
 def _check_qfloat_length(pack: BurnpackFile, entry: TensorEntry, scheme: QFloatScheme) -> None:

@@ -33,6 +33,7 @@ from kiln.ir import (
 )
 from kiln.ir.grad_rules import rule_for
 from kiln.ir.gradients import BIG, GradContext
+from kiln.ir.ops.quant import NF4
 from kiln.passes.autodiff import Autodiff, gradient_name
 
 DATA = np.random.default_rng(20240917)
@@ -280,6 +281,10 @@ case("dequantize", "blocks", [_codes, pos(2, 2)],
      dtype=DType.f64)
 case("dequantize", "per-tensor", [DATA.integers(-7, 8, (3, 4)).astype(np.int8), pos(1)],
      lambda c, s: c.double() * s, value="q4s", dtype=DType.f64)
+# QLoRA appendix E's NF4 levels (test_ops_quant checks the table against the normal quantiles)
+_nf4 = torch.tensor(NF4, dtype=torch.float64)
+case("dequantize", "nf4-blocks", [DATA.integers(-8, 8, (4, 6)).astype(np.int8), pos(4, 2)],
+     lambda c, s: _nf4[c.long() + 8] * s.repeat_interleave(3, 1), value="nf4", block=(3,), dtype=DType.f64)
 case("quantize", "minmax-blocks", [r(4, 6)],
      lambda x: (None, _blocks(x.float(), (2, 3)).abs().amax(dim=(1, 3)) * (2 / 254)), results=(1,),
      fd_eps=1e-3, fd_tol=(1e-3, 1e-5), value="q8s", block=(2, 3))

@@ -243,7 +243,8 @@ ERRORS = [
     ("dequantize", [I46, TensorType((1,), DType.i32)], {"value": "q8s"}, r"operand 1 has dtype i32, expected a float"),
     ("dequantize", [I46, ONE], {"value": "q8s", "dtype": "i32"}, r"attribute 'dtype' = i32 is not a floating dtype"),
     ("dequantize", [I46, ONE], {"value": "q8s", "scale": 1.0}, r"unknown attribute 'scale'"),
-    ("dequantize", [I46], {"value": "q8s"}, r"takes operands \(codes, scales\) but got 1"),
+    ("dequantize", [I46], {"value": "q8s"},
+     r"takes operands \(codes, scales, scale_scales\?, scale_offset\?\) but got 1"),
 ]
 
 

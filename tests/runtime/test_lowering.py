@@ -148,6 +148,17 @@ def _cases() -> list[Case]:
                   {"value": "q8s", "block": (2, 4)}))
     i4 = ints(3, 5, lo=-8, hi=8, dtype=ml_dtypes.int4)
     c.append(Case("dequantize", "q4f-i4-codes", [i4, f32(1, lo=0.01, hi=0.1)], {"value": "q4f", "dtype": DType.f16}))
+    # issue 11: NF4 (a lookup of the QLoRA paper's levels) and f16/bf16 scales (Burn's ScaleDtype)
+    c.append(Case("quantize", "nf4-block", [f32(4, 8)], {"value": "nf4", "block": (4,)}))
+    c.append(Case("quantize", "q8s-f16-scales", [f32(4, 8)],
+                  {"value": "q8s", "block": (2, 4), "scale_dtype": DType.f16}))
+    c.append(Case("quantize", "q4f-bf16-scale", [f32(3, 5)], {"value": "q4f", "scale_dtype": DType.bf16}))
+    c.append(Case("dequantize", "nf4-bf16-scales", [i4, f32(3, 1, lo=0.01, hi=0.1).astype(ml_dtypes.bfloat16)],
+                  {"value": "nf4", "block": (5,)}))
+    # double-quantized scales (QLoRA section 3): 300 i8 scale codes in two groups of 256, then an f32 offset
+    dq = [ints(300, 64, lo=-8, hi=8, dtype=ml_dtypes.int4), ints(300, 1, lo=-127, hi=128, dtype=np.int8),
+          f32(2, lo=1e-4, hi=1e-3), f32(1, lo=0.05, hi=0.1)]
+    c.append(Case("dequantize", "nf4-double-quant", dq, {"value": "nf4", "block": (64,)}))
     c.append(Case("dropout", "not-training", [f32(3, 5)], {"p": 0.3}, flags=(False,)))
     c.append(Case("dropout", "runtime-flag-off", [f32(3, 5)], {"p": 0.3}, flags=(False,), flag_inputs=True))
     for kind in ("sum", "mean", "max", "min"):
