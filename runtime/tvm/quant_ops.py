@@ -6,7 +6,9 @@ axes and broadcast over the odd ones. Sub-byte codes are int8 in TVM (see `dtype
 
 from __future__ import annotations
 
-from tvm import relax, tirx
+from collections.abc import Callable, Sequence
+
+from tvm import relax, te, tirx
 from tvm.relax import op as R
 
 from kiln.ir.ops.quant import VALUE_RANGES
@@ -51,16 +53,29 @@ def _quantize(call: OpCall) -> RelaxResult:
     return codes, R.reshape(scales, layout[1] if layout else [1])
 
 
+Decode = Callable[[Sequence[te.Tensor], Sequence[tirx.Expr]], tirx.Expr]
+
+
+def decoder(call: OpCall) -> Decode:
+    """The one per-element decode of a `dequantize` call: (its operands as TE tensors, an element index of the codes)
+    -> that element's float value. The plain lowering and every fused consumer (`quant_matmul`) read codes through it,
+    so a new quantization form is one case here."""
+    block = call.attrs["block"]
+    rank = call.types[0].rank
+    dims = (1,) * (rank - len(block)) + tuple(block) if block else None
+    wide, out = call.dtype(1), tvm_dtype(call.attrs["dtype"])
+
+    def decode(tensors: Sequence[te.Tensor], index: Sequence[tirx.PrimExpr]) -> tirx.PrimExpr:
+        codes, scales = tensors
+        at = [i if b == 1 else tirx.floordiv(i, b) for i, b in zip(index, dims)] if dims else [0]
+        return (codes[tuple(index)].astype(wide) * scales[tuple(at)]).astype(out)
+
+    return decode
+
+
 @relax_rule("dequantize")
 def _dequantize(call: OpCall) -> RelaxResult:
-    """scale(block of each element) * code, at the scales' precision, as the target dtype."""
-    codes, scales = call.args
-    values = R.astype(codes, call.dtype(1))
-    layout = _layout(call)
-    if layout is None:
-        out = R.multiply(values, scales)
-    else:
-        grid = R.reshape(scales, [s for n in layout[1] for s in (n, 1)])
-        blocked = R.multiply(R.reshape(call.emit(values), layout[0]), call.emit(grid))
-        out = R.reshape(call.emit(blocked), call.shape(0))
-    return R.astype(out, tvm_dtype(call.attrs["dtype"]))
+    """scale(block of each element) * code, at the scales' precision, as the target dtype: one elementwise kernel."""
+    decode = decoder(call)
+    return call.bb.call_te(lambda *ts: te.compute(ts[0].shape, lambda *i: decode(ts, i), name="dequantize"), *call.args,
+                           primfunc_name_hint="dequantize")
