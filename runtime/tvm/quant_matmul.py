@@ -6,7 +6,8 @@ The plain dequantize the driver emitted is then unused and removed by dead-code 
 
 from __future__ import annotations
 
-from tvm import relax, te
+from tvm import relax, te, tirx
+from tvm.relax import op as R
 
 from .quant_ops import decoder
 from .rule import OpCall
@@ -25,22 +26,37 @@ def _decoded_weight(call: OpCall) -> tuple[OpCall, bool] | None:
 
 
 def quant_matmul(call: OpCall) -> relax.Expr | None:
-    """`x @ W` for x of rank >= 2 and a dequantized 2-D W, decoding W inside the matmul kernel; None otherwise."""
+    """`x @ W` for x of rank >= 2 and a dequantized 2-D W, decoding W inside the matmul kernel; None otherwise.
+
+    `x @ W^T` (the backward's `dy @ W^T`) is computed as `(W @ x^T)^T` over x's rows flattened: W's rows then stream
+    as the broadcast operand and the small activation is the vector one, the register-blocked form `CPUMatmul`
+    schedules (read as `x @ W^T` directly, neither operand has unit stride along the output columns).
+    """
     found = _decoded_weight(call)
     if found is None or call.types[0].rank < 2:
         return None
     dq, transposed = found
     decode = decoder(dq)
-    n = call.shape(1)[1]
+    x, n = call.args[0], call.shape(1)[1]
+    if not transposed:
+        def compute(xs: te.Tensor, *tensors: te.Tensor) -> te.Tensor:
+            *rows, depth = xs.shape
+            k = te.reduce_axis((0, depth), "k")
+            return te.compute([*rows, n], lambda *i: te.sum(
+                xs[(*i[:-1], k)] * decode(tensors, (k, i[-1])).astype(xs.dtype), axis=k), name="matmul")
 
-    def compute(x: te.Tensor, *tensors: te.Tensor) -> te.Tensor:
-        *rows, depth = x.shape
+        return call.bb.call_te(compute, x, *dq.args, primfunc_name_hint="dequantize_matmul")
+
+    def flipped(xt: te.Tensor, *tensors: te.Tensor) -> te.Tensor:
+        depth, m = xt.shape
         k = te.reduce_axis((0, depth), "k")
+        return te.compute([n, m], lambda j, i: te.sum(
+            decode(tensors, (j, k)).astype(xt.dtype) * xt[k, i], axis=k), name="matmul")
 
-        def element(*i):
-            w = decode(tensors, (i[-1], k) if transposed else (k, i[-1]))
-            return te.sum(x[(*i[:-1], k)] * w.astype(x.dtype), axis=k)
-
-        return te.compute([*rows, n], element, name="matmul")
-
-    return call.bb.call_te(compute, call.args[0], *dq.args, primfunc_name_hint="dequantize_matmul")
+    *rows, depth = call.shape(0)
+    count = tirx.const(1, "int64")
+    for d in rows:
+        count = count * d
+    xt = call.emit(R.permute_dims(call.emit(R.reshape(x, [count, depth])), [1, 0]))
+    out = call.bb.call_te(flipped, xt, *dq.args, primfunc_name_hint="dequantize_matmul_t")
+    return R.reshape(call.emit(R.permute_dims(out, [1, 0])), [*rows, n])

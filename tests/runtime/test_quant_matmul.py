@@ -115,7 +115,7 @@ def dense_weights(fn: relax.Function, kernels: dict[str, tirx.PrimFunc], shapes:
             if floating and ty.shape is not None:
                 dims = tuple(int(d) if isinstance(d, tirx.IntImm) else -1 for d in ty.shape.values)
                 if dims in shapes:
-                    found.append(f"relax value {binding.var.name_hint} {dims}")
+                    found.append(f"relax value {dims} = {str(binding.value)[:80]}")
     for name, kernel in kernels.items():
         text = kernel.script()
         for k, n in shapes:
@@ -136,15 +136,14 @@ def test_no_float_copy_of_a_quantized_weight_is_made(graph: Graph, params: str) 
     assert any("dequantize_matmul" in name for name in kernels)
 
 
-def test_the_matmul_schedule_blocks_every_decoding_kernel_of_x_times_w(graph: Graph) -> None:
-    """The register-blocked CPU rule takes the kernels decoding x @ W (an unscheduled one would be ~100x slower); the
-    transposed y @ W^T reads W along K, which that rule does not block (see bench/RESULTS.md)."""
+def test_the_matmul_schedule_blocks_every_decoding_kernel(graph: Graph) -> None:
+    """The register-blocked CPU rule takes every decoding kernel (an unscheduled one runs ~100x slower), the
+    transposed product (computed as (W @ y^T)^T) included."""
     _, kernels = fused(graph, "inputs")
     decoding = {name: f for name, f in kernels.items() if "dequantize_matmul" in name}
+    assert any(name.startswith("dequantize_matmul_t") for name in decoding)
     with TARGET:
-        blocked = {name for name, f in decoding.items() if CPUMatmul().apply(f, TARGET, False) is not None}
-    forward = {name for name, f in decoding.items() if "codes[v_k, v_i1]" in f.script()}
-    assert forward and blocked == forward
+        assert all(CPUMatmul().apply(f, TARGET, False) is not None for f in decoding.values())
 
 
 @pytest.fixture(scope="module")
