@@ -137,7 +137,8 @@ def train(index: int) -> dict:
     state = sum(a.nbytes for a in [*step._params, *step._states])
     runtime_bits, record_bits = stored_bits(model)
     return {"label": label, "ms": statistics.median(times), "peak_mib": peak / 1024,
-            "over_mib": (peak - baseline) / 1024, "state_mib": state / 2**20, "bits": runtime_bits, "record_bits": record_bits, "first_s": first}
+            "over_mib": (peak - baseline) / 1024, "state_mib": state / 2**20, "bits": runtime_bits,
+            "record_bits": record_bits, "first_s": first}
 
 
 def isolated(index: int) -> dict | None:
