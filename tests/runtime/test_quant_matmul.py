@@ -53,7 +53,7 @@ def _name(value: str, block: str) -> str:
 
 def quantized_graph() -> Graph:
     """One function multiplying x by every (value kind, block) weight, as matmul, as linear with a bias, and by the
-    transpose (`y @ W^T`, the backward's product)."""
+    transpose (`y @ W^T`, the backward's product); then a rank-3 activation by a transpose and an f16 weight."""
     rng = np.random.default_rng(0)
     params, reparams, body, results = [], [], [], []
     for i, (value, block) in enumerate(CASES):
@@ -72,12 +72,18 @@ def quantized_graph() -> Graph:
                  f"%t{i} = transpose @{w} {{perm = [1, 0]}} : tensor<{N}x{K}xf32>",
                  f"%b{i} = matmul %y, %t{i} : tensor<?x{K}xf32>"]
         results += [f"%m{i}", f"%l{i}", f"%b{i}"]
-    types = ", ".join([f"tensor<?x{N}xf32>", f"tensor<?x{N}xf32>", f"tensor<?x{K}xf32>"] * len(CASES))
+    reparams.append(f'reparam @w16 : tensor<{K}x{N}xf16> = dequantize(@{_name(*CASES[1])}.codes, '
+                    f'@{_name(*CASES[1])}.scales) {{value = "q8f", block = [16], dtype = f16}}')
+    body += [f"%r = matmul %z, %t0 : tensor<3x?x{K}xf32>", f"%h16 = matmul %h, @w16 : tensor<?x{N}xf16>"]
+    results += ["%r", "%h16"]
+    types = ", ".join([f"tensor<?x{N}xf32>", f"tensor<?x{N}xf32>", f"tensor<?x{K}xf32>"] * len(CASES)
+                      + [f"tensor<3x?x{K}xf32>", f"tensor<?x{N}xf16>"])
     lines = "\n    ".join(body)
     return parse(f"""module @Q {{
   {chr(10).join(params)}
   {chr(10).join(reparams)}
-  func @forward(%x: tensor<?x{K}xf32>, %y: tensor<?x{N}xf32>, %bias: tensor<{N}xf32>) -> ({types}) {{
+  func @forward(%x: tensor<?x{K}xf32>, %y: tensor<?x{N}xf32>, %bias: tensor<{N}xf32>, %z: tensor<3x?x{N}xf32>,
+               %h: tensor<?x{K}xf16>) -> ({types}) {{
     {lines}
     return {", ".join(results)}
   }}
@@ -154,11 +160,16 @@ def executable(graph: Graph):
 @pytest.mark.parametrize("rows", [1, 5])
 def test_decoding_matmuls_match_the_interpreter(graph: Graph, executable, rows: int) -> None:
     """Every value kind (q8f/q8s/q4f/q4s/q2f/q2s) per tensor, per row block and per tile, as x @ W, linear and
-    y @ W^T, at batch 1 and an odd batch, agrees with the numpy reference."""
+    y @ W^T, at batch 1 and an odd batch, agrees with the numpy reference; so do a rank-3 z @ W^T and an f16
+    dequantize (rounded to f16 before the product, as the reference rounds it)."""
     rng = np.random.default_rng(rows)
-    inputs = [rng.standard_normal(s).astype(np.float32) for s in [(rows, K), (rows, N), (N,)]]
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in [(rows, K), (rows, N), (N,), (3, rows, N)]]
+    inputs.append(rng.standard_normal((rows, K)).astype(np.float16))
     got = executable.run(*inputs)
     want = interpret(graph, inputs)
+    assert len(got) == len(want) == 3 * len(CASES) + 2
+    np.testing.assert_allclose(got[-2], want[-2], rtol=1e-5, atol=1e-5 * float(np.abs(want[-2]).max()))
+    np.testing.assert_allclose(got[-1].astype(np.float32), want[-1].astype(np.float32), rtol=2e-3, atol=1e-2)
     for (value, block), g, w in zip([c for c in CASES for _ in range(3)], got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * float(np.abs(w).max()), err_msg=f"{value} {block}")
 
