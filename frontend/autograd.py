@@ -14,7 +14,7 @@ from .dag import Output, lower, topological
 from .gradients import Gradients
 from .warn_once import warn_once
 
-GRADIENT_PIPELINE = "autodiff,cse,checkpoint,dce"
+GRADIENT_PIPELINE = "factor-lora,autodiff,cse,checkpoint,dce"  # factor-lora: no dense (Q)LoRA weight or its gradient
 _runs = itertools.count(1)
 
 

@@ -11,6 +11,7 @@ from .base import Pass
 _PASSES: dict[str, str] = {
     "canonicalize": "kiln.passes.canonicalize:Canonicalize",
     "cse": "kiln.passes.cse:CSE",
+    "factor-lora": "kiln.passes.factor_lora:FactorLora",
     "dce": "kiln.passes.dce:DCE",
     "fold-constants": "kiln.passes.fold_constants:FoldConstants",
     "autodiff": "kiln.passes.autodiff:Autodiff",

@@ -21,6 +21,7 @@ from tvm.target import Target
 from kiln.ir import Graph, KilnError, structural_hash
 from kiln.ir import init as initializers
 from kiln.ir.interpreter import param_value
+from kiln.passes.factor_lora import FactorLora
 from kiln.runtime.progress import log, stage
 
 from . import compile_cache
@@ -55,7 +56,7 @@ def build(graph: Graph, functions: Sequence[str], target: Target, params: str, f
           tuning_dir: Path | None = None) -> Program:
     """Lower and build without the cache, applying the tuning database in `tuning_dir` (CPU only) if given."""
     with stage(f"lowering @{graph.name} to Relax"):
-        lowered = lower(graph, params, functions)
+        lowered = lower(FactorLora().apply(graph), params, functions)  # a (Q)LoRA weight is never formed dense
     if _device(target) == "cuda":
         pipeline = cuda_pipeline(target)
     else:

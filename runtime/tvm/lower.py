@@ -42,7 +42,7 @@ from .dtypes import to_storage, tvm_dtype
 from .rule import NeedsSeed, OpCall
 from .signature import FunctionSignature
 
-LOWERING_VERSION = "6"  # bump when lowering or pipelines change what a compile-cache key builds
+LOWERING_VERSION = "7"  # bump when lowering or pipelines change what a compile-cache key builds
 PARAM_MODES = ("bound", "inputs")
 
 DimKey = tuple[int, int]  # (input index, axis)
@@ -102,6 +102,7 @@ class _FunctionLowering:
         self.dims: dict[tirx.Var, DimKey] = {}
         self.param_vars: dict[str, relax.Var] = {}
         self.run_seed: relax.Var | None = None
+        self.made: dict[int, tuple[relax.Expr, OpCall]] = {}  # id(emitted expr) -> (it, the call that made it)
         self.opened = False  # whether the builder holds this function's (unfinished) scope
 
     def _input_var(self, index: int, name: str, t: TensorType) -> relax.Var:
@@ -181,7 +182,8 @@ class _FunctionLowering:
             args = [a if t.dtype.compute is t.dtype else bb.emit(relax.op.astype(a, tvm_dtype(t.dtype.compute)))
                     for a, t in zip(args, types)]
             types = [t.with_dtype(t.dtype.compute) for t in types]
-        call = OpCall(kind, bb, args, types, [k for _, k in operands], attrs, self.run_seed)
+        producers = [self.made.get(id(e), (None, None))[1] for e, _ in operands]
+        call = OpCall(kind, bb, args, types, [k for _, k in operands], attrs, self.run_seed, producers)
         outs = rule(call)
         outs = outs if isinstance(outs, tuple) else (outs,)
         emitted = []
@@ -191,6 +193,7 @@ class _FunctionLowering:
             if expr.ty.dtype != tvm_dtype(want.dtype):
                 expr = bb.emit(relax.op.astype(expr, tvm_dtype(want.dtype)))
             self._check_shape(kind, expr, want, args)
+            self.made[id(expr)] = (expr, call)
             emitted.append(expr)
         return emitted
 

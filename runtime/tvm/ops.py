@@ -10,6 +10,7 @@ from kiln.ir import DType
 from kiln.ir.ops.common import norm_axes
 
 from .dtypes import to_storage, tvm_dtype
+from .quant_matmul import quant_matmul
 from .rule import OpCall, RelaxResult, relax_rule
 
 _UNARY = {"neg": R.negative, "abs": R.abs, "relu": R.nn.relu, "exp": R.exp, "log": R.log, "sqrt": R.sqrt,
@@ -73,13 +74,16 @@ def _cast(call: OpCall) -> RelaxResult:
 
 @relax_rule("matmul")
 def _matmul(call: OpCall) -> RelaxResult:
-    return R.matmul(*call.args)
+    """numpy's matmul; a dequantized weight is decoded inside the kernel."""
+    fused = quant_matmul(call)
+    return fused if fused is not None else R.matmul(*call.args)
 
 
 @relax_rule("linear")
 def _linear(call: OpCall) -> RelaxResult:
-    """x @ weight (+ bias), weight stored [in, out]."""
-    y = R.matmul(call.args[0], call.args[1])
+    """x @ weight (+ bias), weight stored [in, out]; a dequantized weight is decoded inside the kernel."""
+    fused = quant_matmul(call)
+    y = fused if fused is not None else R.matmul(call.args[0], call.args[1])
     return y if len(call.args) == 2 else R.add(y, call.args[2])
 
 

@@ -59,7 +59,8 @@ def _noalias_shape_funcs(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> 
 
 def cpu_fusion_passes(target: Target, fast_math: bool = True) -> list[tvm.transform.Pass]:
     """The CPU pipeline up to fusion: what MetaSchedule tunes, so its database keys match the build's kernels."""
-    return [*(fast_math_passes() if fast_math else []), *cpu_passes.library_dispatch_passes(target),
+    return [relax.transform.DeadCodeElimination(),  # a weight decoded inside its matmul leaves its dequantize unused
+            *(fast_math_passes() if fast_math else []), *cpu_passes.library_dispatch_passes(target),
             *cpu_passes.legalize_passes(target)]
 
 

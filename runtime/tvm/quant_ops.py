@@ -1,15 +1,16 @@
 """Relax lowerings of kiln's weight quantization (Burn's symmetric schemes and NF4): `quantize` and `dequantize`.
 
 `decode` is the one per-element rule (code and its block's scale to a float; `double_scale` first turns a
-double-quantized scale code into that scale); the plain `dequantize` lowering is a te.compute over them, and a
-kernel that dequantizes inside a matmul calls the same functions on the codes it loads. A block layout views a
+double-quantized scale code into that scale) and `decoder` applies it to one element of a `dequantize` call's
+operands; the plain `dequantize` lowering is a te.compute over it, and a kernel that dequantizes inside a matmul
+(`quant_matmul`) calls it on the codes it loads, so a new quantization form is one case here. A block layout views a
 tensor [d0, d1, ...] as [d0/b0, b0, d1/b1, b1, ...] for `quantize`'s reductions. Sub-byte codes are int8 in TVM
 (see `dtypes`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tvm import relax, te, tirx
 from tvm.relax import op as R
@@ -141,21 +142,34 @@ def flat_index(index: Sequence[tirx.PrimExpr], shape: Sequence[tirx.PrimExpr]) -
     return flat
 
 
-@relax_rule("dequantize")
-def _dequantize(call: OpCall) -> RelaxResult:
-    """`decode` of every code with its block's scale (from its double-quantized form if so), as the target
-    dtype."""
+Decode = Callable[[Sequence[te.Tensor], Sequence[tirx.Expr]], tirx.Expr]
+
+
+def decoder(call: OpCall) -> Decode:
+    """The per-element decode of a `dequantize` call: (its operands as TE tensors, an index into the codes) ->
+    that element's value in the target dtype, `decode` of its code with its block's scale (from the
+    double-quantized form when there are second-level operands)."""
     value, block, out = call.attrs["value"], call.attrs["block"], tvm_dtype(call.attrs["dtype"])
     precision = "float32" if len(call.args) > 2 else tvm_dtype(call.types[1].dtype.compute)
 
-    def compute(codes: te.Tensor, scales: te.Tensor, *second: te.Tensor) -> te.Tensor:
-        def element(*i: tirx.PrimExpr) -> tirx.PrimExpr:
-            at = scale_index(i, block)
-            scale = scales[at]
-            if second:
-                group = tirx.floordiv(flat_index(at, scales.shape), SCALE_GROUP)
-                scale = double_scale(scale, second[0][group], second[1][0])
-            return decode(value, codes[i], scale, precision).astype(out)
-        return te.compute(codes.shape, element, name="dequantize")
+    def element(tensors: Sequence[te.Tensor], index: Sequence[tirx.PrimExpr]) -> tirx.PrimExpr:
+        codes, scales, *second = tensors
+        at = scale_index(index, block)
+        scale = scales[at]
+        if second:
+            group = tirx.floordiv(flat_index(at, scales.shape), SCALE_GROUP)
+            scale = double_scale(scale, second[0][group], second[1][0])
+        return decode(value, codes[tuple(index)], scale, precision).astype(out)
+
+    return element
+
+
+@relax_rule("dequantize")
+def _dequantize(call: OpCall) -> RelaxResult:
+    """`decoder` over every code: one elementwise kernel."""
+    element = decoder(call)
+
+    def compute(*tensors: te.Tensor) -> te.Tensor:
+        return te.compute(tensors[0].shape, lambda *i: element(tensors, i), name="dequantize")
 
     return call.bb.call_te(compute, *call.args, primfunc_name_hint="dequantize")

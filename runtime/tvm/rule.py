@@ -37,6 +37,12 @@ class OpCall:
     known: Sequence[np.ndarray | None]
     attrs: Mapping[str, Any]
     run_seed: relax.Expr | None = None
+    producers: Sequence[OpCall | None] = ()  # the call that made each operand, where the lowering made it
+
+    def producer(self, i: int, kind: str) -> OpCall | None:
+        """The `kind` call that made operand i (so a rule can fuse it into its own kernel), else None."""
+        made = self.producers[i] if i < len(self.producers) else None
+        return made if made is not None and made.kind == kind else None
 
     def emit(self, expr: relax.Expr) -> relax.Expr:
         return self.bb.emit(expr)

@@ -33,6 +33,9 @@ class _Contraction:
     line: s_tir.schedule.LoopRV | None = None  # innermost of `spatial` only the vector operand walks (conv rows)
 
 
+Indices = list[tirx.Expr]
+
+
 def _load(expr: tirx.Expr) -> ir.TensorLoad | None:
     """The buffer load under an optional cast, or in the `then` branch of a padding guard
     (`if_then_else(i < n, A[i, k], 0)`, which `pad_einsum` leaves once its producer is inlined)."""
@@ -43,8 +46,19 @@ def _load(expr: tirx.Expr) -> ir.TensorLoad | None:
     return expr if isinstance(expr, ir.TensorLoad) else None
 
 
-def _operands(stmt: s_tir.SBlock) -> tuple[tirx.BufferStore, ir.TensorLoad, ir.TensorLoad] | None:
-    """The store and both factors when the block body is `C[idx] = C[idx] + A[..] * B[..]`."""
+def _decoded(stmt: s_tir.SBlock, known: list[tirx.Buffer]) -> Indices | None:
+    """The indices of a factor computed from loads (a weight decoded from codes and scales in the kernel): those of
+    the widest point read of the block outside the `known` buffers, the codes, which set its access pattern."""
+    reads = [r for r in stmt.reads if not any(r.source.same_as(b) for b in known)]
+    widest = max(reads, key=lambda r: len(r.region), default=None)
+    if widest is None or not all(isinstance(rg.extent, tirx.IntImm) and rg.extent.value == 1 for rg in widest.region):
+        return None
+    return [rg.min for rg in widest.region]
+
+
+def _operands(stmt: s_tir.SBlock) -> tuple[tirx.BufferStore, Indices, Indices] | None:
+    """The store and the indices of both factors when the block body is `C[idx] = C[idx] + A[..] * B[..]` (one of
+    A and B may be decoded from other loads)."""
     store = stmt.body
     if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
         return None
@@ -56,9 +70,14 @@ def _operands(stmt: s_tir.SBlock) -> tuple[tirx.BufferStore, ir.TensorLoad, ir.T
     if not isinstance(prod, tirx.Mul):
         return None
     lhs, rhs = _load(prod.a), _load(prod.b)
-    if lhs is None or rhs is None:
+    if lhs is None and rhs is None:
         return None
-    return store, lhs, rhs
+    plain = [load.source for load in (lhs, rhs) if load is not None]
+    factors = [list(load.indices) if load is not None else _decoded(stmt, [store.buffer, *plain])
+               for load in (lhs, rhs)]
+    if factors[0] is None or factors[1] is None:
+        return None
+    return store, factors[0], factors[1]
 
 
 def _fuse_into_store(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, result: tirx.Buffer) -> bool:
@@ -97,7 +116,7 @@ def _match(sch: s_tir.Schedule, info: dl.SBlockInfo) -> _Contraction | None:
     if vec is None:
         return None
     for vec_op, other in ((lhs, rhs), (rhs, lhs)):
-        if unit_stride(vec_op.indices[-1], vec.var) and not any(uses_var(e, vec.var) for e in other.indices):
+        if unit_stride(vec_op[-1], vec.var) and not any(uses_var(e, vec.var) for e in other):
             break
     else:
         return None
@@ -107,14 +126,14 @@ def _match(sch: s_tir.Schedule, info: dl.SBlockInfo) -> _Contraction | None:
             for idx in reversed(list(store.indices[:-1]))
             for it in spatial
             if it.var.same_as(idx)
-            and not any(uses_var(e, it.var) for e in vec_op.indices)
-            and any(uses_var(e, it.var) for e in other.indices)
+            and not any(uses_var(e, it.var) for e in vec_op)
+            and any(uses_var(e, it.var) for e in other)
         ),
         None,
     )
     rest = [it for it in spatial if it is not vec and it is not row]
-    line = next((it for it in reversed(rest) if any(uses_var(e, it.var) for e in vec_op.indices)
-                 and not any(uses_var(e, it.var) for e in other.indices)), None)
+    line = next((it for it in reversed(rest) if any(uses_var(e, it.var) for e in vec_op)
+                 and not any(uses_var(e, it.var) for e in other)), None)
     return _Contraction(
         vector=vec.loop_rv,
         row=None if row is None else row.loop_rv,
