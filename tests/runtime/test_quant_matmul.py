@@ -229,7 +229,7 @@ def test_nf4_weights_decode_inside_the_matmul_and_match_the_interpreter(scheme: 
     x = np.random.default_rng(4).standard_normal((3, K)).astype(np.float32)
     want = interpret(graph, [x])[0]
     np.testing.assert_allclose(compile_graph(graph).run(x)[0], want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
-    adapted = model.apply_lora(Lora(2, 4.0, init_std=0.3)).fork(kiln.Device("cpu").autodiff())
+    adapted = model.apply_lora(Lora(2, 4.0, init_std=0.3)).fork(kiln.Device("cpu").autodiff()).train()
     program = build_step(adapted, _loss, optim.SGD(), [TensorType((4, K), DType.f32)])
     fn, kernels = fused(program.graph, "inputs")
     assert dense_weights(fn, kernels, weights) == []
