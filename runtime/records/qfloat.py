@@ -25,6 +25,7 @@ a record keeps such a tensor opaque (`record.py`).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -69,7 +70,10 @@ class QFloatScheme:
     double_quant: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "block", tuple(int(b) for b in self.block))
+        try:
+            object.__setattr__(self, "block", tuple(operator.index(b) for b in self.block))
+        except TypeError:
+            raise RecordError(f"QFloat block {list(self.block)} is not a list of integers") from None
         if self.value not in VALUE_KINDS:
             raise RecordError(f"QFloat value {self.value!r} is not one of {sorted(VALUE_KINDS)}")
         if self.double_quant:
@@ -127,7 +131,7 @@ class QFloatScheme:
         """kiln's scheme for a decoded Burn scheme, or a RecordError saying what kiln cannot represent."""
         double = isinstance(scheme, Mapping) and scheme.get("value") == _BURN_VALUES["nf4"] and _DOUBLE in scheme
         if not isinstance(scheme, Mapping) or set(scheme) != (_FIELDS | {_DOUBLE} if double else _FIELDS):
-            keys = sorted(scheme) if isinstance(scheme, Mapping) else type(scheme).__name__
+            keys = sorted(map(repr, scheme)) if isinstance(scheme, Mapping) else type(scheme).__name__  # any key type
             raise RecordError(f"QFloat scheme with fields {keys} is not Burn HEAD's (value, store, mode, tensor, "
                               f"block); kiln cannot read it")
         if double and scheme[_DOUBLE] != SCALE_GROUP:

@@ -95,6 +95,9 @@ def test_scheme_cbor_matches_burn_head_field_order():
     {"value": "Q8F", "store": "Native", "mode": "Symmetric", "tensor": None, "block": None},
     {"value": "Q8F", "store": {"PackedU32": 0}, "mode": "Symmetric", "tensor": "F32",
      "block": {"size": {"storage": [4, 1, 1, 1, 1], "len": 1}, "dtype": "F16"}},
+    {"value": "Q8F", 7: "x", b"raw": None},  # issue 15: mixed key types once raised TypeError while naming them
+    {"value": "Q8F", "store": {"PackedU32": 0}, "mode": "Symmetric", "tensor": None,
+     "block": {"size": {"storage": ["a", 1, 1, 1, 1], "len": 1}, "dtype": "F32"}},
 ])
 def test_unsupported_schemes_are_refused(scheme):
     with pytest.raises(RecordError):
