@@ -42,6 +42,24 @@ class CorruptArtifact(KilnError):
     """A library or sidecar that is missing, truncated, or does not match its checksum."""
 
 
+class UntrustedArtifact(KilnError):
+    """A library another user could have replaced: loading it would run their code (the checksums are unkeyed)."""
+
+
+def check_trusted(path: str) -> None:
+    """Refuse a library (or its sidecar) that others can write, or that sits in a folder others can write unless
+    the folder is sticky (as /tmp is) and the file is this user's, so nobody else can swap it."""
+    for file in (path, path + SIDECAR):
+        info = os.stat(file)
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise UntrustedArtifact(f"{file} is writable by other users; refusing to load it (chmod go-w it)")
+        folder = os.stat(os.path.dirname(os.path.abspath(file)))
+        shared = folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if shared and not (folder.st_mode & stat.S_ISVTX and info.st_uid == os.geteuid()):
+            raise UntrustedArtifact(f"{os.path.dirname(os.path.abspath(file))} is writable by other users, who "
+                                    f"could replace {os.path.basename(file)}; refusing to load it")
+
+
 @dataclass(frozen=True)
 class Program:
     """A compiled (or loaded) library and what is needed to call it."""
@@ -176,6 +194,7 @@ def load_program(path: str) -> tuple[Program, dict[str, Any]]:
         signatures = {d["name"]: FunctionSignature.from_json(d) for d in payload["functions"]}
     except (KeyError, TypeError, ValueError, KilnError) as e:
         raise CorruptArtifact(f"{path}{SIDECAR}: malformed function signature ({type(e).__name__}: {e})") from None
+    check_trusted(path)
     try:
         library = tvm.runtime.load_module(path)
     except RuntimeError as e:  # e.g. a CUDA library on a host whose TVM runtime has no CUDA loader

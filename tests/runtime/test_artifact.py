@@ -153,3 +153,41 @@ def test_an_artifact_that_cannot_be_made_durable_is_not_written(tmp_path: Path,
     with pytest.raises(OSError, match="Input/output error"):
         exe.export_library(str(tmp_path / "out" / "m.so"))
     assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def small_library(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes]:
+    """The bytes of a small exported library and its sidecar, built once."""
+    b = Builder("Tiny")
+    x = b.input("x", ((2,), "f32"))
+    b.ret(b.add(x, x))
+    folder = tmp_path_factory.mktemp("tiny")
+    compile_graph(b.build(), cache=False).export_library(str(folder / "m.so"))
+    return (folder / "m.so").read_bytes(), (folder / f"m.so{SIDECAR}").read_bytes()
+
+
+@pytest.mark.parametrize("folder_mode, file_mode, trusted", [
+    (0o755, 0o644, True), (0o777, 0o644, False), (0o1777, 0o644, True), (0o775, 0o644, False),
+    (0o755, 0o666, False), (0o755, 0o664, False)],
+    ids=["private", "world-writable-folder", "sticky-folder", "group-writable-folder", "world-writable-file",
+         "group-writable-file"])
+def test_a_library_others_could_replace_is_not_loaded(tmp_path: Path, small_library, folder_mode: int,
+                                                      file_mode: int, trusted: bool) -> None:
+    """issue 15: loading a .so runs native code and the checksums are unkeyed, so a library (or sidecar) that
+    another user can write, or swap through its folder, is refused; a sticky folder (as /tmp) protects our files."""
+    library, sidecar = small_library
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    (folder / "m.so").write_bytes(library)
+    (folder / f"m.so{SIDECAR}").write_bytes(sidecar)
+    for f in folder.iterdir():
+        f.chmod(file_mode)
+    folder.chmod(folder_mode)
+    try:
+        if trusted:
+            np.testing.assert_array_equal(load_executable(str(folder / "m.so"))(np.ones(2, np.float32)), [2, 2])
+        else:
+            with pytest.raises(artifact.UntrustedArtifact, match="writable by other users"):
+                load_executable(str(folder / "m.so"))
+    finally:
+        folder.chmod(0o755)
