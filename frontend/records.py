@@ -183,5 +183,10 @@ class RecordMethods:
             raise RuntimeError(f"Failed to load module from file: {error}") from error
 
     def try_load_file(self: M, path: str | os.PathLike[str]) -> M:
-        """The module with a burnpack file's parameters applied with the default settings; raises RecordError."""
-        return self.try_load_record(ModuleRecord.load(path))
+        """The module with a burnpack file's parameters applied with the default settings; raises RecordError,
+        naming the file."""
+        record = ModuleRecord.load(path)  # its errors name the file already
+        try:
+            return self.try_load_record(record)
+        except RecordError as error:
+            raise RecordError(f"{os.fspath(path)}: {error}") from None

@@ -246,8 +246,8 @@ def read_header(view: memoryview, source: str) -> Layout:
     magic, version, metadata_size = struct.unpack_from(_HEADER, view, 0)
     if magic != MAGIC:
         raise RecordError(f"{source}: not a burnpack file (magic 0x{magic:08x})")
-    if version > FORMAT_VERSION:
-        raise RecordError(f"{source}: unsupported burnpack version {version}")
+    if not 1 <= version <= FORMAT_VERSION:  # Burn reads a 0 too, but no writer ever made one: a damaged header
+        raise RecordError(f"{source}: unsupported burnpack version {version} (kiln reads 1 to {FORMAT_VERSION})")
     if metadata_size > MAX_METADATA_SIZE:
         raise RecordError(f"{source}: metadata_size {metadata_size} exceeds {MAX_METADATA_SIZE}")
     if HEADER_SIZE + metadata_size > len(view):

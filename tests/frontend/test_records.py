@@ -15,7 +15,8 @@ import kiln
 from kiln import DTypePolicy, Lora, Module, ModuleRecord, Param, ParamGroup, nn
 from kiln.ir import DType, RecordError, interpret
 from kiln.ir import init as initializers
-from kiln.runtime.records.burnpack_io import BurnpackFile
+from kiln.runtime.records.burnpack import BurnDType, PackTensor
+from kiln.runtime.records.burnpack_io import BurnpackFile, write_burnpack
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / ".." / "shared" / "fixtures" / "burn" / "mnist-model.bpk"
@@ -303,3 +304,36 @@ def test_burns_mnist_model_runs_deterministically_and_traces(mnist):
     x = mnist.normalize(images)
     (traced,) = interpret(graph, [x])
     np.testing.assert_allclose(traced, model(kiln.tensor(x)).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_load_file_errors_name_the_file(tmp_path):
+    """issue 15: an error applying a file's tensors names the file, not only the tensor."""
+    nn.Linear(3, 4).save_file(tmp_path / "wide")
+    with pytest.raises(RecordError) as caught:
+        nn.Linear(3, 2).try_load_file(tmp_path / "wide")
+    assert str(caught.value).startswith(f"{tmp_path / 'wide'}: ") and "shape mismatch" in str(caught.value)
+
+
+class Tied(Module):
+    def __init__(self):
+        self.encode = nn.Linear(4, 4)
+        self.decode = nn.Linear(4, 4)
+        self.decode.weight = self.encode.weight  # one parameter at two paths
+
+    def forward(self, x):
+        return self.decode(self.encode(x))
+
+
+def test_tied_weights_round_trip_and_differing_tensors_with_one_id_are_refused(tmp_path):
+    """issue 15: "Duplicate ParamIds load, then training fails far away". One Param at two paths is recorded
+    twice with its id and loads back; a file whose two tensors share an id but differ is refused by both names."""
+    tied = Tied()
+    tied.save_file(tmp_path / "tied")
+    back = Tied().load_file(tmp_path / "tied.bpk")
+    assert back.encode.weight.id == back.decode.weight.id == tied.encode.weight.id
+    path = tmp_path / "clash.bpk"
+    a, b = np.zeros((4, 4), np.float32), np.zeros((2, 8), np.float32)
+    write_burnpack(path, [PackTensor("encode.weight", BurnDType.parse("F32"), a.shape, 7, a),
+                          PackTensor("decode.weight", BurnDType.parse("F32"), b.shape, 7, b)])
+    with pytest.raises(RecordError, match=r"'encode.weight' and 'decode.weight' share ParamId .* but differ"):
+        ModuleRecord.load(path)

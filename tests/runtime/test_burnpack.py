@@ -296,8 +296,11 @@ def test_nesting_limit_is_128(arrays: int, accepted: bool) -> None:
             BurnpackFile.from_bytes(data)
 
 
-def test_version_zero_is_accepted_like_burn() -> None:
-    assert BurnpackFile.from_bytes(header_patch(4, b"\x00\x00")).version == 0
+def test_version_zero_is_refused() -> None:
+    """issue 15: "Burnpack version 0 is refused" (Burn's reader lets it through, but no writer ever made one, so
+    a 0 is a damaged header)."""
+    with pytest.raises(RecordError, match=r"unsupported burnpack version 0 \(kiln reads 1 to 1\)"):
+        BurnpackFile.from_bytes(header_patch(4, b"\x00\x00"))
 
 
 # ---------------------------------------------------------------------------------------------------------
