@@ -115,9 +115,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    """Names, dtypes, shapes, ParamIds and sizes of a burnpack's tensors in file order, with totals."""
+    """Names, dtypes, shapes, ParamIds and sizes of a burnpack's tensors in file order, with totals; `-` reads the
+    pack from standard input."""
     try:
-        pack = BurnpackFile.open(args.input)
+        if args.input == "-":
+            data = sys.stdin.buffer.read()
+            pack, file_bytes = BurnpackFile.from_bytes(data, "<stdin>"), len(data)
+        else:
+            pack, file_bytes = BurnpackFile.open(args.input), os.path.getsize(args.input)
     except RecordError as e:
         if isinstance(e.__cause__, OSError):
             raise e.__cause__ from None  # a file that cannot be read exits 3, not 1
@@ -128,7 +133,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                     "param_id": None if e.param_id is None else str(e.param_id),
                     "bytes": e.data_offsets[1] - e.data_offsets[0], **_qfloat_fields(e)} for e in entries]
         totals = {"tensors": len(entries), "elements": sum(e.numel for e in entries),
-                  "bytes": sum(t["bytes"] for t in tensors), "file_bytes": os.path.getsize(args.input)}
+                  "bytes": sum(t["bytes"] for t in tensors), "file_bytes": file_bytes}
         report = {"file": args.input, "version": pack.version, "tensors": tensors, "totals": totals,
                   "metadata": pack.metadata, "scalars": pack.scalars}
     write_text(None, json.dumps(report, indent=2) + "\n" if args.json else _inspect_text(report))
@@ -252,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     tune.set_defaults(run=cmd_tune)
     inspect = sub.add_parser("inspect", help="list the tensors of a burnpack (.bpk) record")
-    inspect.add_argument("input", help="a .bpk file")
+    inspect.add_argument("input", help="a .bpk file, or - for standard input")
     inspect.add_argument("--json", action="store_true", help="print the listing as JSON")
     inspect.set_defaults(run=cmd_inspect)
     export_onnx = sub.add_parser("export-onnx", help="write a .kir module's function as an ONNX model")

@@ -268,9 +268,10 @@ def test_only_matched_entries_are_read():
 
 
 # kiln inspect ---------------------------------------------------------------------------------------------------
-def run_inspect(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kiln", "inspect", *args], capture_output=True, text=True,
-                          timeout=60)
+def run_inspect(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "kiln", "inspect", *args], capture_output=True, timeout=60,
+                          input=stdin)
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
 def test_inspect_lists_tensors_and_totals(tmp_path):
@@ -299,6 +300,17 @@ def test_inspect_reads_burns_file():
     report = json.loads(run_inspect(str(FIXTURE), "--json").stdout)
     assert report["totals"]["tensors"] == 18 and report["totals"]["bytes"] == 1_043_240
     assert {t["name"]: t["shape"] for t in report["tensors"]}["fc1.weight"] == [1600, 128]
+
+
+def test_inspect_reads_standard_input(tmp_path):
+    """`kiln inspect -` reads the pack from standard input, as the README says `-` does for every command."""
+    path = tmp_path / "model.bpk"
+    write_burnpack(path, [PackTensor("fc.weight", "F32", (2, 3), 123456, np.zeros((2, 3), np.float32))])
+    from_file, from_stdin = run_inspect(str(path), "--json"), run_inspect("-", "--json", stdin=path.read_bytes())
+    assert from_stdin.returncode == 0, from_stdin.stderr
+    assert json.loads(from_stdin.stdout) == {**json.loads(from_file.stdout), "file": "-"}
+    bad = run_inspect("-", stdin=b"garbage")
+    assert bad.returncode == 1 and "<stdin>: truncated header" in bad.stderr
 
 
 def test_inspect_exit_codes(tmp_path):
