@@ -3,9 +3,13 @@
 For each size it times building the graph, printing it, parsing the text back, verifying, hashing, and the
 pipeline `canonicalize,cse,dce`, each as microseconds per op, and prints a markdown table. Per-op times
 should stay flat as graphs grow: a column that rises from 10k to 1M ops is quadratic behaviour somewhere.
+`--passes` adds a second table: every other pass on the same graph ending in a scalar loss (autodiff, each
+checkpoint strategy on its output, fold-constants, factor-lora, the state passes, reparameterize + materialize,
+and cse under equivalence checking), also per op of the forward function.
 
     .venv/bin/python bench/passes.py                     # 1k, 10k, 100k and 1M ops
     .venv/bin/python bench/passes.py --sizes 1000,10000  # a quick run
+    .venv/bin/python bench/passes.py --passes --sizes 10000,100000,1000000
     .venv/bin/python bench/passes.py --no-gc             # without Python's cyclic GC, to see its share
 """
 
@@ -28,6 +32,19 @@ from kiln.passes import PassManager
 PIPELINE = "canonicalize,cse,dce"
 WIDTH = 16
 STAGES = ["build", "print", "parse", "verify", "hash", PIPELINE]
+# (column, pipeline run first and not timed, pipeline timed): every pass beyond PIPELINE, on a trainable graph
+PASS_STAGES = [
+    ("autodiff", "", "autodiff"),
+    ("checkpoint none", "autodiff", "checkpoint{strategy=none}"),
+    ("checkpoint balanced", "autodiff", "checkpoint{strategy=balanced}"),
+    ("checkpoint all", "autodiff", "checkpoint{strategy=all}"),
+    ("fold-constants", "", "fold-constants"),
+    ("factor-lora", "reparameterize{rank=2}", "factor-lora"),
+    ("valid,train,freeze,unfreeze", "", "valid,train,freeze,unfreeze"),
+    ("to-device,fork", "", "to-device{device=cuda:0},fork{device=cpu}"),
+    ("reparameterize,materialize", "", "reparameterize{rank=2},materialize"),
+    ("cse, checked", "", "cse"),  # with --check-equivalence: both graphs interpreted on random inputs
+]
 
 
 def synthetic(n_ops: int) -> Graph:
@@ -59,6 +76,41 @@ def synthetic(n_ops: int) -> Graph:
         i += 1
     b.ret(x)
     return b.build()
+
+
+def trainable(n_ops: int) -> Graph:
+    """The synthetic graph with trainable weights and a scalar loss (the sum of its output), as autodiff wants."""
+    graph = PassManager.parse("unfreeze").run(synthetic(n_ops))
+    fn = graph.functions["forward"]
+    b = Builder(graph.name)
+    b.fn.ops, b.fn.args, b.fn.taken = list(fn.ops), list(fn.args), {v.name for op in fn.ops for v in op.results}
+    b.fn.taken.update(a.name for a in fn.args)
+    loss = b.fn.emit("sum", fn.results[0])
+    return graph.with_function(b.fn.finish([loss]))
+
+
+def measure_passes(n_ops: int) -> dict[str, Any]:
+    """CPU µs per forward op of each PASS_STAGES pipeline (its preparation untimed), one run each."""
+    base = trainable(n_ops)
+    ops = len(base.functions["forward"].ops)
+    row: dict[str, Any] = {"ops": ops, "us_per_op": {}}
+    for column, before, pipeline in PASS_STAGES:
+        prepared = PassManager.parse(before).run(base) if before else base
+        manager = PassManager.parse(pipeline, check_equivalence=column.endswith("checked"))
+        gc.collect()
+        _, seconds = timed(lambda manager=manager, prepared=prepared: manager.run(prepared))
+        row["us_per_op"][column] = 1e6 * seconds / ops
+    row["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return row
+
+
+def passes_table(rows: list[dict[str, Any]]) -> str:
+    head = ["forward ops", *(f"{c} µs/op" for c, _, _ in PASS_STAGES), "peak RSS MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for r in rows:
+        cells = [f"{r['ops']:,}", *(f"{r['us_per_op'][c]:.2f}" for c, _, _ in PASS_STAGES), f"{r['rss_mib']:,.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -110,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated op counts, run in increasing order (default: %(default)s)")
     parser.add_argument("--repeat", type=int, default=None,
                         help="runs per size, best taken (default: 5 up to 10k ops, 3 up to 100k, then 1)")
+    parser.add_argument("--passes", action="store_true", help="also time every other pass (a second table)")
     parser.add_argument("--no-gc", action="store_true",
                         help="disable Python's cyclic garbage collector while timing, to see what it costs")
     args = parser.parse_args(argv)
@@ -125,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{', cyclic GC off' if args.no_gc else ''}; CPU time per op, best of `runs`; peak RSS is the process's "
           f"maximum so far (sizes run smallest first).\n")
     print(table(rows))
+    if args.passes:
+        pass_rows = []
+        for n in sizes:
+            pass_rows.append(measure_passes(n))
+            print(f"{n:>9,} ops: every pass timed", file=sys.stderr, flush=True)
+        print("\n" + passes_table(pass_rows))
     return 0
 
 
