@@ -46,21 +46,22 @@ import kiln  # noqa: E402
 from kiln import nn, optim  # noqa: E402
 from kiln.frontend.optim.optimizer import with_values  # noqa: E402
 from kiln.frontend.reparam import Lora, QLora, Quantizer, QuantScheme  # noqa: E402
-from kiln.ir.ops.quant import VALUE_RANGES  # noqa: E402
+from kiln.ir.ops.quant import VALUE_KINDS  # noqa: E402
 from kiln.runtime.backend import set_default_backend  # noqa: E402
 
 DEVICE = kiln.Device("cpu").autodiff()
 LR = 1e-3
 WEIGHTS = ("layers.0.weight", "layers.2.weight")
-# (label, quantizer scheme or None, LoRA or not). A new value kind (NF4) becomes a row once the op knows it.
-SCHEMES = {"q8f": QuantScheme("q8f"), "q4f b64": QuantScheme("q4f", (64,)), "nf4 b64": QuantScheme("nf4", (64,))}
+# (label, quantizer scheme or None, LoRA or not). A new value kind becomes a row once the op knows it.
+SCHEMES = {"q8f": QuantScheme("q8f"), "q4f b64": QuantScheme("q4f", (64,)), "nf4 b64": QuantScheme.nf4(64),
+           "nf4 b64 double-quant": QuantScheme.nf4(64, double_quant=True)}
 TRAINING = [("dense f32 (full fine-tune)", None, False), ("LoRA on dense f32 base", None, True),
             *((f"QLoRA on {k} base", k, True) for k in SCHEMES)]
 INFERENCE = [("f32", None), *((k, k) for k in SCHEMES)]
 
 
 def known(scheme: str | None) -> bool:
-    return scheme is None or SCHEMES[scheme].value in VALUE_RANGES
+    return scheme is None or SCHEMES[scheme].value in VALUE_KINDS
 
 
 def seeded(model: kiln.Module) -> kiln.Module:

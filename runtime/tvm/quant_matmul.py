@@ -36,27 +36,27 @@ def quant_matmul(call: OpCall) -> relax.Expr | None:
     if found is None or call.types[0].rank < 2:
         return None
     dq, transposed = found
-    decode = decoder(dq)
+    dec = decoder(dq)
     x, n = call.args[0], call.shape(1)[1]
     if not transposed:
         def compute(xs: te.Tensor, *tensors: te.Tensor) -> te.Tensor:
             *rows, depth = xs.shape
             k = te.reduce_axis((0, depth), "k")
             return te.compute([*rows, n], lambda *i: te.sum(
-                xs[(*i[:-1], k)] * decode(tensors, (k, i[-1])).astype(xs.dtype), axis=k), name="matmul")
+                xs[(*i[:-1], k)] * dec.element(tensors, (k, i[-1])).astype(xs.dtype), axis=k), name="matmul")
 
-        return call.bb.call_te(compute, x, *dq.args, primfunc_name_hint="dequantize_matmul")
+        return call.bb.call_te(compute, x, *dec.operands, primfunc_name_hint="dequantize_matmul")
 
     def flipped(xt: te.Tensor, *tensors: te.Tensor) -> te.Tensor:
         depth, m = xt.shape
         k = te.reduce_axis((0, depth), "k")
         return te.compute([n, m], lambda j, i: te.sum(
-            decode(tensors, (j, k)).astype(xt.dtype) * xt[k, i], axis=k), name="matmul")
+            dec.element(tensors, (j, k)).astype(xt.dtype) * xt[k, i], axis=k), name="matmul")
 
     *rows, depth = call.shape(0)
     count = tirx.const(1, "int64")
     for d in rows:
         count = count * d
     xt = call.emit(R.permute_dims(call.emit(R.reshape(x, [count, depth])), [1, 0]))
-    out = call.bb.call_te(flipped, xt, *dq.args, primfunc_name_hint="dequantize_matmul_t")
+    out = call.bb.call_te(flipped, xt, *dec.operands, primfunc_name_hint="dequantize_matmul_t")
     return R.reshape(call.emit(R.permute_dims(out, [1, 0])), [*rows, n])

@@ -11,7 +11,9 @@ tensor [d0, d1, ...] as [d0/b0, b0, d1/b1, b1, ...] for `quantize`'s reductions.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 from tvm import relax, te, tirx
 from tvm.relax import op as R
 
@@ -30,17 +32,16 @@ from .dtypes import tvm_dtype
 from .rule import OpCall, RelaxResult, relax_rule
 
 
-def decode(value: str, code: tirx.PrimExpr, scale: tirx.PrimExpr, dtype: str = "float32") -> tirx.PrimExpr:
+def decode(code: tirx.PrimExpr, scale: tirx.PrimExpr, dtype: str = "float32",
+           levels: te.Tensor | None = None) -> tirx.PrimExpr:
     """The value of one code given its block's scale, computed in `dtype` (the scales' compute dtype: f32 for
-    f16/bf16/f32 and double-quantized scales, f64 for f64): `quant.dequantize` per element."""
-    table = LOOKUP_TABLES.get(value)
-    if table is None:
+    f16/bf16/f32 and double-quantized scales, f64 for f64): `quant.dequantize` per element. A lookup kind (NF4)
+    reads its level from `levels`, its table as a small tensor (one load, where a chain of selects would cost
+    one compare per level inside a matmul's inner loop)."""
+    if levels is None:
         level = code.astype(dtype)
     else:
-        index = code.astype("int32") - tirx.const(LOOKUP_BIAS, "int32")
-        level = tirx.const(float(table[-1]), dtype)
-        for i in range(len(table) - 2, -1, -1):
-            level = tirx.Select(index == i, tirx.const(float(table[i]), dtype), level)
+        level = levels[code.astype("int32") - tirx.const(LOOKUP_BIAS, "int32")].astype(dtype)
     return level * scale.astype(dtype)
 
 
@@ -142,34 +143,42 @@ def flat_index(index: Sequence[tirx.PrimExpr], shape: Sequence[tirx.PrimExpr]) -
     return flat
 
 
-Decode = Callable[[Sequence[te.Tensor], Sequence[tirx.Expr]], tirx.Expr]
+@dataclass(frozen=True)
+class Decoder:
+    """The per-element decode of a `dequantize` call: the operands a kernel passes (the call's, then a lookup
+    kind's level table as a constant) and `element(their TE tensors, an index into the codes)`, that element's
+    value in the target dtype: `decode` of its code with its block's scale (from the double-quantized form when
+    there are second-level operands)."""
+
+    operands: tuple[relax.Expr, ...]
+    element: Callable[[Sequence[te.Tensor], Sequence[tirx.Expr]], tirx.Expr]
 
 
-def decoder(call: OpCall) -> Decode:
-    """The per-element decode of a `dequantize` call: (its operands as TE tensors, an index into the codes) ->
-    that element's value in the target dtype, `decode` of its code with its block's scale (from the
-    double-quantized form when there are second-level operands)."""
+def decoder(call: OpCall) -> Decoder:
+    """The Decoder of one `dequantize` call, which the plain lowering and every fused consumer share."""
     value, block, out = call.attrs["value"], call.attrs["block"], tvm_dtype(call.attrs["dtype"])
     precision = "float32" if len(call.args) > 2 else tvm_dtype(call.types[1].dtype.compute)
+    table = LOOKUP_TABLES.get(value)
+    levels = () if table is None else (relax.const(np.asarray(table, np.float32)),)
 
     def element(tensors: Sequence[te.Tensor], index: Sequence[tirx.PrimExpr]) -> tirx.PrimExpr:
-        codes, scales, *second = tensors
+        codes, scales, *second = tensors[:len(tensors) - len(levels)]
         at = scale_index(index, block)
         scale = scales[at]
         if second:
             group = tirx.floordiv(flat_index(at, scales.shape), SCALE_GROUP)
             scale = double_scale(scale, second[0][group], second[1][0])
-        return decode(value, codes[tuple(index)], scale, precision).astype(out)
+        return decode(codes[tuple(index)], scale, precision, tensors[-1] if levels else None).astype(out)
 
-    return element
+    return Decoder((*call.args, *levels), element)
 
 
 @relax_rule("dequantize")
 def _dequantize(call: OpCall) -> RelaxResult:
     """`decoder` over every code: one elementwise kernel."""
-    element = decoder(call)
+    dec = decoder(call)
 
     def compute(*tensors: te.Tensor) -> te.Tensor:
-        return te.compute(tensors[0].shape, lambda *i: element(tensors, i), name="dequantize")
+        return te.compute(tensors[0].shape, lambda *i: dec.element(tensors, i), name="dequantize")
 
-    return call.bb.call_te(compute, *call.args, primfunc_name_hint="dequantize")
+    return call.bb.call_te(compute, *dec.operands, primfunc_name_hint="dequantize")
