@@ -56,25 +56,31 @@ class QuantScheme:
 
     value: str = "q8f"
     block: tuple[int, ...] = ()
-    scale_dtype: DType = DType.f32
+    scale_dtype: DType | str = DType.f32
     double_quant: bool = False
+
+    def __post_init__(self) -> None:
+        """The block as a tuple and the scale dtype as a DType ("f16" names one), so schemes compare and print
+        alike however they were written."""
+        object.__setattr__(self, "block", tuple(self.block))
+        object.__setattr__(self, "scale_dtype", DType(self.scale_dtype))
 
     def with_value(self, value: str) -> QuantScheme:
         return replace(self, value=value)
 
     def per_block(self, block: tuple[int, ...], scale_dtype: DType | str = DType.f32) -> QuantScheme:
         """One scale per block of `block` over the trailing dims, stored as `scale_dtype`."""
-        return replace(self, block=tuple(block), scale_dtype=DType(scale_dtype))
+        return replace(self, block=tuple(block), scale_dtype=scale_dtype)
 
     def per_tensor(self, scale_dtype: DType | str = DType.f32) -> QuantScheme:
         """One scale for the whole tensor, stored as `scale_dtype`."""
-        return replace(self, block=(), scale_dtype=DType(scale_dtype))
+        return replace(self, block=(), scale_dtype=scale_dtype)
 
     @classmethod
     def nf4(cls, block: int = 64, scale_dtype: DType | str = DType.f32, double_quant: bool = False) -> QuantScheme:
         """QLoRA's NF4 (kiln's scheme, not Burn's): 16 normal-float levels, absmax scales per `block` values,
         with `double_quant` stored as i8 codes in groups of 256 (QLoRA's double quantization)."""
-        return cls("nf4", (block,), DType(scale_dtype), double_quant)
+        return cls("nf4", (block,), scale_dtype, double_quant)
 
 
 @dataclass

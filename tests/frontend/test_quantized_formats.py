@@ -269,3 +269,13 @@ def test_scheme_combinations_are_all_distinct_in_the_file() -> None:
         q = Net().quantize_weights(Quantizer(scheme=scheme_of(value, (8,), dtype)))
         seen.add(BurnpackFile.from_bytes(q.into_record().to_bytes()).entries["fc.weight"].dtype.scheme)
     assert len(seen) == 6
+
+
+def test_a_scheme_written_with_a_dtype_name_is_the_scheme_with_its_dtype():
+    """QuantScheme("q4s", (32,), "f16") once failed deep in quantize_weights (a str where a DType was read)."""
+    from kiln import QuantScheme as Scheme
+
+    by_name = Scheme("q4s", [32], "f16")
+    assert by_name == Scheme("q4s").per_block((32,), DType.f16) and by_name.scale_dtype is DType.f16
+    model = kiln.nn.Linear(64, 32, bias=False).quantize_weights(kiln.Quantizer(scheme=by_name))
+    assert model.weight.reparam.factors[0][1].type.dtype is DType.f16  # the scales are stored as f16
