@@ -26,6 +26,20 @@ from .types import DType, TensorType
 class InitDef:
     schema: dict[str, Attr]
     sample: Callable[..., np.ndarray]  # (shape, rng, **args) -> float64 array
+    domain: Callable[[dict], str | None] = lambda args: None  # what is wrong with valid-typed arguments, if anything
+
+
+def _ordered(args: dict) -> str | None:
+    return f"min {args['min']} is above max {args['max']}" if args["min"] > args["max"] else None
+
+
+def _spread(args: dict) -> str | None:
+    return f"std {args['std']} is negative" if args["std"] < 0 else None
+
+
+def _fans_positive(args: dict) -> str | None:
+    bad = [k for k in ("fan_in", "fan_out") if args.get(k) is not None and args[k] <= 0]
+    return f"{bad[0]} {args[bad[0]]} is not positive" if bad else None
 
 
 def _fan(args: dict, key: str) -> float:
@@ -49,21 +63,23 @@ INITIALIZERS: dict[str, InitDef] = {
     "ones": InitDef({}, lambda shape, rng: np.ones(shape)),
     "constant": InitDef({"value": Attr(FLOAT)}, lambda shape, rng, value: np.full(shape, value)),
     "uniform": InitDef({"min": Attr(FLOAT), "max": Attr(FLOAT)},
-                       lambda shape, rng, min, max: rng.uniform(min, max, shape)),
+                       lambda shape, rng, min, max: rng.uniform(min, max, shape), _ordered),
     "normal": InitDef({"mean": Attr(FLOAT, 0.0), "std": Attr(FLOAT, 1.0)},
-                      lambda shape, rng, mean, std: rng.normal(mean, std, shape)),
+                      lambda shape, rng, mean, std: rng.normal(mean, std, shape), _spread),
     "kaiming_uniform": InitDef(
         {**_GAIN, **_FANS, "fan_out_only": Attr(BOOL, False)},
-        lambda shape, rng, **a: (lambda b: rng.uniform(-b, b, shape))(a["gain"] * math.sqrt(3 / _fan(a, "fan_in")))),
+        lambda shape, rng, **a: (lambda b: rng.uniform(-b, b, shape))(a["gain"] * math.sqrt(3 / _fan(a, "fan_in"))),
+        _fans_positive),
     "kaiming_normal": InitDef(
         {**_GAIN, **_FANS, "fan_out_only": Attr(BOOL, False)},
-        lambda shape, rng, **a: rng.normal(0.0, a["gain"] * math.sqrt(1 / _fan(a, "fan_in")), shape)),
+        lambda shape, rng, **a: rng.normal(0.0, a["gain"] * math.sqrt(1 / _fan(a, "fan_in")), shape), _fans_positive),
     "xavier_uniform": InitDef(
         {**_GAIN, **_FANS},
-        lambda shape, rng, **a: (lambda b: rng.uniform(-b, b, shape))(a["gain"] * math.sqrt(6 / _xavier_fans(a)))),
+        lambda shape, rng, **a: (lambda b: rng.uniform(-b, b, shape))(a["gain"] * math.sqrt(6 / _xavier_fans(a))),
+        _fans_positive),
     "xavier_normal": InitDef(
         {**_GAIN, **_FANS},
-        lambda shape, rng, **a: rng.normal(0.0, a["gain"] * math.sqrt(2 / _xavier_fans(a)), shape)),
+        lambda shape, rng, **a: rng.normal(0.0, a["gain"] * math.sqrt(2 / _xavier_fans(a)), shape), _fans_positive),
 }
 
 
@@ -93,8 +109,13 @@ def check(init: Init) -> Init:
         return python(init.kwargs.get("fn"))
     if init.kind not in INITIALIZERS:
         raise ShapeError(f"unknown initializer {init.kind!r}")
-    schema = INITIALIZERS[init.kind].schema
+    spec = INITIALIZERS[init.kind]
+    schema = spec.schema
     full = validate_attrs(init.kind, schema, dict(init.args))
+    infinite = [k for k, v in full.items() if isinstance(v, float) and not math.isfinite(v)]
+    problem = f"{infinite[0]} {full[infinite[0]]} is not finite" if infinite else spec.domain(full)
+    if problem:
+        raise ShapeError(f"{init.kind}: {problem}")
     return Init(init.kind, tuple((k, v) for k, v in full.items() if v != schema[k].default or k in init.kwargs))
 
 
@@ -102,7 +123,15 @@ def evaluate(init: Init, type: TensorType, seed: int) -> np.ndarray:
     """The initial value of a parameter of this type; deterministic in `seed` (the ParamId)."""
     if not type.is_static:
         raise ShapeError(f"cannot initialize a parameter of dynamic type {type}")
-    return sample(init, type, np.random.default_rng(seed), ParamId(seed))
+    size = type.numel() * type.dtype.bits // 8
+    too_big = ShapeError(f"parameter {ParamId(seed)} of type {type} needs {size:,} bytes, more than this machine "
+                         "can allocate")
+    if size >= 2**62:  # beyond what numpy can even describe
+        raise too_big
+    try:
+        return sample(init, type, np.random.default_rng(seed), ParamId(seed))
+    except MemoryError:
+        raise too_big from None
 
 
 def sample(init: Init, type: TensorType, rng: np.random.Generator, param: ParamId) -> np.ndarray:

@@ -116,9 +116,13 @@ def inits(draw) -> Init:
             value = draw(st.booleans())
         elif key.startswith("fan_"):
             value = draw(st.integers(1, 4096))
-        else:
-            value = draw(st.one_of(st.floats(allow_nan=False), st.integers(-8, 8)))  # ints become floats
+        else:  # finite (ints become floats); a std is non-negative
+            value = draw(st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(-8, 8)))
+            value = abs(value) if key == "std" else value
         args.append((key, value))
+    if kind == "uniform":  # min <= max: the initializer's domain
+        (_, low), (_, high) = args
+        args = [("min", min(low, high)), ("max", max(low, high))]
     return Init(kind, tuple(args))
 
 
@@ -505,6 +509,16 @@ PARSE_ERRORS = [
     ("missing ParamId", fn("    return %x", decls="  param @w : tensor<3xf32> {grad = true}"), 2, 9, "has no id"),
     ("unknown initializer", fn("    return %x", decls='  param @w : tensor<3xf32> {id = "0x1", init = magic}'),
      2, 48, "unknown initializer 'magic'"),
+    ("uniform out of order", fn("    return %x", decls='  param @w : tensor<3xf32> {id = "0x1", '
+                                'init = uniform(min = 2.0, max = 1.0)}'), 2, 48, "uniform: min 2.0 is above max 1.0"),
+    ("negative std", fn("    return %x", decls='  param @w : tensor<3xf32> {id = "0x1", init = normal(std = -1.0)}'),
+     2, 48, "normal: std -1.0 is negative"),
+    ("infinite std", fn("    return %x", decls='  param @w : tensor<3xf32> {id = "0x1", init = normal(std = 1e309)}'),
+     2, 48, "normal: std inf is not finite"),
+    ("NaN gain", fn("    return %x", decls='  param @w : tensor<3xf32> {id = "0x1", '
+                    'init = kaiming_uniform(gain = nan, fan_in = 3)}'), 2, 48, "gain nan is not finite"),
+    ("zero fan", fn("    return %x", decls='  param @w : tensor<3xf32> {id = "0x1", '
+                    'init = kaiming_normal(fan_in = 0)}'), 2, 48, "kaiming_normal: fan_in 0 is not positive"),
     ("bad initializer argument", fn("    return %x", decls='  param @w : tensor<3xf32> {id = "0x1", '
                                     'init = normal(sigma = 1.0)}'), 2, 48, "unknown attribute 'sigma'"),
     ("unknown param attribute", fn("    return %x", decls='  param @w : tensor<3xf32> {id = "0x1", shiny = true}'),
@@ -998,6 +1012,15 @@ def test_verify_param_id_and_init() -> None:
     expect_verify_error(graph_of(params={"w": ParamNode("w", t(3), 2**64)}), "param @w", "is not a u64")
     expect_verify_error(graph_of(params={"w": ParamNode("w", t(3), -1)}), "param @w", "is not a u64")
     expect_verify_error(graph_of(params={"w": param("w", init=Init("magic"))}), "param @w", "unknown initializer")
+
+
+def test_an_absurdly_large_lazy_parameter_is_a_shape_error_not_a_memory_error() -> None:
+    """issue 15: a lazy parameter of absurd size raised MemoryError (a traceback from `kiln opt`) when evaluated."""
+    from kiln.ir.init import evaluate
+
+    for shape in [(10**10, 10**10), (10**9, 10**5)]:  # beyond numpy's sizes; beyond this machine's memory
+        with pytest.raises(ShapeError, match="bytes, more than this machine can allocate"):
+            evaluate(Init("zeros"), TensorType(shape, DType.f32), 1)
 
 
 def test_builder_rejects_what_the_verifier_would() -> None:
