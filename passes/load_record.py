@@ -27,7 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
-from kiln.ir import DType, Graph, ParamNode, RecordError, TensorType
+from kiln.ir import DType, Graph, ParamId, ParamNode, RecordError, TensorType
 from kiln.ir.naming import user_paths
 from kiln.ir.ops.quant import dequantize
 
@@ -192,8 +192,24 @@ class LoadRecord(StatePass):
                 reparams[r.name] = r.replace(attrs={**r.attrs, "value": scheme.value, "block": scheme.block})
                 continue
             params[name] = _take(node, entry, policy)
+        errors += _shared_ids(params, record_paths)
         _check(self.record.settings, errors, missing, [p for p in self.record.keys() if p not in used])
         return graph.replace(params=params, reparams=reparams)
+
+
+def _shared_ids(params: dict[str, ParamNode], record_paths: dict[str, str]) -> list[str]:
+    """Loaded parameters claiming one ParamId without being one tied parameter (a module's id is its
+    parameter's: optimizer state and gradients are keyed by it, so two would fail far from the file)."""
+    owners: dict[int, ParamNode] = {}
+    problems = []
+    for node in params.values():
+        first = owners.setdefault(node.id, node)
+        if first is not node and not first.tied_to(node):
+            how = f"{first.type} and {node.type}" if first.type != node.type else "their values or state"
+            path, other = record_paths.get(node.name, node.name), record_paths.get(first.name, first.name)
+            problems.append(f"{path}: the record gives it ParamId {ParamId(node.id)}, as it gives {other}, but the "
+                            f"two differ ({how})")
+    return problems
 
 
 def _take_scales(nodes: list[ParamNode], entry: RecordEntryLike, policy: DTypePolicy) -> dict[str, ParamNode]:

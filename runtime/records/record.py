@@ -194,14 +194,8 @@ class ModuleRecord(Mapping[str, RecordEntry]):
         schemes = {dtype: _scheme_of(pack, name, dtype) for dtype, name in named.items() if dtype.kind == "QFloat"}
         dtypes = {dtype: _kiln_dtype_of(pack, name, dtype) for dtype, name in named.items() if dtype not in schemes}
         entries = {}
-        owners: dict[int, object] = {}  # ParamId -> the first entry with it
         for entry in sorted(pack.entries.values(), key=_data_start):
             param_id = new_param_id() if entry.param_id is None else entry.param_id
-            first = owners.setdefault(param_id, entry)
-            if first is not entry and (first.dtype, first.shape) != (entry.dtype, entry.shape):
-                raise RecordError(f"{pack.path}: tensors {first.name!r} and {entry.name!r} share ParamId "
-                                  f"{ParamId(param_id)} but differ ({first.dtype} {list(first.shape)} and "
-                                  f"{entry.dtype} {list(entry.shape)}); one id is one parameter")
             scheme = schemes.get(entry.dtype)
             if isinstance(scheme, RecordError):
                 entries[entry.name] = _opaque_entry(pack, entry, param_id, scheme)

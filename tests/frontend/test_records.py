@@ -314,6 +314,12 @@ def test_load_file_errors_name_the_file(tmp_path):
     assert str(caught.value).startswith(f"{tmp_path / 'wide'}: ") and "shape mismatch" in str(caught.value)
 
 
+class Untied(Module):
+    def __init__(self):
+        self.encode = nn.Linear(4, 4)
+        self.decode = nn.Linear(4, 4)
+
+
 class Tied(Module):
     def __init__(self):
         self.encode = nn.Linear(4, 4)
@@ -326,14 +332,16 @@ class Tied(Module):
 
 def test_tied_weights_round_trip_and_differing_tensors_with_one_id_are_refused(tmp_path):
     """issue 15: "Duplicate ParamIds load, then training fails far away". One Param at two paths is recorded
-    twice with its id and loads back; a file whose two tensors share an id but differ is refused by both names."""
+    twice with its id and loads back; a file giving two differing parameters one id is refused naming both
+    (optimizer records, which tag each state tensor with its parameter's id, are not module records)."""
     tied = Tied()
     tied.save_file(tmp_path / "tied")
     back = Tied().load_file(tmp_path / "tied.bpk")
     assert back.encode.weight.id == back.decode.weight.id == tied.encode.weight.id
     path = tmp_path / "clash.bpk"
-    a, b = np.zeros((4, 4), np.float32), np.zeros((2, 8), np.float32)
-    write_burnpack(path, [PackTensor("encode.weight", BurnDType.parse("F32"), a.shape, 7, a),
-                          PackTensor("decode.weight", BurnDType.parse("F32"), b.shape, 7, b)])
-    with pytest.raises(RecordError, match=r"'encode.weight' and 'decode.weight' share ParamId .* but differ"):
-        ModuleRecord.load(path)
+    a, b = np.zeros((4, 4), np.float32), np.ones((4, 4), np.float32)
+    write_burnpack(path, [PackTensor(name, BurnDType.parse("F32"), value.shape, 7, value) for name, value in
+                          [("encode.weight", a), ("encode.bias", a[0]), ("decode.weight", b), ("decode.bias", b[0])]])
+    with pytest.raises(RecordError, match=r"decode.weight: the record gives it ParamId .*, as it gives "
+                                          r"encode.weight, but the two differ"):
+        Untied().try_load_file(path)
