@@ -192,17 +192,17 @@ class LoadRecord(StatePass):
                 reparams[r.name] = r.replace(attrs={**r.attrs, "value": scheme.value, "block": scheme.block})
                 continue
             params[name] = _take(node, entry, policy)
-        errors += _shared_ids(params, record_paths)
+        errors += _shared_ids([params[n] for n in graph.params if record_paths.get(n, n) in used], record_paths)
         _check(self.record.settings, errors, missing, [p for p in self.record.keys() if p not in used])
         return graph.replace(params=params, reparams=reparams)
 
 
-def _shared_ids(params: dict[str, ParamNode], record_paths: dict[str, str]) -> list[str]:
-    """Loaded parameters claiming one ParamId without being one tied parameter (a module's id is its
+def _shared_ids(loaded: list[ParamNode], record_paths: dict[str, str]) -> list[str]:
+    """Parameters the record gave one ParamId without their being one tied parameter (a module's id is its
     parameter's: optimizer state and gradients are keyed by it, so two would fail far from the file)."""
     owners: dict[int, ParamNode] = {}
     problems = []
-    for node in params.values():
+    for node in loaded:
         first = owners.setdefault(node.id, node)
         if first is not node and not first.tied_to(node):
             how = f"{first.type} and {node.type}" if first.type != node.type else "their values or state"
