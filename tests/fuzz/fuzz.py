@@ -1,5 +1,6 @@
 """Seeded mutation fuzzing of kiln's readers (issue 15), run as `python fuzz.py TARGET SEED SECONDS ITERATIONS`.
 
+Targets: `kir`, `burnpack`, `onnx`, `sidecar` (a compiled library's sidecar, loaded with `load_program`).
 Each target builds a small corpus of valid inputs, then mutates them (bit flips, byte overwrites, truncation,
 insertion, chunk duplication, and for text also token edits) and feeds each mutant to the reader. Only kiln's
 error types may escape; anything else, or one input running longer than PER_INPUT_SECONDS, stops the run with a
@@ -139,12 +140,49 @@ def onnx_read(data: bytes, folder: Path) -> None:
         np.asarray(entry.array())
 
 
+def sidecar_corpus(folder: Path) -> list[bytes]:
+    from kiln.ir import parse
+    from kiln.runtime.tvm.artifact import SIDECAR
+    from kiln.runtime.tvm.compile import compile_graph
+
+    graph = parse("module @M {\n  func @forward(%x: tensor<?x4xf32>) -> (tensor<?x4xf32>) {\n"
+                  "    %0 = add %x, %x : tensor<?x4xf32>\n    return %0\n  }\n}\n")
+    compile_graph(graph, cache=False).export_library(str(folder / "m.so"))
+    return [(folder / f"m.so{SIDECAR}").read_bytes()]
+
+
+def sidecar_mutate(data: bytes, rng: random.Random) -> bytes:
+    """Byte noise, or (as someone who knows the digest is unkeyed would) a structural edit re-signed."""
+    import json as _json
+
+    from kiln.runtime.tvm import artifact
+
+    if rng.random() < 0.5:
+        return mutate(data, rng)
+    payload = _json.loads(data)
+    payload.pop("sidecar_sha256")
+    key = rng.choice(sorted(payload))
+    payload[key] = rng.choice([None, [], {}, 0, -1, "x", [{"name": 1}], {"functions": []}, payload.get("functions"),
+                               [{"name": "forward", "args": "?", "results": [], "params": []}]])
+    payload["sidecar_sha256"] = artifact._payload_digest(payload)
+    return _json.dumps(payload).encode()
+
+
+def sidecar_read(data: bytes, folder: Path) -> None:
+    """Load the (intact) library beside a mutated sidecar."""
+    from kiln.runtime.tvm.artifact import SIDECAR, load_program
+
+    (folder / f"m.so{SIDECAR}").write_bytes(data)
+    load_program(str(folder / "m.so"))
+
+
 TARGETS: dict[str, tuple[Callable[[Path], list[bytes]], Callable[[bytes, random.Random], bytes],
                          Callable[[bytes, Path], None]]] = {
     "kir": (kir_corpus, lambda d, rng: mutate_text(d.decode(), rng) if rng.random() < 0.7 else mutate(d, rng),
             kir_read),
     "burnpack": (burnpack_corpus, mutate, burnpack_read),
     "onnx": (onnx_corpus, mutate, onnx_read),
+    "sidecar": (sidecar_corpus, sidecar_mutate, sidecar_read),
 }
 
 

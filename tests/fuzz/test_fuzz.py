@@ -1,6 +1,8 @@
 """The readers under seeded mutation fuzzing (issue 15): `.kir` parse + verify + passes, burnpack records, ONNX
-initializers. Each target runs for FUZZ_SECONDS (KILN_FUZZ_SECONDS) or KILN_FUZZ_ITERATIONS inputs in its own
-process with a capped address space; only kiln's error types may escape, and no input may run over 10 s."""
+initializers and compiled-artifact sidecars (byte noise, and structural edits re-signed with the unkeyed digest,
+beside an intact library). Each target runs for FUZZ_SECONDS (KILN_FUZZ_SECONDS) or KILN_FUZZ_ITERATIONS inputs
+in its own process with a capped address space; only kiln's error types may escape, and no input may run over
+10 s."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ ITERATIONS = int(os.environ.get("KILN_FUZZ_ITERATIONS", "1000000000"))
 SEED = int(os.environ.get("KILN_FUZZ_SEED", "1"))
 
 
-@pytest.mark.parametrize("target", ["kir", "burnpack", "onnx"])
+@pytest.mark.parametrize("target", ["kir", "burnpack", "onnx", "sidecar"])
 def test_only_kiln_errors_escape_a_reader(target: str) -> None:
     done = subprocess.run([sys.executable, str(FUZZ), target, str(SEED), str(SECONDS), str(ITERATIONS)],
                           capture_output=True, text=True, timeout=SECONDS + 300)

@@ -89,3 +89,35 @@ def test_a_killed_export_leaves_a_loadable_library(tmp_path: Path) -> None:
         np.testing.assert_array_equal(load_executable(str(library))(np.ones(4, np.float32)), np.full(4, 2.0))
     exe.export_library(str(library))
     assert temporaries(tmp_path) == []
+
+
+STORE_LOOP = """
+import sys
+from kiln.ir import parse
+from kiln.runtime.tvm import compile_cache
+from kiln.runtime.tvm.compile import cache_key, compile_graph
+from kiln.runtime.tvm.target import resolve_target
+graph = parse(sys.argv[1])
+exe = compile_graph(graph)  # builds and stores the entry once
+key = cache_key(graph, ("forward",), resolve_target("llvm"), "bound", True)
+print("ready", flush=True)
+while True:  # then rewrites it (as a rebuild after damage does) until killed
+    compile_cache.store(key, exe.program, exe.program.library.export_library)
+"""
+
+
+def test_a_killed_cache_store_leaves_a_usable_entry_or_none(cache_root: Path) -> None:
+    """The compile cache's writer killed mid-store: the next build in a fresh process state loads a whole entry
+    or rebuilds, and the next store leaves no temporary in the cache folder."""
+    from kiln.ir import parse
+    from kiln.runtime.tvm import compile_cache
+    from kiln.runtime.tvm.compile import compile_graph
+
+    rng = random.Random(2)
+    kill_during(STORE_LOOP, KIR, rng=rng)
+    compile_cache.clear_memory()
+    exe = compile_graph(parse(KIR))
+    np.testing.assert_array_equal(exe(np.ones(4, np.float32)), np.full(4, 2.0))
+    (entry,) = compile_cache.disk_entries()
+    compile_cache.store(entry.key, exe.program, exe.program.library.export_library)
+    assert temporaries(cache_root / "compile") == []
