@@ -119,5 +119,7 @@ def test_a_killed_cache_store_leaves_a_usable_entry_or_none(cache_root: Path) ->
     exe = compile_graph(parse(KIR))
     np.testing.assert_array_equal(exe(np.ones(4, np.float32)), np.full(4, 2.0))
     (entry,) = compile_cache.disk_entries()
-    compile_cache.store(entry.key, exe.program, exe.program.library.export_library)
+    built = compile_graph(parse(KIR), cache=False).program  # a build of this process (a loaded one cannot re-export)
+    compile_cache.store(entry.key, built, built.library.export_library)
     assert temporaries(cache_root / "compile") == []
+    assert compile_cache.disk_entries()[0].key == entry.key
