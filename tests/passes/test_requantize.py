@@ -75,8 +75,10 @@ def test_requantize_nf4_keeps_the_scheme_and_scale_dtype() -> None:
     err = np.abs(dense.fc.weight.val().numpy().astype(np.float64) - folded(net))
     assert report["fc.weight"].max_abs == pytest.approx(err.max(), rel=1e-4, abs=1e-6)
     assert report["fc.weight"].mean_abs == pytest.approx(err.mean(), rel=1e-4, abs=1e-6)
-    # NF4's worst case is half the widest gap between levels times the block's absmax
-    assert report["fc.weight"].max_abs <= 0.5 * 0.28 * np.abs(folded(net)).max() * 1.01
+    # NF4's worst case is half the widest gap between its levels (0.304, from -1 to -0.696) times the block's
+    # absmax, which the f16 scale rounds up by at most 2**-10 (a 0.28 here made the test fail now and then)
+    widest = float(np.diff(NF4).max())
+    assert report["fc.weight"].max_abs <= 0.5 * widest * np.abs(folded(net)).max() * (1 + 2**-10) + 1e-7
 
 
 def test_requantize_keeps_double_quantized_scales() -> None:
