@@ -128,6 +128,16 @@ class ParamNode(_Replaceable):
         return self.data is other.data or bool(np.array_equal(self.data, other.data))
 
 
+def untied_id_claims(nodes: Iterable[ParamNode]) -> Iterator[tuple[ParamNode, ParamNode]]:
+    """(first node with a ParamId, a later one claiming it without being tied to it), in order: the one rule the
+    parser, the verifier and record loading apply (one id is one parameter)."""
+    owners: dict[int, ParamNode] = {}
+    for node in nodes:
+        first = owners.setdefault(node.id, node)
+        if first is not node and not first.tied_to(node):
+            yield first, node
+
+
 
 @dataclass(frozen=True)
 class FlagNode(_Replaceable):

@@ -15,7 +15,7 @@ from .devices import checkpointing_name, device_name
 from .dtypes import DType
 from .errors import IRParseError, KilnError, ShapeError
 from .gcpause import gc_paused
-from .graph import FlagNode, Graph, Init, Node, Operand, ParamNode, ReparamNode, SymRef, Value
+from .graph import FlagNode, Graph, Init, Node, Operand, ParamNode, ReparamNode, SymRef, Value, untied_id_claims
 from .layout import Layout
 from .param_id import ParamId
 from .registry import infer
@@ -111,16 +111,12 @@ class Parser:
         flags: dict[str, FlagNode] = {}
         reparams: dict[str, ReparamNode] = {}
         functions = {}
-        owners: dict[int, ParamNode] = {}  # ParamId -> the first parameter declaring it
+        declared: dict[str, Token] = {}  # param name -> its declaration, where an id clash is reported
         while not self.accept("}"):
             tok = self.peek()
             if tok[1] == "param":
                 node: Node = self.parse_param()
-                first = owners.setdefault(node.id, node)
-                if first is not node and not first.tied_to(node):
-                    raise self.error(f"param @{node.name} has ParamId {ParamId(node.id)}, as @{first.name} does, but "
-                                     "the two differ (one id is one parameter)", tok)
-                params[node.name] = node
+                params[node.name], declared[node.name] = node, tok
             elif tok[1] == "flag":
                 node = self.parse_flag()
                 flags[node.name] = node
@@ -138,6 +134,9 @@ class Parser:
             if node.name in self.symbols:
                 raise self.error(f"symbol @{node.name} is declared twice", tok)
             self.symbols[node.name] = node
+        for first, node in untied_id_claims(params.values()):
+            raise self.error(f"param @{node.name} has ParamId {ParamId(node.id)}, as @{first.name} does, but the "
+                             "two differ (one id is one parameter)", declared[node.name])
         self.expect_kind("eof", "end of input after the module")
         return Graph(name, params, flags, reparams, functions)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from . import init as initializers
 from . import registry
 from .errors import KilnError, VerifyError
-from .graph import Function, Graph, ParamNode, ReparamNode, SymRef, Value
+from .graph import Function, Graph, ParamNode, ReparamNode, SymRef, Value, untied_id_claims
 from .param_id import ParamId
 
 DEQUANTIZE = "dequantize"  # the one derivation another derivation may take as an operand
@@ -25,13 +25,11 @@ def _verify_symbols(graph: Graph) -> None:
         if node.name in seen:
             raise VerifyError(f"@{node.name}: symbol declared more than once")
         seen.add(node.name)
-    owners: dict[int, ParamNode] = {}
     for p in graph.params.values():
         _verify_param(p)
-        first = owners.setdefault(p.id, p)
-        if first is not p and not first.tied_to(p):
-            raise VerifyError(f"param @{p.name}: ParamId {ParamId(p.id)} is also @{first.name}'s, but the two differ "
-                              f"({first.type} and {p.type}); only one tied parameter may appear at two paths")
+    for first, p in untied_id_claims(graph.params.values()):
+        raise VerifyError(f"param @{p.name}: ParamId {ParamId(p.id)} is also @{first.name}'s, but the two differ "
+                          f"({first.type} and {p.type}); only one tied parameter may appear at two paths")
     for r in graph.reparams.values():
         where = f"reparam @{r.name}"
         for o in r.operands:

@@ -28,6 +28,7 @@ from typing import Protocol
 import numpy as np
 
 from kiln.ir import DType, Graph, ParamId, ParamNode, RecordError, TensorType
+from kiln.ir.graph import untied_id_claims
 from kiln.ir.naming import user_paths
 from kiln.ir.ops.quant import dequantize
 
@@ -200,15 +201,12 @@ class LoadRecord(StatePass):
 def _shared_ids(loaded: list[ParamNode], record_paths: dict[str, str]) -> list[str]:
     """Parameters the record gave one ParamId without their being one tied parameter (a module's id is its
     parameter's: optimizer state and gradients are keyed by it, so two would fail far from the file)."""
-    owners: dict[int, ParamNode] = {}
     problems = []
-    for node in loaded:
-        first = owners.setdefault(node.id, node)
-        if first is not node and not first.tied_to(node):
-            how = f"{first.type} and {node.type}" if first.type != node.type else "their values or state"
-            path, other = record_paths.get(node.name, node.name), record_paths.get(first.name, first.name)
-            problems.append(f"{path}: the record gives it ParamId {ParamId(node.id)}, as it gives {other}, but the "
-                            f"two differ ({how})")
+    for first, node in untied_id_claims(loaded):
+        how = f"{first.type} and {node.type}" if first.type != node.type else "their values or state"
+        path, other = record_paths.get(node.name, node.name), record_paths.get(first.name, first.name)
+        problems.append(f"{path}: the record gives it ParamId {ParamId(node.id)}, as it gives {other}, but the "
+                        f"two differ ({how})")
     return problems
 
 

@@ -95,8 +95,6 @@ def kir_read(data: bytes, folder: Path) -> None:
 def burnpack_corpus(folder: Path) -> list[bytes]:
     import kiln
     from kiln import Quantizer, nn
-    from kiln.runtime.records.record import ModuleRecord
-
     kiln.seed(0)
     models = [nn.Linear(6, 4), nn.Sequential(nn.Conv2d(1, 2, 3), nn.LayerNorm(2)),
               nn.Linear(8, 4, bias=False).quantize_weights(Quantizer())]
@@ -108,7 +106,6 @@ def burnpack_corpus(folder: Path) -> list[bytes]:
     fixture = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "burn" / "mnist-model.bpk"
     if fixture.is_file():
         blobs.append(fixture.read_bytes()[:1 << 20] if fixture.stat().st_size > 1 << 20 else fixture.read_bytes())
-    del ModuleRecord
     return blobs
 
 
