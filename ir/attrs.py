@@ -68,6 +68,21 @@ def _dense(v: Any) -> np.ndarray:
     return v
 
 
+def number(least: float | None = None, most: float | None = None) -> Callable[[Any], float]:
+    """A finite number within [least, most] (either bound may be open): for the scales, slopes, epsilons and
+    momenta whose NaN or infinity would make every result NaN without an error."""
+    def check(v: Any) -> float:
+        x = _float(v)
+        if not math.isfinite(x):
+            raise TypeError("expected a finite number")
+        if (least is not None and x < least) or (most is not None and x > most):
+            low = "" if least is None else f"{least:g} <= "
+            high = "" if most is None else f" <= {most:g}"
+            raise TypeError(f"expected {low}value{high}")
+        return x
+    return check
+
+
 def optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """An attribute that may be absent (None)."""
     return lambda v: None if v is None else check(v)
@@ -82,6 +97,7 @@ def one_of(*choices: str) -> Callable[[Any], str]:
 
 
 INT, FLOAT, BOOL, STR, DTYPE, INTS, DENSE = _int, _float, _bool, _str, _dtype, _ints, _dense
+FINITE, EPS = number(), number(least=0.0)
 
 
 def validate_attrs(op: str, schema: Mapping[str, Attr], attrs: Mapping[str, Any]) -> dict[str, Any]:

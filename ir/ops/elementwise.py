@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ..attrs import DTYPE, FLOAT, Attr, one_of
+from ..attrs import DTYPE, FINITE, Attr, one_of
 from ..dtypes import DType
 from ..traits import Trait
 from ..types import TensorType, broadcast_shapes
@@ -68,7 +68,7 @@ _unary("silu", lambda x: x * _sigmoid(x))
 _unary("gelu", _gelu, attrs={"approximate": Attr(one_of("none", "tanh"), "none")},
        doc="x * Phi(x); approximate = \"tanh\" uses the tanh form")
 _unary("leaky_relu", lambda x, alpha: np.where(x >= 0, x, alpha * x).astype(x.dtype),
-       attrs={"alpha": Attr(FLOAT, 0.01)})
+       attrs={"alpha": Attr(FINITE, 0.01)})
 
 _binary("add", np.add, commutative=True)
 _binary("sub", np.subtract)

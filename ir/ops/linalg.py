@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..attrs import FLOAT, Attr
+from ..attrs import FINITE, Attr
 from ..errors import ShapeError
 from ..types import Dim, TensorType, broadcast_shapes
 from .common import define, numeric, one, same_dtype
@@ -72,7 +72,7 @@ def _lora_infer(ts, attrs):
 
 
 define("lora", ("base", "a", "b"), _lora_infer,
-       one(lambda base, a, b, scale: base + scale * (a @ b)), {"scale": Attr(FLOAT)},
+       one(lambda base, a, b, scale: base + scale * (a @ b)), {"scale": Attr(FINITE)},
        doc="base + scale * (a @ b): the LoRA derivation of an adapted weight")
 
 
@@ -95,7 +95,7 @@ def _dora(base, a, b, magnitude, scale):
     return magnitude * (v / column_norms(v))
 
 
-define("dora", ("base", "a", "b", "magnitude"), _dora_infer, one(_dora), {"scale": Attr(FLOAT)},
+define("dora", ("base", "a", "b", "magnitude"), _dora_infer, one(_dora), {"scale": Attr(FINITE)},
        doc="magnitude * V / ||V||_c with V = base + scale * (a @ b): the DoRA derivation (Liu et al. 2024). "
            "Weights are [in, out], so the norm is over axis 0, one per output column (PEFT's per-output-feature "
            "norm in its [out, in] layout); magnitude is [out]. The norm is not detached: gradients are exact "

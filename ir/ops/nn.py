@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..attrs import BOOL, FLOAT, INT, INTS, Attr, optional
+from ..attrs import BOOL, EPS, INT, INTS, Attr, number, optional
 from ..dtypes import DType
 from ..errors import ShapeError
 from ..registry import InferFn
@@ -263,7 +263,7 @@ def _rms_norm(x, gamma=None, *, axes, eps):
 
 
 _NORM_ATTRS = {"axes": Attr(INTS, (-1,), "normalized axes; gamma and beta span x's dims there"),
-               "eps": Attr(FLOAT, 1e-5)}
+               "eps": Attr(EPS, 1e-5)}
 _LAYER_NORM, _RMS_NORM = ("x", "gamma?", "beta?"), ("x", "gamma?")
 
 define("layer_norm", _LAYER_NORM, _norm_infer("layer_norm", _LAYER_NORM), one(_layer_norm), _NORM_ATTRS,
@@ -320,7 +320,8 @@ def _batch_norm(xs, attrs):
 
 
 define("batch_norm", _BATCH_NORM, _batch_norm_infer, _batch_norm,
-       {"eps": Attr(FLOAT, 1e-5), "momentum": Attr(FLOAT, 0.1, "weight of the batch statistics in the update")},
+       {"eps": Attr(EPS, 1e-5),
+        "momentum": Attr(number(0.0, 1.0), 0.1, "weight of the batch statistics in the update")},
        doc="normalize over all axes but 1: batch statistics while training (results 2 and 3 are the updated "
            "running mean and variance), the running ones otherwise (returned unchanged)")
 

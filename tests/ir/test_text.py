@@ -83,6 +83,11 @@ def float_elements(dtype: DType) -> st.SearchStrategy[float]:
     return st.one_of(anything, st.sampled_from(SPECIAL))
 
 
+def finite_floats() -> st.SearchStrategy[float]:
+    """Attributes whose domain is finite numbers (slopes, adapter scales: `kiln.ir.attrs.FINITE`)."""
+    return st.floats(width=64, allow_nan=False, allow_infinity=False)
+
+
 def elements(dtype: DType) -> st.SearchStrategy:
     if dtype is DType.bool:
         return st.booleans()
@@ -174,7 +179,7 @@ class GraphGen:
             if op == "gelu" and draw(st.booleans()):
                 attrs["approximate"] = draw(st.sampled_from(["none", "tanh"]))
             if op == "leaky_relu" and draw(st.booleans()):
-                attrs["alpha"] = draw(float_elements(DType.f64))
+                attrs["alpha"] = draw(finite_floats())
         elif kind == "binary":
             op = draw(st.sampled_from(self.BINARY))
             x = self.pick(lambda o: o.type.dtype is not DType.bool or op in ("equal", "less", "greater"))
@@ -335,7 +340,7 @@ def graphs(draw) -> Graph:
         b.param(base, (m, n), dtype, grad=False, init=Init("zeros"))
         b.param(a, (m, r), dtype, init=Init("kaiming_uniform", (("fan_in", m),)))
         b.param(bb, (r, n), dtype, init=Init("zeros"))
-        syms.append(b.reparam(adapted, "lora", base, a, bb, scale=draw(float_elements(DType.f64))))
+        syms.append(b.reparam(adapted, "lora", base, a, bb, scale=draw(finite_floats())))
     functions = draw(st.lists(names, min_size=1, max_size=2, unique=True))
     for fn_name in functions:
         b.begin(fn_name)
