@@ -54,9 +54,9 @@ def atomic_folder(destination: str | os.PathLike[str]) -> Iterator[Path]:
     files appears whole or not at all); write its files with `atomic_file` so each is on disk before the rename.
     `destination` must not exist yet."""
     destination = Path(destination)
-    _check_destination(destination)
     if destination.exists():
         raise FileExistsError(errno.EEXIST, "already exists", str(destination))
+    _check_destination(destination)
     remove_orphans(destination)
     temporary = destination.with_name(f".{destination.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     temporary.mkdir()

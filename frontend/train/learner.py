@@ -209,7 +209,7 @@ class Learner:
         if rule is None:
             return
         if rule.monitor not in summary:
-            raise KeyError(f"early stopping monitors {rule.monitor!r}, which no epoch reports (they report "
+            raise ValueError(f"early stopping monitors {rule.monitor!r}, which no epoch reports (they report "
                            f"{', '.join(summary)})")
         if rule.improved(summary[rule.monitor], pos.best):
             pos.best, pos.waited = summary[rule.monitor], 0
