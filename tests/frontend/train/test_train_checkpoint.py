@@ -153,3 +153,16 @@ def test_resuming_with_another_shuffle_seed_is_refused(tmp_path):
     other = DataLoader((rng.normal(size=(40, 4)).astype(np.float32), rng.integers(0, 3, 40)), 8, shuffle=True, seed=9)
     with pytest.raises(ValueError, match="seed 0, this DataLoader's seed is 9"):
         learner.fit(other, epochs=3, resume=tmp_path)
+
+
+def test_checkpoints_by_seconds_and_bad_settings(tmp_path):
+    # "written atomically every N steps or seconds": a deadline already passed after every step saves every step
+    kiln.seed(3)
+    learner = Learner(_Tiny(), optim.SGD(), _loss, optim.ConstantLr(0.01), stream=io.StringIO(),
+                      checkpointing=Checkpointing(tmp_path, every_seconds=1e-9, keep=100))
+    learner.fit(_data(), epochs=1)
+    assert [p.name for p in ckpt.checkpoints(tmp_path)] == [f"step-{i:09d}" for i in range(1, 6)]
+    with pytest.raises(ValueError, match="every_steps must be positive, got 0"):
+        Checkpointing(tmp_path, every_steps=0)
+    with pytest.raises(ValueError, match="keep must be at least 1, got 0"):
+        Checkpointing(tmp_path, keep=0)
