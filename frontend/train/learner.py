@@ -31,7 +31,7 @@ from ..tensor import Tensor, tensor
 from . import checkpoint
 from .checkpoint import Checkpointing
 from .data import Batch, DataLoader
-from .metrics import Metric, StepOutput, default_metrics
+from .metrics import Metric, StepOutput, default_metrics, measure, summarize
 from .progress import ProgressBar
 
 
@@ -60,7 +60,8 @@ class EarlyStopping:
 @dataclass
 class Position:
     """Where a run is: steps taken (micro-steps under accumulation), the epoch and batch within it, what this
-    epoch's steps measured, the log's length, early stopping's best and wait. All of it goes in a checkpoint."""
+    epoch's steps measured, the log's length, early stopping's best and wait, every finished epoch's summary
+    (`history`, for the caller). All of it goes in a checkpoint."""
 
     step: int = 0
     epoch: int = 0
@@ -74,11 +75,14 @@ class Position:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def _outputs(result: float | tuple[Any, ...]) -> tuple[float, np.ndarray | None]:
-    """A step's loss and predictions (loss_fn's second result, when it has one)."""
-    if isinstance(result, tuple):
-        return float(result[0]), np.asarray(result[1]) if len(result) > 1 else None
-    return float(result), None
+def _array(value: Any) -> np.ndarray:
+    return value.numpy() if isinstance(value, Tensor) else np.asarray(value)
+
+
+def _outputs(result: Any) -> tuple[float, np.ndarray | None]:
+    """The loss and predictions (loss_fn's second result, when it has one) of a step's or loss_fn's results."""
+    parts = result if isinstance(result, tuple) else (result,)
+    return float(_array(parts[0])), _array(parts[1]) if len(parts) > 1 else None
 
 
 def _input_specs(batch: Batch) -> tuple[TensorType, ...]:
@@ -176,33 +180,17 @@ class Learner:
         sizes: dict[str, list[int]] = {}
         for batch in batches:
             start = time.perf_counter()
-            result = self.loss_fn(model, *(tensor(a) for a in batch))
-            parts = result if isinstance(result, tuple) else (result,)
-            arrays = [p.numpy() if isinstance(p, Tensor) else np.asarray(p) for p in parts]
-            out = StepOutput(float(arrays[0]), arrays[1] if len(arrays) > 1 else None, np.asarray(batch[-1]), None,
-                             len(batch[0]), time.perf_counter() - start)
-            for metric in self.metrics:
-                value = metric.measure(out)
-                if value is not None:
-                    values.setdefault(metric.name, []).append(value)
-                    sizes.setdefault(metric.name, []).append(out.batch_size)
-        return {m.name: m.summarize(values[m.name], sizes[m.name]) for m in self.metrics if m.name in values}
+            loss, predictions = _outputs(self.loss_fn(model, *(tensor(a) for a in batch)))
+            out = StepOutput(loss, predictions, np.asarray(batch[-1]), None, len(batch[0]), time.perf_counter() - start)
+            measure(self.metrics, out, values, sizes)
+        return summarize(self.metrics, values, sizes)
 
     # metrics, log, early stopping -----------------------------------------------------------------------------
     def _record(self, out: StepOutput) -> dict[str, float]:
-        pos, values = self.position, {}
-        for metric in self.metrics:
-            value = metric.measure(out)
-            if value is not None:
-                values[metric.name] = value
-                pos.epoch_values.setdefault(metric.name, []).append(value)
-                pos.epoch_sizes.setdefault(metric.name, []).append(out.batch_size)
-        return values
+        return measure(self.metrics, out, self.position.epoch_values, self.position.epoch_sizes)
 
     def _summaries(self) -> dict[str, float]:
-        pos = self.position
-        return {m.name: m.summarize(pos.epoch_values[m.name], pos.epoch_sizes[m.name]) for m in self.metrics
-                if pos.epoch_values.get(m.name)}
+        return summarize(self.metrics, self.position.epoch_values, self.position.epoch_sizes)
 
     def _early_stop(self, summary: dict[str, float]) -> None:
         rule, pos = self.early_stopping, self.position

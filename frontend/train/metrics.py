@@ -102,5 +102,24 @@ class SamplesPerSecond(Metric):
         return float(np.sum(sizes) / sum(n / v for n, v in zip(sizes, values)))
 
 
+def measure(metrics: Sequence[Metric], out: StepOutput, values: dict[str, list[float]],
+            sizes: dict[str, list[int]]) -> dict[str, float]:
+    """Each metric's value for `out` (those it measures), also appended to the running `values` and `sizes`."""
+    measured = {}
+    for metric in metrics:
+        value = metric.measure(out)
+        if value is not None:
+            measured[metric.name] = value
+            values.setdefault(metric.name, []).append(value)
+            sizes.setdefault(metric.name, []).append(out.batch_size)
+    return measured
+
+
+def summarize(metrics: Sequence[Metric], values: dict[str, list[float]], sizes: dict[str, list[int]]
+              ) -> dict[str, float]:
+    """The summary of every metric that measured something."""
+    return {m.name: m.summarize(values[m.name], sizes[m.name]) for m in metrics if values.get(m.name)}
+
+
 def default_metrics() -> tuple[Metric, ...]:
     return (Loss(), Accuracy(), LearningRate(), StepTime(), SamplesPerSecond())

@@ -166,3 +166,23 @@ def test_checkpoints_by_seconds_and_bad_settings(tmp_path):
         Checkpointing(tmp_path, every_steps=0)
     with pytest.raises(ValueError, match="keep must be at least 1, got 0"):
         Checkpointing(tmp_path, keep=0)
+
+
+def test_resume_inside_an_accumulation_window_with_dropout_and_validation(tmp_path):
+    # the summed gradients, the window's learning rate and the dropout seeds come back: same log as without a stop
+    def run(log: Path, resume: Path | None = None) -> None:
+        kiln.seed(3)
+        learner = Learner(train_script.MLP(), optim.Adam(), train_script.loss_fn,
+                          optim.LinearWarmupLr(optim.ConstantLr(0.05), 5), accumulation=2, log=log,
+                          stream=io.StringIO(), checkpointing=Checkpointing(tmp_path / "ck", every_steps=3, keep=99))
+        rng = np.random.default_rng(1)
+        x = rng.normal(size=(40, 6)).astype(np.float32)
+        valid = DataLoader((x, (x[:, 0] > 0).astype(np.int64)), 20)
+        learner.fit(DataLoader((x, rng.integers(0, 3, 40)), 8, shuffle=True), valid, epochs=2, resume=resume)
+
+    run(tmp_path / "a.jsonl")
+    (tmp_path / "b.jsonl").write_bytes((tmp_path / "a.jsonl").read_bytes())
+    state = json.loads((tmp_path / "ck" / "step-000000003" / ckpt.MANIFEST).read_text())
+    assert state["position"]["step"] % 2 == 1  # mid-window: one gradient summed, not applied
+    run(tmp_path / "b.jsonl", resume=tmp_path / "ck" / "step-000000003")
+    assert _steps(tmp_path / "b.jsonl") == _steps(tmp_path / "a.jsonl")
