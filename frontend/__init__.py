@@ -6,7 +6,7 @@ from kiln.ir.param_id import seed_param_ids as seed
 from kiln.passes.group import ParamGroup
 from kiln.runtime.records.record import DTypePolicy, ModuleRecord
 
-from . import nn, optim
+from . import nn, optim, train
 from .compile import compile
 from .device import Device
 from .grad import grad
@@ -52,4 +52,5 @@ __all__ = [
     "seed",
     "tensor",
     "trace",
+    "train",
 ]

@@ -13,10 +13,10 @@ from kiln.frontend import __all__ as _frontend_api
 from kiln.ir.errors import *  # noqa: F403  (every error and warning type, listed once in kiln.ir.errors)
 from kiln.ir.errors import __all__ as _error_types
 
-# `import kiln.nn`, `import kiln.nn.functional as F`, `from kiln.optim import AdamW`: the frontend packages under
-# their public names, the same module objects `kiln.nn` and `kiln.optim` already are.
+# `import kiln.nn`, `import kiln.nn.functional as F`, `from kiln.optim import AdamW`, `from kiln.train import Learner`:
+# the frontend packages under their public names, the same module objects `kiln.nn`, `kiln.optim`, `kiln.train` are.
 for _name, _module in list(sys.modules.items()):
-    if _name.startswith(("kiln.frontend.nn", "kiln.frontend.optim")):
+    if _name.startswith(("kiln.frontend.nn", "kiln.frontend.optim", "kiln.frontend.train")):
         sys.modules["kiln." + _name.removeprefix("kiln.frontend.")] = _module
 
 __all__ = [*_frontend_api, *_error_types, "ir", "passes"]

@@ -15,11 +15,12 @@ import errno
 import os
 import re
 import secrets
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_file", "atomic_path", "install"]
+__all__ = ["atomic_file", "atomic_folder", "atomic_path", "install"]
 
 
 @contextlib.contextmanager
@@ -47,6 +48,27 @@ def atomic_file(destination: str | os.PathLike[str]) -> Iterator[BinaryIO]:
         yield out
 
 
+@contextlib.contextmanager
+def atomic_folder(destination: str | os.PathLike[str]) -> Iterator[Path]:
+    """A fresh, empty temporary sibling folder of `destination`, renamed to it on success (a checkpoint of several
+    files appears whole or not at all); write its files with `atomic_file` so each is on disk before the rename.
+    `destination` must not exist yet."""
+    destination = Path(destination)
+    if destination.exists():
+        raise FileExistsError(errno.EEXIST, "already exists", str(destination))
+    _check_destination(destination)
+    remove_orphans(destination)
+    temporary = destination.with_name(f".{destination.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    temporary.mkdir()
+    try:
+        yield temporary
+        os.rename(temporary, destination)
+        _fsync_directory(destination.parent)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
 def _check_destination(destination: Path) -> None:
     """Refuse a destination in a missing folder or that is a folder, naming the user's path (not the hidden
     temporary's, which the failing call would name)."""
@@ -57,8 +79,8 @@ def _check_destination(destination: Path) -> None:
 
 
 def remove_orphans(destination: Path) -> list[Path]:
-    """Delete the temporaries of `destination` left by writers that no longer run (killed mid-write); returns
-    them. A live writer's, or one kiln cannot tell about, is kept."""
+    """Delete the temporaries (files or `atomic_folder` folders) of `destination` left by writers that no longer
+    run (killed mid-write); returns them. A live writer's, or one kiln cannot tell about, is kept."""
     pattern = re.compile(rf"\.{re.escape(destination.name)}\.(\d+)-[0-9a-f]{{8}}\.tmp.*", re.DOTALL)
     try:
         siblings = list(destination.parent.iterdir())
@@ -69,7 +91,10 @@ def remove_orphans(destination: Path) -> list[Path]:
         match = pattern.fullmatch(path.name)
         if match and not _running(int(match[1])):
             with contextlib.suppress(OSError):
-                path.unlink()
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
                 removed.append(path)
     return removed
 

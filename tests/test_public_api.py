@@ -13,7 +13,7 @@ import kiln
 from kiln.ir import errors
 
 
-@pytest.mark.parametrize("name", ["kiln.nn", "kiln.nn.functional", "kiln.optim"])
+@pytest.mark.parametrize("name", ["kiln.nn", "kiln.nn.functional", "kiln.optim", "kiln.train"])
 def test_public_subpackages_import_as_modules(name):
     # issue 11: "`import kiln.nn`, `from kiln.nn import Linear`, `from kiln.optim import AdamW`" must work
     module = importlib.import_module(name)

@@ -1,0 +1,150 @@
+"""Batches for the Learner: indexable datasets (numpy arrays or anything with `__len__` and `__getitem__`) batched
+with seeded shuffling, per-sample transforms and drop_last, or any re-iterable of ready batches; a background
+thread prefetches. Epoch e's order is a function of (seed, e) alone, so a run, or a resumed one that starts at a
+batch position, sees the same batches."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from kiln.ir import ShapeError
+
+Batch = tuple[np.ndarray, ...]
+Sample = tuple[np.ndarray, ...]
+
+
+class Dataset(Protocol):
+    """What the DataLoader indexes: a length and one sample (a tuple of arrays) per index."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> Sample: ...
+
+
+class ArrayDataset:
+    """Samples i of equal-length arrays (features, targets...): `ArrayDataset(x, y)[i] == (x[i], y[i])`."""
+
+    def __init__(self, *arrays: np.ndarray):
+        if not arrays:
+            raise ValueError("ArrayDataset needs at least one array")
+        self.arrays = tuple(np.asarray(a) for a in arrays)
+        lengths = [len(a) for a in self.arrays]
+        if len(set(lengths)) != 1:
+            raise ShapeError(f"ArrayDataset arrays differ in length: {lengths}")
+
+    def __len__(self) -> int:
+        return len(self.arrays[0])
+
+    def __getitem__(self, index: int) -> Sample:
+        return tuple(a[index] for a in self.arrays)
+
+    def take(self, indices: np.ndarray) -> Batch:
+        """The batch of these samples, gathered at once."""
+        return tuple(a[indices] for a in self.arrays)
+
+
+def _collate(samples: Sequence[Sample]) -> Batch:
+    """Stack the samples field by field."""
+    return tuple(np.stack(field) for field in zip(*samples))
+
+
+class DataLoader:
+    """With a `batch_size`, `data` is a Dataset (a tuple of arrays is an ArrayDataset) cut into batches, in a fresh
+    seeded order each epoch when `shuffle`, each sample mapped by `transform`; without one, `data` is a re-iterable
+    of batches taken as they come. `prefetch` batches are made ahead on a background thread (0: none)."""
+
+    def __init__(self, data: Dataset | tuple[np.ndarray, ...] | Iterable[Batch], batch_size: int | None = None, *,
+                 shuffle: bool = False, seed: int = 0, drop_last: bool = False,
+                 transform: Callable[[Sample], Sample] | None = None, prefetch: int = 2):
+        self.indexed = batch_size is not None
+        if self.indexed and isinstance(data, tuple) and all(isinstance(a, np.ndarray) for a in data):
+            data = ArrayDataset(*data)
+        if self.indexed and batch_size < 1:  # type: ignore[operator]
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if not self.indexed and (shuffle or transform is not None or drop_last):
+            raise ValueError("without a batch_size, data is an iterable of batches taken as they come: shuffle, "
+                             "transform and drop_last need a batch_size")
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be 0 or more, got {prefetch}")
+        self.data, self.batch_size, self.shuffle, self.seed = data, batch_size, shuffle, seed
+        self.drop_last, self.transform, self.prefetch = drop_last, transform, prefetch
+
+    def __len__(self) -> int:
+        """Batches per epoch (an iterable of batches without a length raises TypeError)."""
+        if not self.indexed:
+            return len(self.data)  # type: ignore[arg-type]
+        n, size = len(self.data), self.batch_size  # type: ignore[arg-type]
+        return n // size if self.drop_last else -(-n // size)  # type: ignore[operator]
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The sample order of `epoch`: the same for the same (seed, epoch) in any process."""
+        n = len(self.data)  # type: ignore[arg-type]
+        return np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+
+    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
+        """Epoch `epoch`'s batches from batch number `start` on (a resumed run skips what it has seen)."""
+        source = self._indexed(epoch, start) if self.indexed else self._iterated(start)
+        return _prefetched(source, self.prefetch) if self.prefetch else source
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.batches()
+
+    def _indexed(self, epoch: int, start: int) -> Iterator[Batch]:
+        order, size, data = self.order(epoch), self.batch_size, self.data
+        for b in range(start, len(self)):
+            indices = order[b * size:(b + 1) * size]  # type: ignore[operator]
+            if self.transform is None and isinstance(data, ArrayDataset):
+                yield data.take(indices)
+            else:
+                samples = [data[int(i)] for i in indices]  # type: ignore[index]
+                yield _collate([self.transform(s) for s in samples] if self.transform else samples)
+
+    def _iterated(self, start: int) -> Iterator[Batch]:
+        for b, batch in enumerate(self.data):  # type: ignore[arg-type]
+            if b >= start:
+                yield tuple(np.asarray(a) for a in batch)
+
+
+_DONE = object()
+
+
+def _prefetched(source: Iterator[Batch], depth: int) -> Iterator[Batch]:
+    """`source` run on a daemon thread `depth` batches ahead; its exceptions re-raise here, in order."""
+    items: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: tuple[object, BaseException | None]) -> bool:
+        """Queue `item` unless the consumer has left; whether it was queued."""
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for batch in source:
+                if not put((batch, None)):
+                    return
+            put((_DONE, None))
+        except BaseException as error:  # handed to the consumer
+            put((_DONE, error))
+
+    thread = threading.Thread(target=produce, name="kiln-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            batch, error = items.get()
+            if error is not None:
+                raise error
+            if batch is _DONE:
+                return
+            yield batch
+    finally:
+        stop.set()
