@@ -5,8 +5,9 @@ What differs, per kiln layer: a `Linear` weight is PyTorch's `[out, in]` (`Layou
 `[in, out]`; a Linear declaring that layout already records it so); norms name `gamma`/`beta` `weight`/`bias`;
 `BatchNorm` has `num_batches_tracked` (dropped, written back as 0); `MultiHeadAttention` packs its query, key and
 value projections in `in_proj_weight`/`in_proj_bias` and calls `output` `out_proj`; `TransformerEncoderLayer` calls
-`attention`, `ff_in`, `ff_out` `self_attn`, `linear1`, `linear2`. Tensors no parameter maps stay as they are, so the
-load's own checks (`allow_unused`, `allow_partial`, one error listing every problem) see them.
+`attention`, `ff_in`, `ff_out` `self_attn`, `linear1`, `linear2`; `Sequential` has no `layers` segment. Tensors
+no parameter maps stay as they are, so the load's own checks (`allow_unused`, `allow_partial`, one error listing
+every problem) see them.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _RENAMES: dict[str, dict[str, str]] = {  # container type -> {kiln field: PyTorc
     **{norm: {"gamma": "weight", "beta": "bias"} for norm in _NORMS},
     "MultiHeadAttention": {"output": "out_proj"},
     "TransformerEncoderLayer": {"attention": "self_attn", "ff_in": "linear1", "ff_out": "linear2"},
+    "Sequential": {"layers": ""},  # PyTorch's Sequential indexes its layers directly: `0.weight`
 }
 _PACKED = ("query", "key", "value")  # the order of MultiHeadAttention's projections in PyTorch's in_proj
 _DROPPED = "num_batches_tracked"
@@ -68,10 +70,15 @@ class _Sites(ModuleVisitor):
         torch = [_RENAMES.get(kind, {}).get(seg, seg) for seg, kind in zip(segments, kinds)]
         chunk = None
         if len(segments) >= 2 and kinds[-2:-1] == ["MultiHeadAttention"] and segments[-2] in _PACKED:
-            owner = ".".join(torch[:-2] + [f"in_proj_{segments[-1]}"])
+            owner = _key(torch[:-2] + [f"in_proj_{segments[-1]}"])
             chunk = (owner, _PACKED.index(segments[-2]))
-        self.sites.append(_Site(path, param, ".".join(torch), kinds[-1] == "Linear" and segments[-1] == "weight",
+        self.sites.append(_Site(path, param, _key(torch), kinds[-1] == "Linear" and segments[-1] == "weight",
                                 chunk))
+
+
+def _key(segments: list[str]) -> str:
+    """A PyTorch key from its segments (a segment renamed to "" is dropped)."""
+    return ".".join(s for s in segments if s)
 
 
 def _sites(module: Module) -> list[_Site]:
