@@ -13,6 +13,7 @@ import collections
 import io
 import math
 import pickle
+import pickletools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -110,8 +111,27 @@ class StateDictUnpickler(pickle.Unpickler):
         return StorageRef(pid[2], pid[1].dtype, pid[4])
 
 
+_MEMO_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "GET", "BINGET", "LONG_BINGET"})
+_BUFFER_OPS = frozenset({"BYTEARRAY8", "NEXT_BUFFER", "READONLY_BUFFER"})  # out-of-band data: never in a state dict
+
+
+def _scan(data: bytes, source: str) -> None:
+    """Parse the opcodes without running any, refusing out-of-band buffers and memo indices past the opcode count
+    (the C unpickler sizes its memo by the largest index, so one huge index would allocate gigabytes)."""
+    try:
+        ops = list(pickletools.genops(data))
+    except Exception as error:  # genops only parses
+        raise RecordError(f"{source}: not a pickle ({error})"[:300]) from None
+    for op, arg, at in ops:
+        if op.name in _BUFFER_OPS:
+            raise RecordError(f"{source}: pickle opcode {op.name} at byte {at} has no place in a state dict")
+        if op.name in _MEMO_OPS and int(arg) > len(ops):
+            raise RecordError(f"{source}: pickle memo index {arg} at byte {at} exceeds the {len(ops)} opcodes")
+
+
 def load_state_dict(data: bytes, source: str) -> dict[str, TensorRef]:
     """The tensors of a pickled state dict by key, in pickle order; a RecordError for anything else."""
+    _scan(data, source)
     try:
         loaded = StateDictUnpickler(io.BytesIO(data)).load()
     except RecordError as error:

@@ -68,8 +68,7 @@ class PyTorchFile:
             pickle_bytes = archive.read(members[pickles[0]])
         except RecordError as error:
             raise RecordError(f"{self.path}: {error}") from None
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError,
-                KeyError, struct.error, UnicodeDecodeError) as error:
+        except Exception as error:  # zipfile's and its decompressors' errors (zlib, bz2, lzma): a damaged archive
             raise RecordError(f"{self.path}: not a torch.save zip archive ({error})"[:300]) from None
         self.tensors = load_state_dict(pickle_bytes, self.path)
         for name, tensor in self.tensors.items():
