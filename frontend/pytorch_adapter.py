@@ -46,6 +46,7 @@ class _Site:
     param: Param
     torch_key: str
     linear_weight: bool
+    batch_norm: bool  # PyTorch keeps num_batches_tracked beside it
     chunk: tuple[str, int] | None  # (packed key, index of the chunk) for an attention projection
 
 
@@ -73,7 +74,7 @@ class _Sites(ModuleVisitor):
             owner = _key(torch[:-2] + [f"in_proj_{segments[-1]}"])
             chunk = (owner, _PACKED.index(segments[-2]))
         self.sites.append(_Site(path, param, _key(torch), kinds[-1] == "Linear" and segments[-1] == "weight",
-                                chunk))
+                                kinds[-1].startswith("BatchNorm"), chunk))
 
 
 def _key(segments: list[str]) -> str:
@@ -163,7 +164,7 @@ class PyTorchAdapter:
                 packed.setdefault(site.chunk[0], [None, None, None])[site.chunk[1]] = adapted
                 continue
             out[site.torch_key] = adapted
-            if site.torch_key.endswith(".running_var"):
+            if site.batch_norm and site.torch_key.endswith(".running_var"):
                 key = site.torch_key.removesuffix("running_var") + _DROPPED
                 out[key] = RecordEntry(new_param_id(), DType.i64, (), functools.partial(np.zeros, (), np.int64))
         for key, parts in packed.items():

@@ -1,4 +1,6 @@
-"""ModuleRecord: a module's tensors by path with their ParamIds and load settings, stored as Burn burnpack files.
+"""ModuleRecord: a module's tensors by path with their ParamIds and load settings, stored as Burn burnpack files;
+also read from safetensors and `torch.save` files (and written as safetensors), renamed by regex rules and
+filtered by prefix.
 
 Data stays lazy both ways: a record read from a file or bytes views the pack's bytes (memory-mapped for a
 file) and reads nothing until a tensor is used, and a lazy parameter is recorded as a provider that runs only

@@ -120,3 +120,17 @@ def test_the_load_options_apply_unchanged_to_an_adapted_record(tmp_path):
     assert "layers.2.weight" in str(caught.value) and "layers.2.bias" in str(caught.value)
     kept = model.try_load_record(record.validate(False))
     np.testing.assert_array_equal(kept.layers[0].weight.val().numpy(), reference[0].weight.detach().numpy().T)
+
+
+def test_remap_then_adapt_loads_a_checkpoint_saved_under_other_names(tmp_path):
+    # Burn's KeyRemapper example: `add_pattern(r"^pytorch\.(.*)", "burn.$1")` renames before the adapter matches.
+    torch.manual_seed(3)
+    wrapper = torch.nn.Module()
+    wrapper.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    record = _save_torch(wrapper, tmp_path / "w.pt").remap([(r"^net\.(.*)", "$1")])
+    loaded = model.load_record(kiln.PyTorchAdapter().to_kiln(record, model)).valid()
+    x = np.ones((1, 8), np.float32)
+    with torch.no_grad():
+        expected = wrapper.net(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(loaded(kiln.tensor(x)).numpy(), expected, atol=ATOL, rtol=1e-5)

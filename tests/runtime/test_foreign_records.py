@@ -115,12 +115,13 @@ def test_a_torch_save_state_dict_reads_without_running_torch_code(tmp_path):
     # torch's strides, and every dtype torch stores reads as the same values.
     state = {"w": torch.randn(3, 4), "t": torch.arange(12.0).reshape(3, 4).t(), "steps": torch.tensor(5),
              "half": torch.randn(3).to(torch.bfloat16), "i": torch.arange(4, dtype=torch.int32),
-             "b": torch.tensor([True, False]), "view": torch.arange(10.0)[2:7]}
+             "b": torch.tensor([True, False]), "view": torch.arange(10.0)[2:7],
+             "p": torch.nn.Parameter(torch.randn(2))}  # pickled through _rebuild_parameter
     torch.save(state, tmp_path / "m.pt")
     record = ModuleRecord.from_pytorch(tmp_path / "m.pt")
     assert list(record) == list(state)
     for name, tensor in state.items():
-        expected = tensor.float().numpy() if tensor.dtype == torch.bfloat16 else tensor.numpy()
+        expected = tensor.detach().float().numpy() if tensor.dtype == torch.bfloat16 else tensor.detach().numpy()
         assert record[name].shape == tuple(tensor.shape) and callable(record[name].data)
         np.testing.assert_array_equal(np.asarray(record[name].array(), expected.dtype), expected)
 
