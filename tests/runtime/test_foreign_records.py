@@ -176,7 +176,6 @@ def test_a_reduce_of_a_storage_class_is_refused(tmp_path):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda raw: raw[: len(raw) // 2], "not a torch.save zip"),
-    (lambda raw: b"\x80\x02" + raw[2:], "legacy"),
     (lambda raw: b"", "not a torch.save zip"),
 ])
 def test_a_damaged_torch_file_is_a_record_error(tmp_path, edit, message):
@@ -185,6 +184,22 @@ def test_a_damaged_torch_file_is_a_record_error(tmp_path, edit, message):
     path.write_bytes(edit((tmp_path / "m.pt").read_bytes()))
     with pytest.raises(RecordError, match=message):
         ModuleRecord.from_pytorch(path)
+
+
+def test_a_legacy_torch_file_is_refused_with_the_way_out(tmp_path):
+    torch.save({"w": torch.randn(2)}, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    with pytest.raises(RecordError, match="legacy .* re-save it with torch.save's default zip format"):
+        ModuleRecord.from_pytorch(tmp_path / "old.pt")
+
+
+def test_a_quantized_record_is_refused_by_to_safetensors(tmp_path):
+    import kiln
+    from kiln import nn
+
+    record = nn.Linear(8, 4, bias=False).quantize_weights(kiln.Quantizer()).into_record()
+    with pytest.raises(RecordError, match="quantized; safetensors has no quantized dtype"):
+        record.to_safetensors(tmp_path / "q.safetensors")
+    assert not (tmp_path / "q.safetensors").exists()
 
 
 def test_a_tensor_reaching_past_its_storage_is_refused(tmp_path):
