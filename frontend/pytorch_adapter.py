@@ -153,6 +153,8 @@ class PyTorchAdapter:
             entry = record.get(site.path)
             if entry is None:
                 continue
+            if entry.scheme is not None or entry.opaque is not None:
+                raise RecordError(f"{site.path}: a quantized tensor has no PyTorch form (materialize first)")
             taken.add(site.path)
             read: Callable[[], np.ndarray] = entry.array
             shape = entry.shape

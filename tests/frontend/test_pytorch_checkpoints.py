@@ -134,3 +134,9 @@ def test_remap_then_adapt_loads_a_checkpoint_saved_under_other_names(tmp_path):
     with torch.no_grad():
         expected = wrapper.net(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(loaded(kiln.tensor(x)).numpy(), expected, atol=ATOL, rtol=1e-5)
+
+
+def test_a_quantized_module_has_no_pytorch_form():
+    model = nn.Linear(8, 4).quantize_weights(kiln.Quantizer())
+    with pytest.raises(kiln.RecordError, match="weight: a quantized tensor has no PyTorch form"):
+        kiln.PyTorchAdapter().to_pytorch(model.into_record(), model)
