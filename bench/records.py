@@ -1,6 +1,7 @@
 """Benchmark of records: saving and loading a ~1 GiB record as a kiln burnpack against numpy's `.npy` files
-(and safetensors when it is installed), plus opening a 100k-tensor record and reading one tensor, and loading
-a ~2 GiB record into a module of lazy Params (peak RSS against the record's size).
+(and safetensors when it is installed), plus opening a 100k-tensor record and reading one tensor, loading
+a ~2 GiB record into a module of lazy Params (peak RSS against the record's size), and loading a ~1 GiB
+safetensors and `torch.save` file with kiln's readers against the safetensors package and `torch.load(mmap=True)`.
 
 Every case runs in a fresh subprocess (kiln and numpy already imported), so its peak RSS
 (`resource.getrusage`, which starts from the small driver's) is its own; "+RSS" is how far the peak rose
@@ -14,6 +15,8 @@ removed.
     .venv/bin/python bench/records.py              # 1 GiB as 64 tensors of 16 MiB, markdown on stdout
     .venv/bin/python bench/records.py --gib 0.125  # a quick run
     .venv/bin/python bench/records.py --lazy-gib 0  # skip the lazy-module row
+    .venv/bin/python bench/records.py --checkpoints-only  # safetensors and torch.save files: kiln, safetensors,
+                                                          # torch.load(mmap=True)
 """
 
 from __future__ import annotations
@@ -145,10 +148,40 @@ def load_lazy_module(directory: Path, count: int) -> None:
         _read_all(layer.weight.base().numpy())
 
 
+def write_checkpoints(directory: Path, count: int) -> None:
+    """Setup for the checkpoint cases: the same tensors as a safetensors file (kiln's writer) and a `torch.save`
+    state dict (distinct tensors, as torch saves a shared storage once)."""
+    import torch
+
+    block = _block()
+    ModuleRecord({n: RecordEntry(i, DType.f32, block.shape, block) for i, n in enumerate(_names(count))}) \
+        .to_safetensors(directory / "model.safetensors")
+    torch.save({name: torch.from_numpy(block.copy()) for name in _names(count)}, directory / "model.pt")
+
+
+def load_kiln_safetensors(directory: Path, count: int) -> None:
+    for entry in ModuleRecord.from_safetensors(directory / "model.safetensors").values():
+        _read_all(entry.array())
+
+
+def load_kiln_pytorch(directory: Path, count: int) -> None:
+    for entry in ModuleRecord.from_pytorch(directory / "model.pt").values():
+        _read_all(entry.array())
+
+
+def load_torch_mmap(directory: Path, count: int) -> None:
+    import torch
+
+    for tensor in torch.load(directory / "model.pt", mmap=True, weights_only=True).values():
+        _read_all(tensor.numpy())
+
+
 CASES: dict[str, Callable[[Path, int], None]] = {
     "save-kiln": save_kiln, "load-kiln": load_kiln, "save-numpy": save_numpy, "load-numpy": load_numpy,
     "save-safetensors": save_safetensors, "load-safetensors": load_safetensors, "open-many-kiln": open_many_kiln,
     "open-many-pack": open_many_pack, "write-many": write_many, "load-lazy-module": load_lazy_module,
+    "write-checkpoints": write_checkpoints, "load-kiln-safetensors": load_kiln_safetensors,
+    "load-kiln-pytorch": load_kiln_pytorch, "load-torch-mmap": load_torch_mmap,
 }
 
 
@@ -156,8 +189,13 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+PRELOAD = {"load-torch-mmap": "torch"}  # imported before the clock starts: the import is not the load
+
+
 def child(case: str, directory: Path, count: int) -> None:
     """Run one case and print its wall time and peak RSS as JSON."""
+    if case in PRELOAD:
+        importlib.import_module(PRELOAD[case])
     before = _peak_rss_mib()
     start = time.perf_counter()
     CASES[case](directory, count)
@@ -233,12 +271,37 @@ def lazy_module_rows(root: Path, gib: float, repeat: int) -> list[str]:
     return [_row(label, "kiln", result, nbytes)]
 
 
+def checkpoint_rows(root: Path, count: int, repeat: int) -> list[str]:
+    """Cold and warm loads (every byte read once) of a safetensors file and a `torch.save` file of `count` 16 MiB
+    tensors: kiln's readers against the safetensors package and `torch.load(mmap=True)`."""
+    directory = root / "checkpoints"
+    directory.mkdir()
+    run("write-checkpoints", directory, count)
+    cases = [("kiln-safetensors", "model.safetensors", "kiln from_safetensors"),
+             ("kiln-pytorch", "model.pt", "kiln from_pytorch"), ("torch-mmap", "model.pt", "torch.load(mmap=True)")]
+    if HAS_SAFETENSORS:
+        cases.insert(1, ("safetensors", "model.safetensors", "safetensors safe_open"))
+    rows = []
+    for case, file, label in cases:
+        runs: dict[str, list[dict]] = {"load, cold": [], "load, warm": []}
+        for _ in range(repeat):
+            _evict([directory / file])
+            runs["load, cold"].append(run(f"load-{case}", directory, count))
+            runs["load, warm"].append(run(f"load-{case}", directory, count))
+        rows += [_row(f"{which} {file}", label, _median(results), count * TENSOR_BYTES)
+                 for which, results in runs.items()]
+    shutil.rmtree(directory)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=1.0, help="record size in GiB (default 1)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each case; the median is shown (default 3)")
     parser.add_argument("--lazy-gib", type=float, default=2.0,
                         help="record size for the lazy-module row in GiB (default 2; 0 skips it)")
+    parser.add_argument("--checkpoints-only", action="store_true",
+                        help="only the safetensors / torch.save rows (kiln against safetensors and torch.load)")
     parser.add_argument("--child", choices=sorted(CASES), help=argparse.SUPPRESS)
     parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
@@ -249,9 +312,11 @@ def main() -> None:
     count = max(1, round(args.gib * 2**30 / TENSOR_BYTES))
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="kiln-bench-records-", dir="/tmp") as tmp:
-        rows = throughput_rows(Path(tmp), count, args.repeat) + many_tensors_rows(Path(tmp))
-        if args.lazy_gib > 0:
+        rows = [] if args.checkpoints_only else throughput_rows(Path(tmp), count, args.repeat) + many_tensors_rows(
+            Path(tmp))
+        if args.lazy_gib > 0 and not args.checkpoints_only:
             rows += lazy_module_rows(Path(tmp), args.lazy_gib, args.repeat)
+        rows += checkpoint_rows(Path(tmp), count, args.repeat)
     command = " ".join(["bench/records.py", *sys.argv[1:]])
     machine = (f"{platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}, "
                f"{os.cpu_count()} CPUs at load average {load:.1f}, {platform.machine()}")

@@ -14,6 +14,7 @@ from .gradients import Gradients, GradientsParams
 from .module import Module, ModuleMapper, ModuleVisitor
 from .onnx import export_onnx
 from .param import Flag, Param, ParamMapper, Reparam
+from .pytorch_adapter import PyTorchAdapter
 from .reparam import Dora, Lora, QLora, Quantizer, QuantScheme, Reparameterizer
 from .step import TrainStep, compile_step
 from .tensor import Tensor, tensor
@@ -36,6 +37,7 @@ __all__ = [
     "ParamGroup",
     "ParamId",
     "ParamMapper",
+    "PyTorchAdapter",
     "QLora",
     "QuantScheme",
     "Quantizer",

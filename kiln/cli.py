@@ -1,6 +1,7 @@
 """The `kiln` command line: `kiln opt` runs pass pipelines over `.kir` files, `kiln dot` draws them, `kiln compile`
 builds them through TVM into a shared library, `kiln tune` auto-tunes their kernels, `kiln inspect` lists the
-tensors of a burnpack (`.bpk`) record, `kiln export-onnx` writes a function as an ONNX model and `kiln import-onnx`
+tensors of a burnpack (`.bpk`), safetensors or torch.save record, `kiln convert` converts records between those
+formats and ONNX initializers, `kiln export-onnx` writes a function as an ONNX model and `kiln import-onnx`
 writes an ONNX model's initializers as a burnpack record.
 
 Exit codes: 0 success; 1 bad input (parse, verify, shape or pass error, printed as one line with its
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import logging
+import math
 import os
 import sys
 import warnings
@@ -25,6 +28,7 @@ from kiln.runtime.progress import log, stage
 from kiln.runtime.records.burnpack import TensorEntry
 from kiln.runtime.records.burnpack_io import BurnpackFile
 from kiln.runtime.records.qfloat import QFloatScheme
+from kiln.runtime.records.record import ModuleRecord
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_IO = 0, 1, 2, 3
 
@@ -116,7 +120,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Names, dtypes, shapes, ParamIds and sizes of a burnpack's tensors in file order, with totals; `-` reads the
-    pack from standard input."""
+    pack from standard input. A safetensors or torch.save file is listed from its record (no ParamIds)."""
+    if _FORMATS.get(_suffix(args.input)) in ("safetensors", "pytorch"):  # anything else reads as a burnpack
+        return _inspect_foreign(args)
     try:
         if args.input == "-":
             data = sys.stdin.buffer.read()
@@ -137,6 +143,67 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         report = {"file": args.input, "version": pack.version, "tensors": tensors, "totals": totals,
                   "metadata": pack.metadata, "scalars": pack.scalars}
     write_text(None, json.dumps(report, indent=2) + "\n" if args.json else _inspect_text(report))
+    return EXIT_OK
+
+
+def _inspect_foreign(args: argparse.Namespace) -> int:
+    """The inspect report of a safetensors or torch.save file: its tensors in data order, dtypes in kiln's names."""
+    record = _read(args.input)
+    tensors = [{"name": name, "dtype": e.dtype.value, "shape": list(e.shape), "param_id": None,
+                "bytes": math.prod(e.shape) * e.dtype.numpy.itemsize} for name, e in record.items()]
+    totals = {"tensors": len(tensors), "elements": sum(math.prod(t["shape"]) for t in tensors),
+              "bytes": sum(t["bytes"] for t in tensors), "file_bytes": os.path.getsize(args.input)}
+    report = {"file": args.input, "format": _format(args.input), "tensors": tensors, "totals": totals,
+              "metadata": {}, "scalars": {}}
+    write_text(None, json.dumps(report, indent=2) + "\n" if args.json else _inspect_text(report))
+    return EXIT_OK
+
+
+_FORMATS = {".bpk": "burnpack", ".safetensors": "safetensors", ".pt": "pytorch", ".pth": "pytorch",
+            ".onnx": "onnx"}
+
+
+def _suffix(path: str) -> str:
+    return os.path.splitext(path)[1].lower()
+
+
+def _format(path: str) -> str:
+    """A record file's format by extension (what `kiln convert` and `kiln inspect` take)."""
+    suffix = _suffix(path)
+    if suffix not in _FORMATS:
+        raise RecordError(f"{path}: unknown record extension {suffix or '(none)'!r}; use one of "
+                          f"{', '.join(_FORMATS)}")
+    return _FORMATS[suffix]
+
+
+def _read(path: str) -> ModuleRecord:
+    """A record file of any format kiln reads, by extension; a file that cannot be opened is an OSError."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(errno.ENOENT, "no such file", path)
+    kind = _format(path)
+    if kind == "onnx":
+        from kiln.runtime.onnx.tensors import read_record  # onnx loads only for ONNX files
+
+        return read_record(path)
+    return {"burnpack": ModuleRecord.load, "safetensors": ModuleRecord.from_safetensors,
+            "pytorch": ModuleRecord.from_pytorch}[kind](path)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """Write a record file in another format (by the extensions), atomically; ParamIds carry over where both
+    formats store them (burnpack, ONNX initializers)."""
+    record, kind = _read(args.input), _format(args.output)
+    if kind == "onnx":
+        from kiln.runtime.onnx.export import export_record  # onnx loads only for ONNX files
+
+        export_record(record, args.output)
+    elif kind == "safetensors":
+        record.to_safetensors(args.output)
+    elif kind == "burnpack":
+        record.save(args.output)
+    else:
+        raise RecordError(f"{args.output}: kiln reads torch.save files but does not write them; write "
+                          f".safetensors, which torch loads")
     return EXIT_OK
 
 
@@ -256,10 +323,15 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--no-fast-math", action="store_true", help="tune for builds compiled with --no-fast-math")
     tune.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     tune.set_defaults(run=cmd_tune)
-    inspect = sub.add_parser("inspect", help="list the tensors of a burnpack (.bpk) record")
-    inspect.add_argument("input", help="a .bpk file, or - for standard input")
+    inspect = sub.add_parser("inspect", help="list the tensors of a burnpack (.bpk), safetensors or torch.save record")
+    inspect.add_argument("input", help="a .bpk, .safetensors, .pt or .pth file, or - for a burnpack on standard input")
     inspect.add_argument("--json", action="store_true", help="print the listing as JSON")
     inspect.set_defaults(run=cmd_inspect)
+    convert = sub.add_parser("convert", help="convert a record between burnpack (.bpk), safetensors, torch.save "
+                             "(.pt/.pth, read only) and ONNX initializers (.onnx), by extension")
+    convert.add_argument("input", help="the record to read")
+    convert.add_argument("output", help="the record to write (atomically)")
+    convert.set_defaults(run=cmd_convert)
     export_onnx = sub.add_parser("export-onnx", help="write a .kir module's function as an ONNX model")
     export_onnx.add_argument("input", help="a .kir file, or - for standard input")
     export_onnx.add_argument("-o", "--output", required=True, help="the .onnx file to write")

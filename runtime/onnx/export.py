@@ -30,6 +30,7 @@ from kiln.ir.symbols import SymbolResolver
 from kiln.passes import PassManager
 from kiln.passes.patterns import constant_of
 from kiln.runtime.atomic import install
+from kiln.runtime.records.record import ModuleRecord
 
 from . import nn_ops, ops, quant_ops, shape_ops  # noqa: F401  (register rules)
 from .rule import NodeSink, OnnxCall, as_names
@@ -133,6 +134,24 @@ def export_graph(graph: Graph, path: str | os.PathLike[str], *, function: str = 
                  opset: int = DEFAULT_OPSET, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> Path:
     """Write `function` of a (valid-mode) graph as a checked ONNX model at `path`, atomically; returns the path."""
     model = to_onnx(graph, function, opset)
+    return _save(model, path, external_data_threshold)
+
+
+def export_record(record: ModuleRecord, path: str | os.PathLike[str],
+                  external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> Path:
+    """Write a record's tensors as the initializers (with their ParamIds) of an otherwise empty ONNX model, the form
+    `read_record` takes back; atomically, in external data past the threshold as `export_graph` does."""
+    for name, entry in record.items():
+        if entry.scheme is not None or entry.opaque is not None:
+            raise KilnError(f"tensor {name!r} is quantized; ONNX initializers have no quantized form")
+    inits = [initializer(name, entry.array(), entry.dtype, entry.param_id) for name, entry in record.items()]
+    model = helper.make_model(helper.make_graph([], "record", [], [], initializer=inits), ir_version=IR_VERSION,
+                              opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)], producer_name="kiln")
+    return _save(model, path, external_data_threshold)
+
+
+def _save(model: ModelProto, path: str | os.PathLike[str], external_data_threshold: int) -> Path:
+    """Save atomically, the initializers in a `.data` file beside the model past the threshold."""
     destination = Path(path)
     external = sum(len(t.raw_data) for t in model.graph.initializer) > external_data_threshold
     save_atomically(model, destination, f"{destination.name}.data" if external else None)

@@ -5,7 +5,6 @@ copy); `write_burnpack` lays tensors out, produces deferred ones one at a time a
 
 from __future__ import annotations
 
-import contextlib
 import io
 import math
 import mmap
@@ -32,6 +31,7 @@ from .burnpack import (
 )
 from .burnpack_metadata import pack_header, parse_pack
 from .cbor import utf8
+from .mapping import map_file, release
 
 __all__ = ["BurnpackFile", "to_bytes", "write_burnpack"]
 
@@ -55,12 +55,12 @@ class BurnpackFile:
     def open(cls, path: str | os.PathLike[str]) -> BurnpackFile:
         """Read header and metadata of a file and map the rest read-only, without reading tensor data."""
         source = os.fspath(path)
-        mapping = _map_file(source)
+        mapping = map_file(source)
         view = memoryview(mapping) if mapping is not None else memoryview(b"")
         try:
             return cls(view, source, mapping)
         except BaseException:
-            _release(view, mapping)
+            release(view, mapping)
             raise
 
     @classmethod
@@ -88,7 +88,7 @@ class BurnpackFile:
     def close(self) -> None:
         """Release the mapping; arrays still alive keep their pages until they are dropped."""
         if self._view is not None:
-            _release(self._view, self._mapping)
+            release(self._view, self._mapping)
         self._view = self._mapping = None
 
     def __enter__(self) -> BurnpackFile:
@@ -114,25 +114,6 @@ class BurnpackFile:
 def _name_key(item: tuple[str, object]) -> bytes:
     """Sort key matching Rust's String order: byte-wise UTF-8."""
     return item[0].encode("utf-8")
-
-
-def _map_file(source: str) -> mmap.mmap | None:
-    """Map a file read-only (None when empty, which mmap refuses); OS errors become RecordErrors."""
-    try:
-        with open(source, "rb") as file:
-            if os.fstat(file.fileno()).st_size == 0:
-                return None
-            return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as error:
-        raise RecordError(f"{source}: cannot open: {error.strerror or error}") from error
-
-
-def _release(view: memoryview, mapping: mmap.mmap | None) -> None:
-    """Drop our view and close the mapping unless arrays still export it (then GC closes it later)."""
-    view.release()
-    if mapping is not None:
-        with contextlib.suppress(BufferError):
-            mapping.close()
 
 
 class _Planned(NamedTuple):

@@ -1,4 +1,6 @@
-"""ModuleRecord: a module's tensors by path with their ParamIds and load settings, stored as Burn burnpack files.
+"""ModuleRecord: a module's tensors by path with their ParamIds and load settings, stored as Burn burnpack files;
+also read from safetensors and `torch.save` files (and written as safetensors), renamed by regex rules and
+filtered by prefix.
 
 Data stays lazy both ways: a record read from a file or bytes views the pack's bytes (memory-mapped for a
 file) and reads nothing until a tensor is used, and a lazy parameter is recorded as a provider that runs only
@@ -12,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -25,7 +27,10 @@ from kiln.passes.load_record import DTypePolicy, LoadSettings
 from . import qfloat
 from .burnpack import BurnDType, PackTensor, TensorEntry
 from .burnpack_io import BurnpackFile, to_bytes, write_burnpack
+from .pytorch_io import PyTorchFile
 from .qfloat import QFloatScheme
+from .remap import remap_names, under_prefix
+from .safetensors_io import SafetensorsFile, write_safetensors
 
 __all__ = ["DTypePolicy", "LoadSettings", "ModuleRecord", "RecordEntry", "burn_dtype", "kiln_dtype"]
 
@@ -212,6 +217,45 @@ class ModuleRecord(Mapping[str, RecordEntry]):
             entries[entry.name] = RecordEntry(param_id, dtype, entry.shape, functools.partial(_read, pack, entry.name,
                                                                                               dtype.numpy))
         return cls(entries)
+
+    # foreign checkpoints ----------------------------------------------------------------------------------------
+    @classmethod
+    def from_safetensors(cls, path: str | os.PathLike[str]) -> ModuleRecord:
+        """A safetensors file's tensors by name in data order, with fresh ParamIds; data stays in the memory-mapped
+        file until used."""
+        file = SafetensorsFile.open(path)
+        return cls({name: RecordEntry(new_param_id(), e.dtype, e.shape, functools.partial(file.array, name))
+                    for name, e in file.entries.items()})
+
+    @classmethod
+    def from_pytorch(cls, path: str | os.PathLike[str]) -> ModuleRecord:
+        """A `torch.save(state_dict)` file's tensors by key in pickle order, with fresh ParamIds, read without
+        torch and without running code from the file (any global but a tensor rebuild or storage is a
+        RecordError); data stays in the memory-mapped file until used."""
+        file = PyTorchFile.open(path)
+        return cls({name: RecordEntry(new_param_id(), t.storage.dtype, t.shape, functools.partial(file.array, name))
+                    for name, t in file.tensors.items()})
+
+    def to_safetensors(self, path: str | os.PathLike[str]) -> None:
+        """Write the tensors as a safetensors file, atomically (ParamIds are not kept: the format has no place
+        for them; a quantized tensor is refused, as the format has no QFloat)."""
+        for name, entry in self.items():
+            if entry.scheme is not None or entry.opaque is not None:
+                raise RecordError(f"tensor {name!r} is quantized; safetensors has no quantized dtype "
+                                  f"(materialize or dequantize first)")
+        write_safetensors(path, [(name, e.dtype, e.shape, e.data) for name, e in self.items()])
+
+    # keys ---------------------------------------------------------------------------------------------------------
+    def remap(self, rules: Sequence[tuple[str, str]]) -> ModuleRecord:
+        """Rename tensors by (regex, replacement) rules applied in order, as Burn's KeyRemapper does
+        (replacements write groups `$1`/`${name}`); two tensors sent to one name are a RecordError."""
+        names = remap_names(self.entries, rules)
+        return dataclasses.replace(self, entries={names[path]: entry for path, entry in self.items()})
+
+    def filter_prefix(self, *prefixes: str, exclude: bool = False) -> ModuleRecord:
+        """Only the tensors at or below one of `prefixes` (with `exclude`, only the others)."""
+        return dataclasses.replace(self, entries={path: e for path, e in self.items()
+                                                  if under_prefix(path, prefixes) != exclude})
 
     def _pack_tensors(self) -> list[PackTensor]:
         """The entries as burnpack tensors; providers stay deferred until the writer reaches them."""

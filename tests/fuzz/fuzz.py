@@ -1,6 +1,8 @@
 """Seeded mutation fuzzing of kiln's readers (issue 15), run as `python fuzz.py TARGET SEED SECONDS ITERATIONS`.
 
-Targets: `kir`, `burnpack`, `onnx`, `sidecar` (a compiled library's sidecar, loaded with `load_program`).
+Targets: `kir`, `burnpack`, `onnx`, `sidecar` (a compiled library's sidecar, loaded with `load_program`),
+`safetensors` (byte noise and re-encoded header edits) and `pytorch` (`torch.save` files; noise on the archive or on
+its pickle inside an intact zip).
 Each target builds a small corpus of valid inputs, then mutates them (bit flips, byte overwrites, truncation,
 insertion, chunk duplication, and for text also token edits) and feeds each mutant to the reader. Only kiln's
 error types may escape; anything else, or one input running longer than PER_INPUT_SECONDS, stops the run with a
@@ -173,6 +175,81 @@ def sidecar_read(data: bytes, folder: Path) -> None:
     load_program(str(folder / "m.so"))
 
 
+def safetensors_corpus(folder: Path) -> list[bytes]:
+    import kiln
+    from kiln import nn
+    kiln.seed(0)
+    blobs = []
+    for i, model in enumerate([nn.Linear(6, 4), nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2))]):
+        model.into_record().to_safetensors(folder / f"m{i}.safetensors")
+        blobs.append((folder / f"m{i}.safetensors").read_bytes())
+    return blobs
+
+
+def safetensors_mutate(data: bytes, rng: random.Random) -> bytes:
+    """Byte noise, or a header field edited and the header re-encoded with a correct length prefix."""
+    if rng.random() < 0.5:
+        return mutate(data, rng)
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    name = rng.choice(sorted(header))
+    field = rng.choice(["dtype", "shape", "data_offsets", None])
+    value = rng.choice([None, [], [0], [0, 2**64], [-1, 4], [3, 1], "F32", "BOOL", "I4", {}, 2**63, [2**40, 2**40]])
+    if field is None or not isinstance(header[name], dict):
+        header[name] = value
+    else:
+        header[name][field] = value
+    text = json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + data[8 + size :]
+
+
+def safetensors_read(data: bytes, folder: Path) -> None:
+    from kiln.runtime.records.record import ModuleRecord
+
+    path = folder / "fuzz.safetensors"
+    path.write_bytes(data)
+    for _, entry in ModuleRecord.from_safetensors(path).items():
+        np.asarray(entry.array())
+
+
+def pytorch_corpus(folder: Path) -> list[bytes]:
+    import torch
+
+    torch.manual_seed(0)
+    states = [torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).state_dict(),
+              {"t": torch.arange(12.0).reshape(3, 4).t(), "h": torch.ones(2, dtype=torch.bfloat16)}]
+    blobs = []
+    for i, state in enumerate(states):
+        torch.save(state, folder / f"m{i}.pt")
+        blobs.append((folder / f"m{i}.pt").read_bytes())
+    return blobs
+
+
+def pytorch_mutate(data: bytes, rng: random.Random) -> bytes:
+    """Byte noise on the archive, or on its pickle alone inside a re-written, intact zip (past the CRC checks)."""
+    import io
+    import zipfile
+
+    if rng.random() < 0.4:
+        return mutate(data, rng)
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        members = [(info.filename, archive.read(info)) for info in archive.infolist()]
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for name, content in members:
+            archive.writestr(name, mutate(content, rng) if name.endswith("data.pkl") else content)
+    return out.getvalue()
+
+
+def pytorch_read(data: bytes, folder: Path) -> None:
+    from kiln.runtime.records.record import ModuleRecord
+
+    path = folder / "fuzz.pt"
+    path.write_bytes(data)
+    for _, entry in ModuleRecord.from_pytorch(path).items():
+        np.asarray(entry.array())
+
+
 TARGETS: dict[str, tuple[Callable[[Path], list[bytes]], Callable[[bytes, random.Random], bytes],
                          Callable[[bytes, Path], None]]] = {
     "kir": (kir_corpus, lambda d, rng: mutate_text(d.decode(), rng) if rng.random() < 0.7 else mutate(d, rng),
@@ -180,6 +257,8 @@ TARGETS: dict[str, tuple[Callable[[Path], list[bytes]], Callable[[bytes, random.
     "burnpack": (burnpack_corpus, mutate, burnpack_read),
     "onnx": (onnx_corpus, mutate, onnx_read),
     "sidecar": (sidecar_corpus, sidecar_mutate, sidecar_read),
+    "safetensors": (safetensors_corpus, safetensors_mutate, safetensors_read),
+    "pytorch": (pytorch_corpus, pytorch_mutate, pytorch_read),
 }
 
 
