@@ -88,15 +88,29 @@ def cmd_opt(args: argparse.Namespace) -> int:
 
 def _bisect(args: argparse.Namespace, graph: Graph) -> int:
     """`--bisect CMD`: report the first pass application and rewrite after which CMD fails; write the IR there."""
-    from kiln.runtime.debug.bisect import bisect, command_check
+    from kiln.runtime.debug.bisect import bisect
+    from kiln.runtime.debug.command import command_succeeds
 
-    culprit = bisect(graph, args.pipeline, command_check(args.bisect),
+    culprit = bisect(graph, args.pipeline, lambda g: command_succeeds(args.bisect, g),
                      lambda line: print(f"kiln opt: {line}", file=sys.stderr))
     print(f"kiln opt: first failing pass application: {culprit.application}", file=sys.stderr)
     if culprit.event != culprit.application:
         print(f"kiln opt: first failing rewrite: {culprit.event}", file=sys.stderr)
     print(f"kiln opt: reproduce with --bisect-limit {culprit.number}", file=sys.stderr)
     write_text(args.output, print_graph(culprit.graph))
+    return EXIT_OK
+
+
+def cmd_reduce(args: argparse.Namespace) -> int:
+    """Shrink a .kir module while the test keeps finding it interesting; report each step and the sizes."""
+    from kiln.runtime.debug.reduce import builtin_test, reduce, size
+
+    graph = read_graph(args.input)
+    small = reduce(graph, builtin_test(args.test), lambda line: print(f"kiln reduce: {line}", file=sys.stderr))
+    (f0, o0, n0), (f1, o1, n1) = size(graph), size(small)
+    print(f"kiln reduce: {f0} functions, {o0} ops, {n0} nodes, {len(print_graph(graph))} bytes -> {f1} functions, "
+          f"{o1} ops, {n1} nodes, {len(print_graph(small))} bytes", file=sys.stderr)
+    write_text(args.output, print_graph(small))
     return EXIT_OK
 
 
@@ -288,6 +302,14 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--strict", action="store_true",
                      help="fail (exit 1) when a pass's group option matches no parameter or flag, instead of warning")
     opt.set_defaults(run=cmd_opt, usage_error=opt.error)
+    red = sub.add_parser("reduce", help="shrink a .kir module while a test keeps finding it interesting")
+    red.add_argument("input", help="a .kir file, or - for standard input")
+    red.add_argument("--test", required=True, metavar="TEST",
+                     help="equivalence:PIPELINE (PIPELINE changes a value), crash:PIPELINE (a pass crashes the same "
+                          "way), compile:TARGET (the TVM build fails), or a shell command given the .kir file as "
+                          "its last argument (exit 0: interesting)")
+    red.add_argument("-o", "--output", help="where to write the reduced module (default: standard output)")
+    red.set_defaults(run=cmd_reduce)
     dot = sub.add_parser("dot", help="write a function of a .kir file as Graphviz DOT")
     dot.add_argument("input", help="a .kir file, or - for standard input")
     dot.add_argument("-f", "--function", default="forward", help="the function to draw (default: forward)")

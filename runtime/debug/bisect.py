@@ -4,14 +4,10 @@ after which an interestingness check fails, found by binary search over `PassMan
 from __future__ import annotations
 
 import io
-import shlex
-import subprocess
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from kiln.ir import Graph, KilnError, print_graph
+from kiln.ir import Graph, KilnError
 from kiln.passes import PassManager, parse_pipeline
 
 
@@ -56,14 +52,3 @@ def bisect(graph: Graph, pipeline: str, is_good: Callable[[Graph], bool],
     event = before.skipped[0]
     _, at = run(bad)
     return Culprit(bad, event, at.applied[-1], bad_graph)
-
-
-def command_check(command: str) -> Callable[[Graph], bool]:
-    """A check running the shell `command` with a `.kir` file of the IR appended: exit status 0 means good."""
-    def is_good(graph: Graph) -> bool:
-        with tempfile.TemporaryDirectory(prefix="kiln-bisect-") as folder:
-            path = Path(folder) / "candidate.kir"
-            path.write_text(print_graph(graph))
-            proc = subprocess.run(f"{command} {shlex.quote(str(path))}", shell=True, capture_output=True)
-            return proc.returncode == 0
-    return is_good

@@ -191,3 +191,42 @@ def test_bisect_refuses_a_check_that_never_fails(tmp_path: Path, capsys: pytest.
     assert main(["opt", str(src), "-p", "canonicalize,cse", "--bisect", "true"]) == EXIT_INPUT
     assert "the check passes after the whole pipeline (3 pass applications and rewrites): nothing to bisect" \
         in capsys.readouterr().err
+
+
+def test_reduce_shrinks_the_planted_miscompile_to_a_handful_of_ops(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """Issue 17: "`kiln reduce IN.kir --test CMD -o small.kir` shrinks a module while the test keeps failing ...
+    deterministic, with a progress line and a final size report", with `--test equivalence:PIPELINE` "reduce to
+    the smallest module on which PIPELINE changes a value"."""
+    src = tmp_path / "in.kir"
+    src.write_text(MODULE.replace("module @M {\n", 'module @M {\n  param @unused : tensor<4xf32> {id = "0x7", '
+                                  'init = zeros, grad = true}\n  flag @drop.training = true {id = "0x8"}\n'))
+    outputs = []
+    for run in range(2):
+        out = tmp_path / f"small{run}.kir"
+        assert main(["reduce", str(src), "--test", "equivalence:test-swap-operands", "-o", str(out)]) == EXIT_OK
+        outputs.append(out.read_text())
+    err = capsys.readouterr().err
+    assert outputs[0] == outputs[1]  # deterministic
+    small = parse(outputs[0])
+    ops = [op.kind for op in small.functions["forward"].ops]
+    assert "sub" in ops and len(ops) <= 2, outputs[0]
+    assert not small.params and not small.flags
+    assert [a.type.shape for a in small.functions["forward"].args] == [(1,), (1,)]  # shapes shrunk
+    assert re.search(r"^kiln reduce: round 1: 1 functions, \d+ ops", err, re.M), err
+    assert re.search(r"^kiln reduce: 1 functions, 10 ops, 2 nodes, \d+ bytes -> 1 functions, [12] ops, 0 nodes",
+                     err, re.M), err
+    interesting = PassManager.parse("test-swap-operands").run(small)  # still a miscompile
+    x, y = (v[:1] for v in inputs())
+    assert not np.allclose(interpret(small, [x, y])[0], interpret(interesting, [x, y])[0])
+
+
+def test_reduce_keeps_a_crash_the_same_crash(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """"`--test crash:PIPELINE`": the reduced module still crashes test-crash (it needs an exp)."""
+    src, out = tmp_path / "in.kir", tmp_path / "small.kir"
+    src.write_text(MODULE)
+    assert main(["reduce", str(src), "--test", "crash:canonicalize,test-crash", "-o", str(out)]) == EXIT_OK
+    ops = [op.kind for op in parse_file(str(out)).functions["forward"].ops]
+    assert ops == ["exp"] or ops == ["constant", "exp"], ops
+    with pytest.raises(PassCrash, match="ZeroDivisionError"):
+        PassManager.parse("test-crash").run(parse_file(str(out)))
