@@ -17,6 +17,7 @@ from .builder import FunctionBuilder, Operandish
 from .errors import PassError
 from .gcpause import gc_paused
 from .graph import Function, Graph, Op, Operand, SymRef, Value
+from .tracking import RewriteHook, active_hook
 
 _MAX_DEPTH = 32
 
@@ -24,21 +25,24 @@ _MAX_DEPTH = 32
 class Rewriter:
     """Builds a function in `builder`; rules receive the rewriter to inspect the graph and emit new ops.
 
-    `symbols` maps each `@name` operand of a replayed op (by default symbols stay as they are)."""
+    `symbols` maps each `@name` operand of a replayed op (by default symbols stay as they are). `hook`, when
+    given, sees each replacement a rule offers and may veto it (bisection), keeping the op as it was."""
 
     def __init__(self, graph: Graph, builder: FunctionBuilder, rules: Sequence[Rule] = (),
-                 symbols: Callable[[SymRef], Operand] | None = None):
+                 symbols: Callable[[SymRef], Operand] | None = None, hook: RewriteHook | None = None):
         self.graph, self.builder, self.rules, self.symbols = graph, builder, rules, symbols
+        self.hook = hook
         self.changed = False
         self._depth = 0
 
     @classmethod
-    def in_place(cls, graph: Graph, fn: Function, rules: Sequence[Rule] = ()) -> Rewriter:
+    def in_place(cls, graph: Graph, fn: Function, rules: Sequence[Rule] = (), hook: RewriteHook | None = None
+                 ) -> Rewriter:
         """A rewriter rebuilding `fn` itself: same arguments, its value names taken."""
         builder = FunctionBuilder(fn.name, graph.symbol)
         builder.args = list(fn.args)
         builder.taken = {a.name for a in fn.args} | {r.name for op in fn.ops for r in op.results}
-        return cls(graph, builder, rules)
+        return cls(graph, builder, rules, hook=hook)
 
     def emit(self, kind: str, *operands: Operandish, **attrs: Any) -> Value:
         """Create a single-result op through the builder and offer it to the rules."""
@@ -53,8 +57,12 @@ class Rewriter:
             if self._depth > _MAX_DEPTH:
                 raise PassError(f"rewrite rules recursed more than {_MAX_DEPTH} levels on {op.kind}")
             for rule in self.rules:
+                mark = len(self.builder.ops)
                 replacement = rule(self, op)
                 if replacement is not None:
+                    if self.hook is not None and not self.hook.allow_rewrite(op):
+                        del self.builder.ops[mark:]  # what the rule emitted for the vetoed replacement
+                        continue
                     self._check(rule, op, tuple(replacement))
                     self.changed = True
                     return tuple(replacement)
@@ -112,11 +120,13 @@ Rule = Callable[[Rewriter, Op], Sequence[Operand] | None]
 
 
 def rewrite(graph: Graph, make_rules: Callable[[], Sequence[Rule]]) -> Graph:
-    """Apply fresh rules (from `make_rules`, so rule state is per function) to every function."""
+    """Apply fresh rules (from `make_rules`, so rule state is per function) to every function. The rewrites are
+    optional, so an active rewrite hook (`kiln.ir.tracking`) counts them and may skip them."""
     functions = {}
+    hook = active_hook()
     with gc_paused():
         for name, fn in graph.functions.items():
-            functions[name] = Rewriter.in_place(graph, fn, make_rules()).run(fn)
+            functions[name] = Rewriter.in_place(graph, fn, make_rules(), hook).run(fn)
     if all(functions[n] is graph.functions[n] for n in functions):
         return graph
     return graph.replace(functions=functions)

@@ -5,7 +5,8 @@ formats and ONNX initializers, `kiln export-onnx` writes a function as an ONNX m
 writes an ONNX model's initializers as a burnpack record.
 
 Exit codes: 0 success; 1 bad input (parse, verify, shape or pass error, printed as one line with its
-location); 2 bad usage; 3 a file that cannot be read or written.
+location); 2 bad usage; 3 a file that cannot be read or written; 4 a pass crashed (a bug in kiln: `kiln opt`
+leaves a reproducer and names it).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import warnings
 from collections.abc import Iterator, Sequence
 
 from kiln.ir import Graph, KilnError, ParamGroupWarning, RecordError, parse, parse_file, print_graph, to_dot
-from kiln.passes import PassManager, pass_names
+from kiln.passes import PassCrash, PassManager, get_pass, parse_pipeline, pass_names
+from kiln.passes.listing import describe, list_passes
 from kiln.runtime.atomic import atomic_file
 from kiln.runtime.progress import log, stage
 from kiln.runtime.records.burnpack import TensorEntry
@@ -30,7 +32,7 @@ from kiln.runtime.records.burnpack_io import BurnpackFile
 from kiln.runtime.records.qfloat import QFloatScheme
 from kiln.runtime.records.record import ModuleRecord
 
-EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_IO = 0, 1, 2, 3
+EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_IO, EXIT_CRASH = 0, 1, 2, 3, 4
 
 
 def read_graph(path: str) -> Graph:
@@ -47,18 +49,72 @@ def write_text(path: str | None, text: str) -> None:
         f.write(text.encode("utf-8"))
 
 
+def _names(text: str | None) -> tuple[str, ...]:
+    """A comma-separated option value (`--print-ir-before=cse,dce`) as its names."""
+    return tuple(n.strip() for n in (text or "").split(",") if n.strip())
+
+
 def cmd_opt(args: argparse.Namespace) -> int:
+    if args.list_passes:
+        write_text(None, list_passes())
+        return EXIT_OK
+    if args.help_pass:
+        names = [p.name for p in parse_pipeline(args.pipeline)] or pass_names()
+        write_text(None, "".join(describe(get_pass(name)) for name in dict.fromkeys(names)))
+        return EXIT_OK
+    if args.input is None:  # optional only for the listings above
+        args.usage_error("the following arguments are required: input")
     graph = read_graph(args.input)
+    if args.bisect is not None:
+        return _bisect(args, graph)
     manager = PassManager.parse(
         args.pipeline, verify_each=args.verify_each, print_before_all=args.print_ir_before_all,
         print_after_all=args.print_ir_after_all, print_after_change=args.print_ir_after_change,
-        timing=args.timing, check_equivalence=args.check_equivalence, strict=args.strict)
+        print_before=_names(args.print_ir_before), print_after=_names(args.print_ir_after),
+        print_function=args.print_function, print_module_scope=args.print_module_scope,
+        timing=args.timing, statistics=args.statistics, bisect_limit=args.bisect_limit,
+        check_equivalence=args.check_equivalence, strict=args.strict)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ParamGroupWarning)
-        result = manager.run(graph)
+        try:
+            result = manager.run(graph)
+        except PassCrash as crash:
+            from kiln.runtime.debug.reproducer import write_reproducer
+
+            path = write_reproducer(crash, args.reproducer_dir)
+            print(f"kiln opt: error: {crash}; reproducer written to {path}", file=sys.stderr)
+            return EXIT_CRASH
     for warning in caught:  # one line each, like errors
         print(f"kiln opt: warning: {warning.message}", file=sys.stderr)
     write_text(args.output, print_graph(result))
+    return EXIT_OK
+
+
+def _bisect(args: argparse.Namespace, graph: Graph) -> int:
+    """`--bisect CMD`: report the first pass application and rewrite after which CMD fails; write the IR there."""
+    from kiln.runtime.debug.bisect import bisect
+    from kiln.runtime.debug.command import command_succeeds
+
+    culprit = bisect(graph, args.pipeline, lambda g: command_succeeds(args.bisect, g),
+                     lambda line: print(f"kiln opt: {line}", file=sys.stderr))
+    print(f"kiln opt: first failing pass application: {culprit.application}", file=sys.stderr)
+    if culprit.event != culprit.application:
+        print(f"kiln opt: first failing rewrite: {culprit.event}", file=sys.stderr)
+    print(f"kiln opt: reproduce with --bisect-limit {culprit.number}", file=sys.stderr)
+    write_text(args.output, print_graph(culprit.graph))
+    return EXIT_OK
+
+
+def cmd_reduce(args: argparse.Namespace) -> int:
+    """Shrink a .kir module while the test keeps finding it interesting; report each step and the sizes."""
+    from kiln.runtime.debug.reduce import builtin_test, reduce, size
+
+    graph = read_graph(args.input)
+    small = reduce(graph, builtin_test(args.test), lambda line: print(f"kiln reduce: {line}", file=sys.stderr))
+    (f0, o0, n0), (f1, o1, n1) = size(graph), size(small)
+    print(f"kiln reduce: {f0} functions, {o0} ops, {n0} nodes, {len(print_graph(graph))} bytes -> {f1} functions, "
+          f"{o1} ops, {n1} nodes, {len(print_graph(small))} bytes", file=sys.stderr)
+    write_text(args.output, print_graph(small))
     return EXIT_OK
 
 
@@ -271,24 +327,56 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _change_mode(text: str) -> str:
+    if text != "diff":
+        raise argparse.ArgumentTypeError(f"expected diff, not {text!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kiln", description=__doc__.split("\n\n")[0],
-                                     epilog="exit codes: 0 ok, 1 bad input, 2 bad usage, 3 file error")
+                                     epilog="exit codes: 0 ok, 1 bad input, 2 bad usage, 3 file error, "
+                                            "4 a pass crashed")
     sub = parser.add_subparsers(dest="command", required=True)
     opt = sub.add_parser("opt", help="run a pass pipeline over a .kir file")
-    opt.add_argument("input", help="a .kir file, or - for standard input")
+    opt.add_argument("input", nargs="?", help="a .kir file, or - for standard input")
     opt.add_argument("-p", "--pipeline", default="", help=f"passes, e.g. canonicalize,cse ({', '.join(pass_names())})")
     opt.add_argument("-o", "--output", help="where to write the result (default: standard output)")
+    opt.add_argument("--list-passes", action="store_true", help="list every pass with its description and options")
+    opt.add_argument("--help-pass", action="store_true", help="describe the passes of -p (default: all) and exit")
     opt.add_argument("--print-ir-before-all", action="store_true", help="dump the IR before each pass")
     opt.add_argument("--print-ir-after-all", action="store_true", help="dump the IR after each pass")
-    opt.add_argument("--print-ir-after-change", action="store_true", help="dump the IR after passes that change it")
+    opt.add_argument("--print-ir-before", metavar="PASS[,PASS]", help="dump the IR before each run of these passes")
+    opt.add_argument("--print-ir-after", metavar="PASS[,PASS]", help="dump the IR after each run of these passes")
+    opt.add_argument("--print-ir-after-change", nargs="?", const=True, choices=(True, "diff"), type=_change_mode,
+                     help="dump the IR after passes that change it; =diff: a unified diff against the IR before")
+    opt.add_argument("--print-function", metavar="NAME", help="dumps show only this function")
+    opt.add_argument("--print-module-scope", action="store_true",
+                     help="with --print-function, dump the module's params, flags and derivations around it")
+    opt.add_argument("--statistics", action="store_true", help="report each pass's counters (ops removed...)")
+    opt.add_argument("--bisect-limit", type=int, metavar="N",
+                     help="run only the first N pass applications and rewrites; report the ones skipped")
+    opt.add_argument("--bisect", metavar="CHECK_CMD",
+                     help="find the first pass application and rewrite after which CHECK_CMD (given the IR's .kir "
+                          "file as its last argument; exit 0 means good) fails; -o gets the IR after it")
+    opt.add_argument("--reproducer-dir", metavar="DIR",
+                     help="where a crashing pass leaves its reproducer (default: $KILN_REPRODUCER_DIR, else the "
+                          "temporary folder)")
     opt.add_argument("--verify-each", action="store_true", help="verify the IR after each pass")
     opt.add_argument("--timing", action="store_true", help="report the time each pass takes")
     opt.add_argument("--check-equivalence", action="store_true",
                      help="interpret each function before and after each pass on random inputs and compare")
     opt.add_argument("--strict", action="store_true",
                      help="fail (exit 1) when a pass's group option matches no parameter or flag, instead of warning")
-    opt.set_defaults(run=cmd_opt)
+    opt.set_defaults(run=cmd_opt, usage_error=opt.error)
+    red = sub.add_parser("reduce", help="shrink a .kir module while a test keeps finding it interesting")
+    red.add_argument("input", help="a .kir file, or - for standard input")
+    red.add_argument("--test", required=True, metavar="TEST",
+                     help="equivalence:PIPELINE (PIPELINE changes a value), crash:PIPELINE (a pass crashes the same "
+                          "way), compile:TARGET (the TVM build fails), or a shell command given the .kir file as "
+                          "its last argument (exit 0: interesting)")
+    red.add_argument("-o", "--output", help="where to write the reduced module (default: standard output)")
+    red.set_defaults(run=cmd_reduce)
     dot = sub.add_parser("dot", help="write a function of a .kir file as Graphviz DOT")
     dot.add_argument("input", help="a .kir file, or - for standard input")
     dot.add_argument("-f", "--function", default="forward", help="the function to draw (default: forward)")

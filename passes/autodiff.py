@@ -144,7 +144,9 @@ class Autodiff(Pass):
 
     name = "autodiff"
     function: str = "forward"
+    """the function to differentiate"""
     output: str = "forward_backward"
+    """the name of the function computing outputs and gradients"""
 
     def apply(self, graph: Graph) -> Graph:
         fn = graph.functions.get(self.function)

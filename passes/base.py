@@ -50,11 +50,12 @@ class Pass:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.default is dataclasses.MISSING or value != f.default:
-                opts.append(f"{f.name.replace('_', '-')}={_option_text(value)}")
+                opts.append(f"{f.name.replace('_', '-')}={option_text(value)}")
         return self.name + ("{" + " ".join(opts) + "}" if opts else "")
 
 
-def _option_text(value: Any) -> str:
+def option_text(value: Any) -> str:
+    """An option value as pipeline text (the parser reads it back)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)

@@ -118,8 +118,11 @@ class Checkpoint(Pass):
 
     name = "checkpoint"
     strategy: Literal["auto", "none", "balanced", "all"] = "auto"
+    """which forward values the backward recomputes instead of keeping (auto: the parameters' setting)"""
     function: str = "forward"
+    """the differentiated function"""
     output: str = "forward_backward"
+    """the function holding its backward"""
 
     def apply(self, graph: Graph) -> Graph:
         fn, forward = graph.functions.get(self.output), graph.functions.get(self.function)

@@ -17,6 +17,7 @@ class FoldConstants(Pass):
 
     name = "fold-constants"
     max_elements: int = 1 << 16
+    """results larger than this many elements stay computed"""
 
     def rule(self, rw: Rewriter, op: Op) -> Sequence[Operand] | None:
         if not op.operands or lookup(op.kind).has(Trait.STOCHASTIC):

@@ -25,6 +25,7 @@ class Materialize(StatePass):
 
     name = "materialize"
     requantize: bool = False
+    """fold QLoRA adapters back into the base's quantization scheme"""
 
     @property
     def preserves_semantics(self) -> bool:  # type: ignore[override]  # requantizing adds rounding error

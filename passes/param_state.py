@@ -89,7 +89,9 @@ class GroupOptions(StatePass):
     `group` is the same selection given as an object from Python."""
 
     paths: tuple[str, ...] = ()
+    """the parameters and flags selected: globs, re:REGEX or id:0xHEX, ORed"""
     exclude: tuple[str, ...] = ()
+    """terms like those of paths, removed from the selection"""
     group: ParamGroup | None = field(default=None, metadata={"text": "use paths=… / exclude=…"})
 
     def selected(self, graph: Graph) -> Selection:

@@ -38,10 +38,15 @@ class QuantizeWeights(GroupOptions):
 
     name = "quantize-weights"
     value: QuantValue = "q8f"
+    """the stored value kind"""
     block: tuple[int, ...] = ()
+    """the block shape sharing one scale (empty: one scale per tensor)"""
     calibration: Calibration = "minmax"
+    """how the range is measured"""
     scale_dtype: ScaleDtype = "f32"
+    """the dtype scales are stored in"""
     double_quant: bool = False
+    """quantize the scales too (NF4)"""
 
     def apply(self, graph: Graph) -> Graph:
         hit = self.selected(graph)

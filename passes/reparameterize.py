@@ -51,9 +51,13 @@ class Reparameterize(GroupOptions):
 
     name = "reparameterize"
     kind: str = "lora"
+    """lora or dora"""
     rank: int = 8
+    """the adapters' inner dimension"""
     alpha: float = 16.0
+    """the scale is alpha / rank"""
     init_std: float | None = None
+    """the standard deviation of the first adapter's initial values (none: the default init)"""
 
     def apply(self, graph: Graph) -> Graph:
         if self.kind not in KINDS:

@@ -75,6 +75,7 @@ class SetRequireGrad(Transition):
 
     name = "set-require-grad"
     value: bool = True
+    """the require-grad state to set"""
 
     def param_rule(self, p: ParamNode) -> ParamNode:
         return request_grad(p, self.value)
@@ -118,6 +119,7 @@ class ToDevice(Transition):
 
     name = "to-device"
     device: str = "cpu"
+    """the target device, e.g. cpu or cuda:0"""
 
     def __post_init__(self) -> None:
         try:

@@ -21,7 +21,9 @@ from tvm.target import Target
 from kiln.ir import Graph, KilnError, structural_hash
 from kiln.ir import init as initializers
 from kiln.ir.interpreter import param_value
+from kiln.passes import PassManager
 from kiln.passes.factor_lora import FactorLora
+from kiln.runtime.debug.reproducer import run_with_reproducer
 from kiln.runtime.progress import log, stage
 
 from . import compile_cache
@@ -56,7 +58,8 @@ def build(graph: Graph, functions: Sequence[str], target: Target, params: str, f
           tuning_dir: Path | None = None) -> Program:
     """Lower and build without the cache, applying the tuning database in `tuning_dir` (CPU only) if given."""
     with stage(f"lowering @{graph.name} to Relax"):
-        lowered = lower(FactorLora().apply(graph), params, functions)  # a (Q)LoRA weight is never formed dense
+        factored = run_with_reproducer(PassManager([FactorLora()]), graph)  # a (Q)LoRA weight is never formed dense
+        lowered = lower(factored, params, functions)
     if _device(target) == "cuda":
         pipeline = cuda_pipeline(target)
     else:
