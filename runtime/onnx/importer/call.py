@@ -55,12 +55,12 @@ class NodeCall:
 
     def present(self, i: int) -> bool:
         """Whether the node gives input i (without bringing a compile-time value into the graph)."""
-        return i < len(self.node.input) and bool(self.node.input[i])
+        return i < len(self.inputs) and i < len(self.node.input) and bool(self.node.input[i])
 
     def value(self, i: int, what: str) -> np.ndarray | None:
         """Input i's compile-time value; None where the input is omitted; `Unsupported` where it is only known at
         run time (`what` names it in the error, e.g. "the shape")."""
-        if i >= len(self.inputs) or self.inputs[i] is None:
+        if not self.present(i):
             return None
         known = self.known[i] if i < len(self.known) else None
         if known is None:

@@ -229,7 +229,7 @@ class _Importer:
         slots = [self.slots[n] if n else None for n in names]
         foldable = all(s is None or s.constant for s in slots) and not any(
             isinstance(v, GraphProto) for v in attrs.values())
-        known = [s.array() if s is not None and (foldable or not s.param) else None for s in slots]
+        known = [s.array() if s is not None else None for s in slots]  # a parameter's too (e.g. a Range bound)
         vectors = [s.vector if s is not None else None for s in slots]
         if foldable:
             return self.fold(node, fn, known, vectors, attrs)
