@@ -109,6 +109,3 @@ def decoded_attrs(node: NodeProto) -> dict[str, Any]:
         out[a.name] = v
     return out
 
-
-def known_values(values: Mapping[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray | None]:
-    return [values.get(n) if n else None for n in names]

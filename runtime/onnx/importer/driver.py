@@ -96,30 +96,31 @@ def sanitized(name: str) -> str:
     return ".".join(part for part in re.split(r"[^A-Za-z0-9_]+", name) if part) or "param"
 
 
-def import_model(model: ModelProto | str | os.PathLike[str], *,
+def import_model(model: ModelProto | str | os.PathLike[str], source: str | None = None, *,
                  input_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
                  bound_inputs: Mapping[str, np.ndarray] | None = None) -> OnnxImport:
     """A model (a file, or a parsed model whose external data lies beside the working folder) as a kiln graph
     with one function, `forward`. `bound_inputs` fixes graph inputs to compile-time values (they are no
-    arguments then), for models that take a shape or axes as an input."""
+    arguments then), for models that take a shape or axes as an input. `source` names the model in errors (and
+    is the folder external data of a parsed model is read from); a file names itself."""
     if isinstance(model, ModelProto):
-        source, proto = Path("<model>"), model
+        where, proto = Path(source or "<model>"), model
     else:
-        source = Path(model)
-        proto = load_model(source)
+        where = Path(model)
+        proto = load_model(where)
     opset = opset_of(proto)
     newest = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= newest:
-        raise UnsupportedModel(str(source), [Refusal(proto.graph.name, "model", opset,
-                                                     f"kiln imports opsets {MIN_OPSET}..{newest}")])
-    return _Importer(proto, source, opset).run(dict(input_shapes or {}), dict(bound_inputs or {}))
+        raise UnsupportedModel(str(where), [Refusal(proto.graph.name, "model", opset,
+                                                    f"kiln imports opsets {MIN_OPSET}..{newest}")])
+    return _Importer(proto, where, opset).run(dict(input_shapes or {}), dict(bound_inputs or {}))
 
 
-def import_graph(model: ModelProto | str | os.PathLike[str], *,
+def import_graph(model: ModelProto | str | os.PathLike[str], source: str | None = None, *,
                  input_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
                  bound_inputs: Mapping[str, np.ndarray] | None = None) -> Graph:
     """`import_model`'s graph."""
-    return import_model(model, input_shapes=input_shapes, bound_inputs=bound_inputs).graph
+    return import_model(model, source, input_shapes=input_shapes, bound_inputs=bound_inputs).graph
 
 
 @dataclass
