@@ -9,7 +9,7 @@ from kiln.ir import DType, Value
 
 from ..tensors import kiln_dtype
 from .call import NodeCall, Output
-from .convert_shape import reshape_to
+from .convert_shape import reshape_to, vector_arithmetic
 from .registry import Unsupported, converts
 
 _UNARY = {"Relu": "relu", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs", "Tanh": "tanh",
@@ -25,8 +25,15 @@ def _unary(call: NodeCall) -> Value:
     return call.emit(_UNARY[call.node.op_type], call.input(0))
 
 
+_ARITHMETIC = {"Add", "Sub", "Mul", "Div"}
+
+
 @converts(*_BINARY, since=7)
-def _binary(call: NodeCall) -> Value:
+def _binary(call: NodeCall) -> Output:
+    a, b = call.vector(0), call.vector(1)
+    if call.node.op_type in _ARITHMETIC and a is not None and b is not None and (a.static() is None or
+                                                                                b.static() is None):
+        return vector_arithmetic(call.node.op_type, a, b)  # arithmetic on a shape with run-time dims
     return call.emit(_BINARY[call.node.op_type], call.input(0), call.input(1))
 
 

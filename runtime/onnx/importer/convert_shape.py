@@ -16,15 +16,15 @@ from kiln.ir import Value
 
 from .call import NodeCall, Output
 from .registry import Unsupported, converts
-from .symbolic import DimOf, Item, ShapeVector
+from .symbolic import Computed, DimOf, Item, ShapeVector
 
 
 def reshape_to(call: NodeCall, x: Value, dims: Sequence[Item]) -> Value:
     """`x` reshaped to `dims` (ints, -1, run-time dims): the one unknown becomes -1."""
-    unknown = [i for i, d in enumerate(dims) if isinstance(d, DimOf) or d == -1]
+    unknown = [i for i, d in enumerate(dims) if not isinstance(d, int) or d == -1]
     if len(unknown) > 1:
         raise Unsupported(f"reshape of {x.type} to {len(unknown)} run-time dims; kiln's reshape infers only one")
-    shape = [-1 if isinstance(d, DimOf) else int(d) for d in dims]
+    shape = [d if isinstance(d, int) else -1 for d in dims]
     if tuple(shape) == x.type.shape:
         return x
     return call.emit("reshape", x, shape=shape)
@@ -47,6 +47,17 @@ def _norm(axis: int, rank: int) -> int:
 
 def _dims(x: Value) -> list[Item]:
     return list(ShapeVector.of(x).items)
+
+
+def vector_arithmetic(op: str, a: ShapeVector, b: ShapeVector) -> ShapeVector:
+    """Add/Sub/Mul/Div of two shape vectors (one may have one element): ints where both are, else `Computed`."""
+    if len(a.items) != len(b.items) and 1 not in (len(a.items), len(b.items)):
+        raise Unsupported(f"{op} of shape vectors of {len(a.items)} and {len(b.items)} elements")
+    n = max(len(a.items), len(b.items))
+    pick = {"Add": int.__add__, "Sub": int.__sub__, "Mul": int.__mul__, "Div": lambda p, q: int(p / q)}[op]
+    items = [pick(x, y) if isinstance(x, int) and isinstance(y, int) else Computed()
+             for x, y in zip(a.items * (n // len(a.items)), b.items * (n // len(b.items)))]
+    return ShapeVector(tuple(items), a.scalar and b.scalar)
 
 
 @converts("Shape", since=1)
@@ -192,7 +203,9 @@ def _expand(call: NodeCall) -> Output:
     want = [1] * (rank - len(target.items)) + list(target.items)
     shape = []
     for i, (h, w) in enumerate(zip(have, want)):
-        if isinstance(w, DimOf):
+        if isinstance(w, Computed):
+            raise Unsupported(f"Expand of dim {i} of {x.type} to a size computed at run time")
+        if isinstance(w, DimOf):  # taken to be the input's own dynamic dim, as masks expanded to a shape are
             if h is not None:
                 raise Unsupported(f"Expand of dim {i} ({h}) of {x.type} to a size known only at run time")
             shape.append(-1)

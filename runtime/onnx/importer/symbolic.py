@@ -1,8 +1,9 @@
 """Shape vectors known element by element: what ONNX's `Shape` of a tensor with `?` dims gives at import.
 
 torch.onnx.export writes a dynamic batch's reshape as `Shape -> Gather -> Unsqueeze -> Concat -> Reshape`. Each
-element of such a vector is a known int or "dim `axis` of kiln value `value`", so the vector survives those
-nodes and reaches the `Reshape` (or `Expand`) that consumes it, which turns the run-time elements into -1.
+element of such a vector is a known int, "dim `axis` of kiln value `value`", or a run-time product of such
+(`Computed`), so the vector survives those nodes (and arithmetic on them) and reaches the `Reshape` (or
+`Expand`) that consumes it, which turns the run-time elements into -1.
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ class DimOf:
         return hash((id(self.value), self.axis))
 
 
-Item = int | DimOf
+class Computed:
+    """A run-time element computed from dims by arithmetic (`batch * seq`): known to exist, not by value."""
+
+
+Item = int | DimOf | Computed
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,7 @@ class ShapeVector:
 
     def static(self) -> np.ndarray | None:
         """The vector as an int64 array when every element is an int."""
-        if any(isinstance(x, DimOf) for x in self.items):
+        if any(not isinstance(x, int) for x in self.items):
             return None
         array = np.asarray(self.items, np.int64)
         return array.reshape(()) if self.scalar else array

@@ -208,3 +208,28 @@ def test_external_data_is_memory_mapped_and_must_stay_in_the_folder(tmp_path: Pa
     onnx.save(escaped, outside / "m.onnx")
     with pytest.raises(RecordError, match=r"external_data location '\.\./w\.bin' is not a file inside"):
         import_graph(outside / "m.onnx")
+
+
+def test_arithmetic_on_run_time_dims_reaches_the_reshape(tmp_path: Path):
+    """Shape sub-graphs "kept symbolic where not [static]": `batch * seq` of a [?, ?, 4] tensor is a run-time
+    element the Reshape makes -1; a target with two run-time dims is refused naming kiln's one-inferred-dim limit."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "i0"], ["b"]),
+             helper.make_node("Gather", ["s", "i1"], ["t"]), helper.make_node("Mul", ["b", "t"], ["bt"]),
+             helper.make_node("Unsqueeze", ["bt", "axes"], ["btu"]),
+             helper.make_node("Concat", ["btu", "last"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    initializers = {"i0": np.array(0, I64), "i1": np.array(1, I64), "axes": np.array([0], I64),
+                    "last": np.array([4], I64)}
+    onnx_model = model(nodes, {"x": (F32, ["batch", "seq", 4])}, ["y"], initializers=initializers)
+    graph = import_graph(onnx_model)
+    filecheck(str(graph), """
+// CHECK-LABEL: func @forward(%x: tensor<?x?x4xf32>)
+// CHECK-NEXT: reshape %x {shape = [-1, 4]} : tensor<?x4xf32>
+// CHECK-NEXT: return
+""", tmp_path)
+    assert_matches_reference(graph, onnx_model, {"x": np.random.default_rng(0).random((2, 3, 4), F32)})
+    two = model([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Concat", ["s", "last"], ["shape"], axis=0),
+                 helper.make_node("Reshape", ["x", "shape"], ["y"])],
+                {"x": (F32, ["batch", "seq", 4])}, ["y"], initializers={"last": np.array([1], I64)})
+    with pytest.raises(UnsupportedModel, match=r"to 2 run-time dims; kiln's reshape infers only one"):
+        import_graph(two)
