@@ -13,7 +13,7 @@ import pytest
 from onnx import helper
 from onnx_cases import assert_matches_reference, filecheck, model
 
-from kiln.ir import RecordError
+from kiln.ir import RecordError, interpret
 from kiln.runtime.onnx.importer.driver import UnsupportedModel, import_graph, import_model, sanitized
 from kiln.runtime.onnx.tensors import PARAM_ID_KEY
 
@@ -233,3 +233,23 @@ def test_arithmetic_on_run_time_dims_reaches_the_reshape(tmp_path: Path):
                 {"x": (F32, ["batch", "seq", 4])}, ["y"], initializers={"last": np.array([1], I64)})
     with pytest.raises(UnsupportedModel, match=r"to 2 run-time dims; kiln's reshape infers only one"):
         import_graph(two)
+
+
+def test_external_data_past_2_gib_is_mapped_not_read(tmp_path: Path):
+    """ "> 2 GiB files included": a weight at an offset past 2**31 in a sparse 2.1 GiB file is mapped in place."""
+    offset = 2**31 + 4096
+    weight = np.arange(4, dtype=F32)
+    with open(tmp_path / "big.bin", "wb") as f:
+        f.seek(offset)
+        f.write(weight.tobytes())
+    tensor = onnx.TensorProto(name="w", data_type=onnx.TensorProto.FLOAT, dims=[4],
+                              data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in (("location", "big.bin"), ("offset", str(offset)), ("length", "16")):
+        tensor.external_data.add(key=key, value=value)
+    onnx_model = model([helper.make_node("Add", ["x", "w"], ["y"])], {"x": (F32, [4])}, ["y"])
+    onnx_model.graph.initializer.append(tensor)
+    onnx.save(onnx_model, tmp_path / "m.onnx")
+    graph = import_graph(tmp_path / "m.onnx")
+    data = graph.params["w"].data
+    assert isinstance(data, np.memmap) and data.offset == offset
+    np.testing.assert_array_equal(interpret(graph, [np.ones(4, F32)])[0], weight + 1)
