@@ -1,12 +1,15 @@
 """kiln tensors as ONNX tensors: the dtype mapping, and initializers named by module path carrying their ParamIds.
 
 kiln's exporter stores each parameter's ParamId in the initializer's `metadata_props` (key `kiln.param_id`,
-decimal), so reading a model back restores the ids; initializers without one get fresh ids.
+decimal), so reading a model back restores the ids; an initializer without one gets an id derived from its name and
+content (its description and inline bytes, or where its external data lies), so two reads of one file agree.
+External data is memory-mapped, never copied.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -16,7 +19,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, numpy_helper
 
-from kiln.ir import DType, KilnError, ParamId, RecordError, new_param_id
+from kiln.ir import DType, KilnError, ParamId, RecordError
 from kiln.runtime.records.record import ModuleRecord, RecordEntry
 
 PARAM_ID_KEY = "kiln.param_id"
@@ -68,6 +71,11 @@ def read_initializers(path: str | os.PathLike[str]) -> dict[str, RecordEntry]:
     names (present, unique), dims, the bytes inline data must have, and external data (a file inside the model's
     folder, whole integer offset and length that fit it)."""
     source = Path(path)
+    return model_initializers(load_model(source), source)
+
+
+def load_model(source: Path) -> onnx.ModelProto:
+    """The model in the file, external data left where it lies; what is not an ONNX model is a RecordError."""
     raw = source.read_bytes()  # a model that cannot be read is an OSError (the command line's I/O exit)
     if not raw:
         raise RecordError(f"{source}: empty file, not an ONNX model")
@@ -77,6 +85,11 @@ def read_initializers(path: str | os.PathLike[str]) -> dict[str, RecordEntry]:
         raise RecordError(f"{source}: not an ONNX model ({error})") from None
     if not model.HasField("graph"):
         raise RecordError(f"{source}: not an ONNX model (it has no graph)")
+    return model
+
+
+def model_initializers(model: onnx.ModelProto, source: Path) -> dict[str, RecordEntry]:
+    """`read_initializers` of a model already parsed; external data locations are relative to `source`'s folder."""
     entries: dict[str, RecordEntry] = {}
     owners: dict[int, str] = {}  # ParamId -> the initializer that has it
     for index, tensor in enumerate(model.graph.initializer):
@@ -91,7 +104,7 @@ def read_initializers(path: str | os.PathLike[str]) -> dict[str, RecordEntry]:
                 raise RecordError(f"dims {list(tensor.dims)} has a negative dim")
             check = _external if tensor.data_location == TensorProto.EXTERNAL else _inline
             check(tensor, dtype, source.parent)
-            param_id = _param_id(tensor)
+            param_id = param_id_of(tensor)
         except RecordError as error:
             raise RecordError(f"{where}: {error}") from None
         if owners.setdefault(param_id, tensor.name) != tensor.name:
@@ -140,18 +153,30 @@ def _external(tensor: TensorProto, dtype: DType, folder: Path) -> None:
 
 
 def _load(tensor: TensorProto, source: Path, where: str) -> np.ndarray:
-    """The tensor's values; what onnx still refuses (typed fields of the wrong count) is a RecordError."""
+    """The tensor's values, external data as a read-only memory map; what onnx still refuses (typed fields of
+    the wrong count) is a RecordError."""
+    dtype = kiln_dtype(tensor.data_type)
+    if tensor.data_location == TensorProto.EXTERNAL and dtype.bits >= 8:  # (sub-byte: onnx unpacks)
+        fields = {entry.key: entry.value for entry in tensor.external_data}
+        return np.memmap(source.parent / fields["location"], dtype.numpy, "r",
+                         int(fields.get("offset", "0")), tuple(tensor.dims))
     try:
         return numpy_helper.to_array(tensor, str(source.parent))
     except (ValueError, OSError, TypeError) as error:
         raise RecordError(f"{where}: cannot read its data ({error})") from None
 
 
-def _param_id(tensor: TensorProto) -> ParamId:
-    """The ParamId kiln's exporter stored on the initializer (in decimal), else a fresh one."""
+def param_id_of(tensor: TensorProto) -> ParamId:
+    """The ParamId kiln's exporter stored on the initializer (in decimal), else one derived from the tensor as
+    stored (name, type, dims, inline data or external location), which reads no external data."""
     stored = {p.key: p.value for p in tensor.metadata_props}.get(PARAM_ID_KEY)
     if stored is None:
-        return new_param_id()
+        bare = TensorProto()
+        bare.CopyFrom(tensor)
+        bare.ClearField("metadata_props")
+        bare.ClearField("doc_string")
+        return ParamId(int.from_bytes(hashlib.blake2b(bare.SerializeToString(deterministic=True), digest_size=8,
+                                                      person=b"kiln.onnx").digest(), "little"))
     try:
         return ParamId(int(stored))
     except ValueError:

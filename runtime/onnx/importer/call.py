@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from onnx import NodeProto
+from onnx import GraphProto, NodeProto
 
 from kiln.ir import FunctionBuilder, Value
 
-from .registry import Unsupported
+from .errors import Unsupported
+from .symbolic import ShapeVector
+
+Output = Value | ShapeVector | np.ndarray | None
+"""What a converter gives per node output: a kiln value, a shape vector, a compile-time array, or nothing."""
 
 
 @dataclass
@@ -20,7 +24,10 @@ class NodeCall:
 
     `inputs` has one entry per node input, None where an optional input is omitted (""); `known` the compile-time
     value of each input where the driver knows it (initializers of no parameter, constants, folded sub-graphs);
-    `attrs` the node's attributes decoded to Python values (strings as str, tensors as numpy arrays).
+    `attrs` the node's attributes decoded to Python values (strings as str, tensors as numpy arrays); `vectors`
+    the element-wise shape vector of each input where the driver tracks one; `inline` converts a subgraph (an
+    `If` branch) in place and gives its outputs. `inputs` may be lazy: a compile-time value enters the graph
+    (as a constant or parameter) only when a converter asks for it with `input`.
     """
 
     node: NodeProto
@@ -29,6 +36,8 @@ class NodeCall:
     known: Sequence[np.ndarray | None]
     attrs: Mapping[str, Any]
     builder: FunctionBuilder
+    vectors: Sequence[ShapeVector | None] = ()
+    inline: Callable[[GraphProto], Sequence[Output]] | None = None
 
     @property
     def name(self) -> str:
@@ -44,15 +53,26 @@ class NodeCall:
         """Input i, or None where the node omits it."""
         return self.inputs[i] if i < len(self.inputs) else None
 
+    def present(self, i: int) -> bool:
+        """Whether the node gives input i (without bringing a compile-time value into the graph)."""
+        return i < len(self.inputs) and i < len(self.node.input) and bool(self.node.input[i])
+
     def value(self, i: int, what: str) -> np.ndarray | None:
         """Input i's compile-time value; None where the input is omitted; `Unsupported` where it is only known at
         run time (`what` names it in the error, e.g. "the shape")."""
-        if i >= len(self.inputs) or self.inputs[i] is None:
+        if not self.present(i):
             return None
         known = self.known[i] if i < len(self.known) else None
         if known is None:
             raise Unsupported(f"{what} (input {i}) is computed at run time; kiln needs it at compile time")
         return known
+
+    def vector(self, i: int) -> ShapeVector | None:
+        """Input i as a shape vector (known ints and run-time dims) where it is one, else None."""
+        if i < len(self.vectors) and self.vectors[i] is not None:
+            return self.vectors[i]
+        known = self.known[i] if i < len(self.known) else None
+        return ShapeVector.known(known) if known is not None else None
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs.get(name, default)
@@ -89,6 +109,3 @@ def decoded_attrs(node: NodeProto) -> dict[str, Any]:
         out[a.name] = v
     return out
 
-
-def known_values(values: Mapping[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray | None]:
-    return [values.get(n) if n else None for n in names]

@@ -1,17 +1,23 @@
-"""Converters of ONNX ops that are one kiln op each: the elementwise family and matrix products."""
+"""Converters of ONNX ops that are a kiln op or a few: arithmetic and activations, comparisons, Where, Cast,
+variadic Sum/Mean/Max/Min, MatMul and Gemm, Softmax, Constant, Identity, Dropout, and `If` on a known condition."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from kiln.ir import Value
+from kiln.ir import DType, Value
 
-from .call import NodeCall
+from ..tensors import kiln_dtype
+from .call import NodeCall, Output
+from .convert_shape import reshape_to, vector_arithmetic
 from .registry import Unsupported, converts
 
 _UNARY = {"Relu": "relu", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs", "Tanh": "tanh",
           "Sigmoid": "sigmoid", "Erf": "erf"}
-_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "MatMul": "matmul"}
+_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "MatMul": "matmul", "Equal": "equal",
+           "Less": "less", "Greater": "greater"}
+_NEGATED = {"LessOrEqual": "greater", "GreaterOrEqual": "less"}  # a <= b is not (a > b)
+_VARIADIC = {"Sum": "add", "Mean": "add", "Max": "maximum", "Min": "minimum"}
 
 
 @converts(*_UNARY, since=6)
@@ -19,15 +25,164 @@ def _unary(call: NodeCall) -> Value:
     return call.emit(_UNARY[call.node.op_type], call.input(0))
 
 
+_ARITHMETIC = {"Add", "Sub", "Mul", "Div"}
+
+
 @converts(*_BINARY, since=7)
-def _binary(call: NodeCall) -> Value:
+def _binary(call: NodeCall) -> Output:
+    a, b = call.vector(0), call.vector(1)
+    if call.node.op_type in _ARITHMETIC and a is not None and b is not None and (a.static() is None or
+                                                                                b.static() is None):
+        return vector_arithmetic(call.node.op_type, a, b)  # arithmetic on a shape with run-time dims
     return call.emit(_BINARY[call.node.op_type], call.input(0), call.input(1))
 
 
+@converts(*_NEGATED, since=12)
+def _negated(call: NodeCall) -> Value:
+    flipped = call.emit(_NEGATED[call.node.op_type], call.input(0), call.input(1))
+    return call.emit("where", flipped, np.asarray(False), np.asarray(True))
+
+
+@converts(*_VARIADIC, since=8)
+def _variadic(call: NodeCall) -> Value:
+    kind = _VARIADIC[call.node.op_type]
+    out = call.input(0)
+    for i in range(1, len(call.node.input)):
+        out = call.emit(kind, out, call.input(i))
+    if call.node.op_type == "Mean":
+        out = call.emit("div", out, call.constant(len(call.node.input), like=out))
+    return out
+
+
+@converts("Reciprocal", since=6)
+def _reciprocal(call: NodeCall) -> Value:
+    x = call.input(0)
+    return call.emit("div", call.constant(1, like=x), x)
+
+
+@converts("Pow", since=7)
+def _pow(call: NodeCall) -> Value:
+    base, exponent = call.input(0), call.input(1)
+    dtype = base.type.dtype
+    wide = dtype if dtype.is_float else DType.f64  # kiln's pow is floating; an integer power is exact in f64
+    if base.type.dtype != wide:
+        base = call.emit("cast", base, dtype=wide)
+    if exponent.type.dtype != wide:
+        exponent = call.emit("cast", exponent, dtype=wide)
+    out = call.emit("pow", base, exponent)
+    return out if dtype == wide else call.emit("cast", out, dtype=dtype)
+
+
+@converts("LeakyRelu", since=6)
+def _leaky_relu(call: NodeCall) -> Value:
+    return call.emit("leaky_relu", call.input(0), alpha=float(call.attr("alpha", 0.01)))
+
+
+@converts("Gelu", since=20)
+def _gelu(call: NodeCall) -> Value:
+    return call.emit("gelu", call.input(0), approximate=call.attr("approximate", "none"))
+
+
+@converts("Where", since=9)
+def _where(call: NodeCall) -> Value:
+    return call.emit("where", call.input(0), call.input(1), call.input(2))
+
+
+@converts("Cast", since=6)
+def _cast(call: NodeCall) -> Output:
+    dtype = kiln_dtype(call.attr("to"))
+    vector = call.vector(0)
+    if vector is not None and dtype in (DType.i64, DType.i32) and call.known[0] is None:
+        return vector  # a run-time shape stays one through an integer cast
+    x = call.input(0)
+    return x if x.type.dtype == dtype else call.emit("cast", x, dtype=dtype)
+
+
+@converts("CastLike", since=15)
+def _cast_like(call: NodeCall) -> Value:
+    x, like = call.input(0), call.input(1)
+    return x if x.type.dtype == like.type.dtype else call.emit("cast", x, dtype=like.type.dtype)
+
+
+@converts("Gemm", since=7)
+def _gemm(call: NodeCall) -> Value:
+    a, b = call.input(0), call.input(1)
+    if call.attr("transA", 0):
+        a = call.emit("transpose", a, perm=[1, 0])
+    if call.attr("transB", 0):
+        b = call.emit("transpose", b, perm=[1, 0])
+    out = call.emit("matmul", a, b)
+    alpha, beta = float(call.attr("alpha", 1.0)), float(call.attr("beta", 1.0))
+    if alpha != 1.0:
+        out = call.emit("mul", out, call.constant(alpha, like=out))
+    c = call.optional(2)
+    if c is not None and beta != 0.0:
+        if beta != 1.0:
+            c = call.emit("mul", c, call.constant(beta, like=c))
+        out = call.emit("add", out, c)
+    return out
+
+
+def _softmax(call: NodeCall, kind: str) -> Value:
+    x = call.input(0)
+    rank = x.type.rank
+    axis = call.attr("axis", -1 if call.opset >= 13 else 1)
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < max(rank, 1):
+        raise Unsupported(f"axis {call.attr('axis')} is out of range for {x.type}")
+    if call.opset >= 13 or axis == rank - 1:
+        return call.emit(kind, x, axis=axis)
+    # before opset 13 the input is taken as 2-D, flattened at axis: the normalization runs over all trailing dims
+    inner = x.type.shape[axis:]
+    if None in inner:
+        raise Unsupported(f"opset {call.opset} {call.node.op_type} over dims {list(inner)} known only at run time")
+    flat = reshape_to(call, x, [*x.type.shape[:axis], int(np.prod(inner))] if None not in x.type.shape[:axis]
+                      else [-1, int(np.prod(inner))])
+    y = call.emit(kind, flat, axis=-1)
+    return reshape_to(call, y, [-1 if d is None else d for d in x.type.shape])
+
+
+@converts("Softmax", since=1)
+def _softmax_op(call: NodeCall) -> Value:
+    return _softmax(call, "softmax")
+
+
+@converts("LogSoftmax", since=1)
+def _log_softmax(call: NodeCall) -> Value:
+    return _softmax(call, "log_softmax")
+
+
 @converts("Constant", since=1)
-def _constant(call: NodeCall) -> Value:
+def _constant(call: NodeCall) -> Output:
     for key, dtype in (("value", None), ("value_float", np.float32), ("value_int", np.int64),
                        ("value_floats", np.float32), ("value_ints", np.int64)):
         if key in call.attrs:
-            return call.constant(np.asarray(call.attrs[key], dtype))
-    raise Unsupported("a Constant with neither value, value_float(s) nor value_int(s)")
+            return np.asarray(call.attrs[key], dtype)
+    raise Unsupported(f"a Constant of {', '.join(call.attrs) or 'no value'}; kiln imports numeric tensors only")
+
+
+@converts("Identity", since=1)
+def _identity(call: NodeCall) -> Output:
+    vector = call.vector(0)
+    return vector if vector is not None and call.known[0] is None else call.input(0)
+
+
+@converts("Dropout", since=7)
+def _dropout(call: NodeCall) -> Output:
+    training = call.value(2, "training_mode") if call.opset >= 12 else None
+    if training is not None and bool(training):
+        raise Unsupported("Dropout in training mode; kiln imports models for inference")
+    x = call.input(0)
+    if len(call.node.output) < 2 or not call.node.output[1]:
+        return x
+    if not x.type.is_static:
+        raise Unsupported(f"Dropout's mask output of {x.type}, whose dims are known only at run time")
+    return x, np.ones(x.type.shape, bool)
+
+
+@converts("If", since=1)
+def _if(call: NodeCall) -> Output:
+    condition = call.value(0, "the If condition")
+    if call.inline is None:
+        raise Unsupported("If inside a folded sub-graph")
+    return tuple(call.inline(call.attr("then_branch" if bool(np.reshape(condition, -1)[0]) else "else_branch")))

@@ -14,7 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kiln.ir import KilnError
+from .errors import Unsupported
+
+__all__ = ["Converter", "Unsupported", "converter", "converters", "converts"]
 
 if TYPE_CHECKING:
     from kiln.ir import Value
@@ -22,10 +24,6 @@ if TYPE_CHECKING:
     from .call import NodeCall
 
 ConvertFn = Callable[["NodeCall"], "Value | Sequence[Value | None]"]
-
-
-class Unsupported(KilnError):
-    """A node kiln cannot import: the reason, which the driver reports with the node's name, op type and opset."""
 
 
 @dataclass(frozen=True)
