@@ -198,3 +198,25 @@ def test_unsupported_forms_name_the_node_and_the_reason(op: str, opset: int, inp
     onnx_model, _ = model(Case("bad_node", op, opset, inputs, attrs))
     with pytest.raises(UnsupportedModel, match=r"bad_node \(" + op + r", opset \d+\): " + ".*" + match):
         import_graph(onnx_model)
+
+
+@pytest.mark.parametrize(("equation", "shapes"), [
+    ("bhid,bhjd->bhij", [(2, 4, 5), (2, 6, 5)]),
+    ("bn,anm,bm->ba", [(3,), (2, 3, 4), (4,)]),
+])
+def test_einsum_keeps_a_dynamic_batch(equation: str, shapes: list[tuple[int, ...]]) -> None:
+    """A `dim_param` batch (the leading dim of every operand) stays one dynamic dim through the reshapes."""
+    names = [f"in{i}" for i in range(len(shapes))]
+    batched = [i for i, term in enumerate(equation.split("->")[0].split(",")) if term[0] == "b"]
+    infos = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", *s] if i in batched else list(s))
+             for i, (n, s) in enumerate(zip(names, shapes))]
+    node = helper.make_node("Einsum", names, ["out"], equation=equation)
+    graph = helper.make_graph([node], "g", infos, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    kiln_graph = import_graph(onnx_model)
+    assert kiln_graph.functions["forward"].results[0].type.shape[0] is None
+    for n in (1, 3):
+        feeds = [f32(n, *s) if i in batched else f32(*s) for i, s in enumerate(shapes)]
+        (want,) = ReferenceEvaluator(onnx_model).run(None, dict(zip(names, feeds)))
+        (got,) = interpret(kiln_graph, feeds)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
