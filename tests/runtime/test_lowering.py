@@ -201,6 +201,7 @@ def _cases() -> list[Case]:
     c.append(Case("cumsum", "exclusive-reverse", [f32(4, 3)], {"axis": 0, "exclusive": True, "reverse": True}))
     c.append(Case("topk", "largest", [f32(3, 6)], {"k": 3}))
     c.append(Case("topk", "smallest-a0", [f32(5, 4)], {"k": 2, "axis": 0, "largest": False}))
+    c.append(Case("topk", "ties-lower-index-first", [np.array([[3, 1, 3, 1, 2, 3, 1, 0]], np.float32)], {"k": 5}))
     c.append(Case("tile", "2d", [f32(2, 3)], {"repeats": (2, 3)}))
     c.append(Case("scatter_nd", "rows", [f32(5, 3), np.array([[1], [-1]], np.int64), f32(2, 3)]))
     c.append(Case("scatter_nd", "elements", [ints(3, 4), np.array([[0, 1], [2, 3]], np.int64), ints(2)]))
