@@ -122,6 +122,12 @@ def _erf(fb, g, x, y, attrs):
     return _mul(fb, g, _mul(fb, e, _c(fb, 2 / math.sqrt(math.pi), x)))
 
 
+@unary("floor", "ceil", "round", "sign")
+def _piecewise_constant(fb, g, x, y, attrs):
+    """Piecewise constant: the gradient is zero almost everywhere (torch's too), so none flows back."""
+    return None
+
+
 @unary("cast")
 def _cast(fb, g, x, y, attrs):
     """Float to float: the gradient cast back; from an integer or bool result none reaches here (not float)."""
@@ -205,7 +211,13 @@ binary("maximum")(_extremum("greater"))
 binary("minimum")(_extremum("less"))
 
 
-@gradient("equal", "less", "greater")
+@gradient("logical_not")
+def _logical_not(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    """Bool in, bool out: no gradient."""
+    return (None,)
+
+
+@gradient("equal", "less", "greater", "logical_and", "logical_or", "logical_xor")
 def _comparison(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """Bool results are piecewise constant: no gradient."""
     return (None, None)

@@ -1,10 +1,12 @@
-"""Gradients of reductions (sum, mean, max, min over axes) and of softmax / log_softmax."""
+"""Gradients of reductions (sum, mean, max, min, prod over axes), softmax / log_softmax, and the ops along one axis
+(cumsum, topk; argmax and argmin have integer results and no gradient)."""
 
 from __future__ import annotations
 
-from ..gradients import GradContext, Grads, count, emit, expand, gradient, is_float, unsqueeze
+from ..gradients import GradContext, Grads, count, emit, expand, gradient, is_float, scalar, unsqueeze
 from ..graph import Op
 from ..ops.common import norm_axes, norm_axis
+from .shape import scatter_along
 
 
 def _setup(ctx: GradContext, op: Op, out_grads: Grads):
@@ -72,3 +74,49 @@ def _log_softmax(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     axis = norm_axis("log_softmax", op.attrs["axis"], x.type.rank)
     total = emit(ctx, "sum", g, axes=(axis,), keepdims=True)
     return (emit(ctx, "sub", g, emit(ctx, "mul", emit(ctx, "exp", y), total)),)
+
+
+@gradient("prod")
+def _prod(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    """g times the product of the other elements: y / x where x != 0 (torch's formula without zeros); at a zero,
+    the product of the nonzero elements if it is the only zero of its slice, else 0."""
+    s = _setup(ctx, op, out_grads)
+    if s is None:
+        return (None,)
+    x, axes, gk = s
+    y = op.results[0]
+    yk = y if op.attrs["keepdims"] or not axes else unsqueeze(ctx, y, axes)
+    dt = x.type.dtype
+    zero, one = scalar(ctx, 0.0, dt), scalar(ctx, 1.0, dt)
+    is_zero = emit(ctx, "equal", x, zero)
+    nonzero = emit(ctx, "where", is_zero, one, x)
+    others = emit(ctx, "prod", nonzero, axes=axes, keepdims=True)
+    zeros = emit(ctx, "sum", emit(ctx, "cast", is_zero, dtype=dt), axes=axes, keepdims=True)
+    at_zero = emit(ctx, "where", emit(ctx, "equal", zeros, one), others, zero)
+    return (emit(ctx, "mul", expand(ctx, gk, x), emit(ctx, "where", is_zero, at_zero, emit(ctx, "div", yk, nonzero))),)
+
+
+@gradient("argmax", "argmin")
+def _arg(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    """An i64 index: no gradient."""
+    return (None,)
+
+
+@gradient("cumsum")
+def _cumsum(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    """The same scan of g in the other direction (x_i reaches every y_j with j at or after i, or after i when
+    exclusive)."""
+    (x,), (g,) = op.operands, out_grads
+    if g is None or not is_float(x) or not ctx.wanted(0):
+        return (None,)
+    return (emit(ctx, "cumsum", g, axis=op.attrs["axis"], exclusive=op.attrs["exclusive"],
+                 reverse=not op.attrs["reverse"]),)
+
+
+@gradient("topk")
+def _topk(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    """The values' gradient summed into the positions their indices name; the indices have none."""
+    (x,), (_, idx), (g, _) = op.operands, op.results, out_grads
+    if g is None or not is_float(x) or not ctx.wanted(0):
+        return (None,)
+    return (scatter_along(ctx, "topk", x, idx, g, norm_axis("topk", op.attrs["axis"], x.type.rank)),)

@@ -1,4 +1,4 @@
-"""Gradients of data movement: transpose, reshape, broadcast_to, concat, slice, take and gather.
+"""Gradients of data movement: transpose, reshape, broadcast_to, concat, slice, take, gather, tile, scatter_nd.
 
 take and gather have no scatter-add op to invert them, so their gradients are built from a one-hot encoding of
 the indices, `equal(indices, iota)` with a constant iota over the indexed axis (which must be static):
@@ -189,10 +189,56 @@ def _gather(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     (x, idx), (g,) = op.operands, out_grads
     if g is None or not is_float(x) or not ctx.wanted(0):
         return (None, None)
+    return (scatter_along(ctx, "gather", x, idx, g, norm_axis("gather", op.attrs["axis"], x.type.rank)), None)
+
+
+def scatter_along(ctx: GradContext, kind: str, x: Operand, idx: Operand, g: Value, axis: int) -> Value:
+    """The gradient of x for a result that picked x's elements at `idx` along `axis` (gather, topk's values): g
+    summed into the picked positions."""
     r = x.type.rank
-    axis = norm_axis("gather", op.attrs["axis"], r)
-    n = _static_axis("gather", x, axis)
+    n = _static_axis(kind, x, axis)
     iota = ctx.constant(np.arange(n, dtype=idx.type.dtype.numpy).reshape((n, *(1,) * (r - axis - 1))))
     hot = emit(ctx, "equal", unsqueeze(ctx, _normalized(ctx, idx, n), [axis + 1]), iota)
     picked = emit(ctx, "where", hot, unsqueeze(ctx, g, [axis + 1]), scalar(ctx, 0.0, x.type.dtype))
-    return (emit(ctx, "sum", picked, axes=(axis,)), None)
+    return emit(ctx, "sum", picked, axes=(axis,))
+
+
+@gradient("tile")
+def _tile(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    """g as [r0, d0, r1, d1, ...] summed over the copies r_i (at most one dynamic dim tiled more than once)."""
+    g = _single(ctx, op, out_grads)
+    if g is None:
+        return (None,)
+    x, repeats = op.operands[0], op.attrs["repeats"]
+    split = tuple(d for dim, rep in zip(x.type.shape, repeats) for d in (rep, dim))
+    target = reshape_target(split)
+    if target is None:
+        raise PassError(f"tile: the gradient needs at most one dynamic dim in {x.type}")
+    summed = emit(ctx, "sum", emit(ctx, "reshape", g, shape=target), axes=tuple(range(0, len(split), 2)))
+    return (summed if summed.type.shape == x.type.shape else reshape_to(ctx, summed, x.type.shape, "tile"),)
+
+
+@gradient("scatter_nd")
+def _scatter_nd(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    """data: g with the written slices zeroed; updates: g read at the written slices (unique indices assumed, as
+    ONNX's reduction none does), a take from g with the indexed dims merged."""
+    (data, idx, updates), (g,) = op.operands, out_grads
+    if g is None:
+        return (None, None, None)
+    dd = dx = None
+    if ctx.wanted_float(op, 0):
+        zeros = fill(ctx, 0.0, updates.type.dtype, updates.type.shape, updates)
+        dd = emit(ctx, "scatter_nd", g, idx, zeros)
+    if ctx.wanted_float(op, 2):
+        q = idx.type.shape[-1]
+        dims = data.type.shape[:q]
+        if None in dims:
+            raise PassError(f"scatter_nd: the gradient of updates needs static indexed dims of {data.type}")
+        strides = np.array([math.prod(dims[i + 1:]) for i in range(q)], idx.type.dtype.numpy)  # type: ignore[arg-type]
+        size = ctx.constant(np.array(dims, idx.type.dtype.numpy))
+        wrapped = emit(ctx, "where", emit(ctx, "less", idx, ctx.constant(0, idx.type.dtype)),
+                       emit(ctx, "add", idx, size), idx)
+        flat = emit(ctx, "sum", emit(ctx, "mul", wrapped, ctx.constant(strides)), axes=(-1,))
+        merged = reshape_to(ctx, g, (math.prod(dims), *data.type.shape[q:]), "scatter_nd")  # type: ignore[arg-type]
+        dx = emit(ctx, "take", merged, flat, axis=0)
+    return (dd, None, dx)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..attrs import Attr
+from ..dtypes import DType
 from ..errors import ShapeError
 from ..registry import OpDef, register
 from ..traits import Trait
@@ -24,6 +25,11 @@ def floating(op: str, i: int, t: TensorType) -> None:
 def numeric(op: str, i: int, t: TensorType) -> None:
     if not (t.dtype.is_float or t.dtype.is_int):
         raise ShapeError(f"{op}: operand {i} has dtype {t.dtype.value}, expected a numeric dtype")
+
+
+def boolean(op: str, i: int, t: TensorType) -> None:
+    if t.dtype is not DType.bool:
+        raise ShapeError(f"{op}: operand {i} has dtype {t.dtype.value}, expected bool")
 
 
 def any_dtype(op: str, i: int, t: TensorType) -> None:

@@ -10,7 +10,7 @@ from ..attrs import DTYPE, FINITE, Attr, one_of
 from ..dtypes import DType
 from ..traits import Trait
 from ..types import TensorType, broadcast_shapes
-from .common import Check, any_dtype, define, floating, numeric, one, same_dtype
+from .common import Check, any_dtype, boolean, define, floating, numeric, one, same_dtype
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 
@@ -70,6 +70,14 @@ _unary("gelu", _gelu, attrs={"approximate": Attr(one_of("none", "tanh"), "none")
 _unary("leaky_relu", lambda x, alpha: np.where(x >= 0, x, alpha * x).astype(x.dtype),
        attrs={"alpha": Attr(FINITE, 0.01)})
 
+# piecewise constant: exact in any dtype, zero gradient; round is half to even (numpy's and ONNX Round's)
+_unary("floor", np.floor)
+_unary("ceil", np.ceil)
+_unary("round", np.round, doc="to the nearest integer, halves to even")
+_unary("sign", lambda x: (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype), numeric,
+       doc="-1, 0 or 1; 0 for +-0 and nan, as torch.sign, TVM and onnxruntime give")
+_unary("logical_not", np.logical_not, boolean)
+
 _binary("add", np.add, commutative=True)
 _binary("sub", np.subtract)
 _binary("mul", np.multiply, commutative=True)
@@ -80,6 +88,9 @@ _binary("minimum", np.minimum)
 _binary("equal", np.equal, any_dtype, DType.bool, commutative=True)
 _binary("less", np.less, any_dtype, DType.bool)
 _binary("greater", np.greater, any_dtype, DType.bool)
+_binary("logical_and", np.logical_and, boolean, commutative=True)
+_binary("logical_or", np.logical_or, boolean, commutative=True)
+_binary("logical_xor", np.logical_xor, boolean, commutative=True)
 
 
 def _where_infer(ts, attrs):

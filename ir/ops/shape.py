@@ -1,4 +1,4 @@
-"""Data movement ops: transpose, reshape, broadcast_to, concat, slice, take and gather."""
+"""Data movement ops: transpose, reshape, broadcast_to, concat, slice, take, gather, tile and scatter_nd."""
 
 from __future__ import annotations
 
@@ -180,3 +180,47 @@ def _gather_infer(ts, attrs):
 define("gather", ("x", "indices"), _gather_infer,
        one(lambda x, i, axis: np.take_along_axis(x, i, axis=axis)), {"axis": Attr(INT, 0)},
        doc="pick one element along axis per index position, torch.gather", traits=_MOVES)
+
+
+def _tile_infer(ts, attrs):
+    any_dtype("tile", 0, ts[0])
+    repeats = attrs["repeats"]
+    if len(repeats) != ts[0].rank or any(r < 0 for r in repeats):
+        raise ShapeError(f"tile: repeats {list(repeats)} must hold one count >= 0 per dim of {ts[0]}")
+    return (ts[0].with_shape(None if d is None else d * r for d, r in zip(ts[0].shape, repeats)),)
+
+
+define("tile", ("x",), _tile_infer, one(lambda x, repeats: np.tile(x, repeats)),
+       {"repeats": Attr(INTS, doc="copies along each dim")}, doc="numpy.tile with one count per dim (ONNX Tile)",
+       traits=_MOVES)
+
+
+def _scatter_nd_infer(ts, attrs):
+    data, idx, updates = ts
+    any_dtype("scatter_nd", 0, data)
+    _index_dtype("scatter_nd", idx)
+    if updates.dtype is not data.dtype:
+        raise ShapeError(f"scatter_nd: operand 2 (updates) has dtype {updates.dtype.value} but data has "
+                         f"{data.dtype.value}; insert a cast")
+    q = idx.shape[-1] if idx.rank else None
+    if q is None or q > data.rank:
+        raise ShapeError(f"scatter_nd: operand 1 (indices) {idx} needs a static last dim of at most the rank of "
+                         f"data {data}")
+    want = (*idx.shape[:-1], *data.shape[q:])
+    if len(want) != updates.rank or any(a is not None and b is not None and a != b
+                                        for a, b in zip(want, updates.shape)):
+        raise ShapeError(f"scatter_nd: operand 2 (updates) is {updates} but indices {idx} into data {data} "
+                         f"need shape {['?' if d is None else d for d in want]}")
+    return (data,)
+
+
+def _scatter_nd(data, idx, updates):
+    out = data.copy()
+    for pos in np.ndindex(*idx.shape[:-1]):
+        out[tuple(idx[pos])] = updates[pos]  # later positions win, as ONNX's reference loop writes them
+    return out
+
+
+define("scatter_nd", ("data", "indices", "updates"), _scatter_nd_infer, one(_scatter_nd),
+       doc="data with the slices indices[..., :] (negatives from the end) replaced by updates (ONNX ScatterND, "
+           "reduction none; with repeated indices the last update wins)", traits=_MOVES)

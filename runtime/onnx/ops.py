@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from onnx import numpy_helper
 
 from kiln.ir import DType, registry
@@ -10,11 +11,14 @@ from kiln.ir.ops.common import norm_axes
 from .rule import OnnxCall, OnnxResult, onnx_rule
 
 _UNARY = {"neg": "Neg", "abs": "Abs", "relu": "Relu", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "tanh": "Tanh",
-          "sigmoid": "Sigmoid", "erf": "Erf"}
+          "sigmoid": "Sigmoid", "erf": "Erf", "floor": "Floor", "ceil": "Ceil", "round": "Round", "sign": "Sign",
+          "logical_not": "Not"}
 _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "pow": "Pow", "maximum": "Max", "minimum": "Min",
-           "equal": "Equal", "matmul": "MatMul", "where": "Where"}
+           "equal": "Equal", "matmul": "MatMul", "where": "Where", "logical_and": "And", "logical_or": "Or",
+           "logical_xor": "Xor"}
 _ORDER = {"less": "Less", "greater": "Greater"}
-_REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin"}
+_REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd"}
+_ARG = {"argmax": "ArgMax", "argmin": "ArgMin"}
 _NORMALIZED = {"softmax": "Softmax", "log_softmax": "LogSoftmax"}
 
 
@@ -116,6 +120,26 @@ def _reduce(call: OnnxCall) -> OnnxResult:
 @onnx_rule(*_NORMALIZED)
 def _normalized(call: OnnxCall) -> OnnxResult:
     return call.node(_NORMALIZED[call.kind], call.inputs[0], axis=call.attrs["axis"])
+
+
+@onnx_rule(*_ARG)
+def _arg(call: OnnxCall) -> OnnxResult:
+    return call.node(_ARG[call.kind], call.inputs[0], axis=call.attrs["axis"], keepdims=int(call.attrs["keepdims"]),
+                     select_last_index=int(call.attrs["select_last_index"]))
+
+
+@onnx_rule("cumsum")
+def _cumsum(call: OnnxCall) -> OnnxResult:
+    return call.node("CumSum", call.inputs[0], call.const(np.int64(call.attrs["axis"])),
+                     exclusive=int(call.attrs["exclusive"]), reverse=int(call.attrs["reverse"]))
+
+
+@onnx_rule("topk")
+def _topk(call: OnnxCall) -> OnnxResult:
+    """TopK sorted, its ties ordered lower index first as kiln's are."""
+    return call.sink.node("TopK", [call.inputs[0], call.ints((call.attrs["k"],))],
+                          [call.sink.fresh("TopK_values"), call.sink.fresh("TopK_indices")], axis=call.attrs["axis"],
+                          largest=int(call.attrs["largest"]), sorted=1)
 
 
 @onnx_rule("constant")

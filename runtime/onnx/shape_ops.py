@@ -1,4 +1,5 @@
-"""ONNX lowerings of kiln's data-movement ops: transpose, reshape, broadcast_to, concat, slice, take, gather.
+"""ONNX lowerings of kiln's data-movement ops: transpose, reshape, broadcast_to, concat, slice, take, gather, tile,
+scatter_nd.
 
 They move values without computing on them, so they run in the operands' own dtype (`Trait.EXACT`).
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.ir import DType
 from kiln.ir.ops.common import norm_axis
 from kiln.ir.ops.shape import slice_cuts
 
@@ -60,3 +62,15 @@ def _take(call: OnnxCall) -> OnnxResult:
 def _gather(call: OnnxCall) -> OnnxResult:
     """numpy.take_along_axis is GatherElements."""
     return call.node("GatherElements", *call.inputs, axis=norm_axis("gather", call.attrs["axis"], call.types[0].rank))
+
+
+@onnx_rule("tile")
+def _tile(call: OnnxCall) -> OnnxResult:
+    return call.node("Tile", call.inputs[0], call.ints(call.attrs["repeats"]))
+
+
+@onnx_rule("scatter_nd")
+def _scatter_nd(call: OnnxCall) -> OnnxResult:
+    """ScatterND takes int64 indices."""
+    idx = call.inputs[1] if call.types[1].dtype is DType.i64 else call.cast(call.inputs[1], DType.i64)
+    return call.node("ScatterND", call.inputs[0], idx, call.inputs[2])

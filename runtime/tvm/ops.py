@@ -1,4 +1,4 @@
-"""Relax lowerings of kiln's elementwise, matrix-product, reduction and constant-source ops."""
+"""Relax lowerings of kiln's elementwise, matrix-product, reduction, scan and constant-source ops."""
 
 from __future__ import annotations
 
@@ -6,18 +6,21 @@ import numpy as np
 from tvm import relax
 from tvm.relax import op as R
 
-from kiln.ir import DType
-from kiln.ir.ops.common import norm_axes
+from kiln.ir import DType, KilnError
+from kiln.ir.ops.common import norm_axes, norm_axis
 
 from .dtypes import to_storage, tvm_dtype
 from .quant_matmul import quant_matmul
 from .rule import OpCall, RelaxResult, relax_rule
 
 _UNARY = {"neg": R.negative, "abs": R.abs, "relu": R.nn.relu, "exp": R.exp, "log": R.log, "sqrt": R.sqrt,
-          "rsqrt": R.rsqrt, "tanh": R.tanh, "sigmoid": R.sigmoid, "silu": R.nn.silu, "erf": R.erf}
+          "rsqrt": R.rsqrt, "tanh": R.tanh, "sigmoid": R.sigmoid, "silu": R.nn.silu, "erf": R.erf,
+          "floor": R.floor, "ceil": R.ceil, "round": R.round, "sign": R.sign, "logical_not": R.logical_not}
 _BINARY = {"add": R.add, "sub": R.subtract, "mul": R.multiply, "pow": R.power, "maximum": R.maximum,
            "minimum": R.minimum, "equal": R.equal, "less": R.less, "greater": R.greater}
-_REDUCE = {"sum": R.sum, "mean": R.mean, "max": R.max, "min": R.min}
+_LOGICAL = {"logical_and": R.logical_and, "logical_or": R.logical_or, "logical_xor": R.logical_xor}
+_REDUCE = {"sum": R.sum, "mean": R.mean, "max": R.max, "min": R.min, "prod": R.prod}
+_ARG = {"argmax": R.argmax, "argmin": R.argmin}
 
 
 @relax_rule(*_UNARY)
@@ -41,6 +44,11 @@ def _binary(call: OpCall) -> RelaxResult:
     if call.types[0].dtype is DType.bool:  # TVM's LLVM codegen compares i1 values as floats (fcmp): use int8
         args = [R.astype(a, "int8") for a in args]
     return _BINARY[call.kind](*args)
+
+
+@relax_rule(*_LOGICAL)
+def _logical(call: OpCall) -> RelaxResult:
+    return _LOGICAL[call.kind](*call.args)
 
 
 @relax_rule("div")
@@ -113,6 +121,36 @@ def _reduce(call: OpCall) -> RelaxResult:
 def _softmax(call: OpCall) -> RelaxResult:
     fn = R.nn.softmax if call.kind == "softmax" else R.nn.log_softmax
     return fn(call.args[0], call.attrs["axis"])
+
+
+@relax_rule(*_ARG)
+def _arg(call: OpCall) -> RelaxResult:
+    """The last extreme index is the first one of the flipped axis, counted from the end."""
+    axis = norm_axis(call.kind, call.attrs["axis"], call.types[0].rank)
+    if not call.attrs["select_last_index"]:
+        return _ARG[call.kind](call.args[0], axis, call.attrs["keepdims"])
+    n = call.types[0].shape[axis]
+    if n is None:
+        raise KilnError(f"{call.kind}: select_last_index needs a static axis {axis} in {call.types[0]}")
+    first = _ARG[call.kind](call.emit(R.flip(call.args[0], axis)), axis, call.attrs["keepdims"])
+    return R.subtract(relax.const(n - 1, "int64"), R.astype(first, "int64"))
+
+
+@relax_rule("cumsum")
+def _cumsum(call: OpCall) -> RelaxResult:
+    """Relax scans forward; reverse flips the axis before and after."""
+    axis = norm_axis("cumsum", call.attrs["axis"], call.types[0].rank)
+    x = call.args[0]
+    if call.attrs["reverse"]:
+        x = call.emit(R.flip(x, axis))
+    y = R.cumsum(x, axis, call.dtype(), call.attrs["exclusive"])
+    return R.flip(call.emit(y), axis) if call.attrs["reverse"] else y
+
+
+@relax_rule("topk")
+def _topk(call: OpCall) -> RelaxResult:
+    both = call.emit(R.topk(call.args[0], call.attrs["k"], call.attrs["axis"], "both", call.attrs["largest"], "int64"))
+    return relax.TupleGetItem(both, 0), relax.TupleGetItem(both, 1)
 
 
 @relax_rule("constant")

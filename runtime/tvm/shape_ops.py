@@ -1,13 +1,16 @@
-"""Relax lowerings of kiln's data-movement ops: transpose, reshape, broadcast_to, concat, slice, take, gather."""
+"""Relax lowerings of kiln's data-movement ops: transpose, reshape, broadcast_to, concat, slice, take, gather, tile
+and scatter_nd."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import tvm
-from tvm import te, tirx
+from tvm import relax, te, tirx
 from tvm.relax import op as R
 
+from kiln.ir import KilnError
 from kiln.ir.ops.common import norm_axis
 from kiln.ir.ops.shape import slice_cuts
 
@@ -126,3 +129,21 @@ def _gather(call: OpCall) -> RelaxResult:
     return call.bb.call_te(compute, *call.args, primfunc_name_hint="gather")
 
 
+
+
+@relax_rule("tile")
+def _tile(call: OpCall) -> RelaxResult:
+    return R.tile(call.args[0], list(call.attrs["repeats"]))
+
+
+@relax_rule("scatter_nd")
+def _scatter_nd(call: OpCall) -> RelaxResult:
+    """Negative indices counted from the end first (TVM's kernel reads them as they are)."""
+    data, idx, updates = call.args
+    dims = call.types[0].shape[:call.types[1].shape[-1]]
+    if None in dims:
+        raise KilnError(f"scatter_nd: the indexed dims of {call.types[0]} must be static")
+    dt = call.dtype(1)
+    size = relax.const(np.array(dims, dt), dt)
+    wrapped = call.emit(R.where(R.less(idx, relax.const(0, dt)), R.add(idx, size), idx))
+    return R.scatter_nd(data, wrapped, updates, reduction="update")

@@ -132,6 +132,29 @@ case("min", "ties-all", [np.array([[1.0, 0.5], [0.5, 0.5]])], lambda x: torch.am
 case("softmax", "axis-1", [r(3, 4, 2)], lambda x: torch.softmax(x, 1), axis=1)
 case("log_softmax", "axis-0", [r(3, 4, 2)], lambda x: torch.log_softmax(x, 0), axis=0)
 
+# piecewise constant: torch's gradient is zero, and so are finite differences away from the steps
+for _kind, _fn in {"floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "sign": torch.sign}.items():
+    case(_kind, "3x4", [r(3, 4) + 0.25], _fn)
+case("prod", "axes-0-2", [r(2, 3, 4)], lambda x: x.prod(2).prod(0), axes=(0, 2))
+case("prod", "keepdims", [r(2, 3)], lambda x: x.prod(1, keepdim=True), axes=(1,), keepdims=True)
+case("prod", "all", [r(3, 4)], lambda x: x.prod())
+# torch's prod_backward at zeros: the product of the others for a lone zero, 0 where a slice holds two
+case("prod", "zeros", [np.array([[0.0, 2.0, 3.0], [0.0, 0.0, 1.5], [1.0, -2.0, 0.5]])], lambda x: x.prod(1),
+     axes=(1,))
+case("cumsum", "forward", [r(3, 4)], lambda x: x.cumsum(1), axis=1)
+case("cumsum", "exclusive-reverse", [r(4, 3)], lambda x: x.flip(0).cumsum(0).flip(0) - x, axis=0, exclusive=True,
+     reverse=True)
+case("topk", "values", [r(3, 5)], lambda x: torch.topk(x, 2)[0], k=2, results=(0,))
+case("topk", "smallest-a0", [r(4, 3)], lambda x: torch.topk(x, 3, 0, largest=False)[0], k=3, axis=0, largest=False,
+     results=(0,))
+case("tile", "2d", [r(2, 3)], lambda x: x.repeat(2, 3), repeats=(2, 3))
+case("tile", "rank3-ones", [r(2, 1, 3)], lambda x: x.repeat(1, 4, 1), repeats=(1, 4, 1))
+case("scatter_nd", "rows", [r(5, 3), np.array([[1], [-1]]), r(2, 3)], lambda d, i, u: d.index_put((i[:, 0],), u))
+case("scatter_nd", "elements", [r(3, 4), np.array([[0, 1], [2, 3], [1, -4]]), r(3)],
+     lambda d, i, u: d.index_put((i[:, 0], i[:, 1]), u))
+for _kind in ("argmax", "argmin"):
+    case(_kind, "i64-result", [r(3, 4)], None, axis=1)  # an integer result: no gradient
+
 # -- linalg ----------------------------------------------------------------------------------------------------
 
 case("matmul", "3d-2d", [r(2, 3, 4), r(4, 5)], torch.matmul)
@@ -293,6 +316,7 @@ case("quantize", "absmean-per-tensor", [r(3, 4)], lambda x: (None, x.float().abs
 
 # kinds with float operands whose gradient the cases above do not reach through a parameter
 NO_FLOAT_OPERANDS = {"constant", "zeros", "ones", "full"}
+BOOL_OPERANDS = {"logical_not", "logical_and", "logical_or", "logical_xor"}  # no float operand to differentiate
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -424,8 +448,16 @@ def test_every_op_kind_has_a_gradient_rule() -> None:
 
 def test_every_op_kind_with_float_operands_has_a_gradient_test() -> None:
     tested = {c.kind for c in CASES}
-    untested = sorted(set(registered()) - tested - NO_FLOAT_OPERANDS)
+    untested = sorted(set(registered()) - tested - NO_FLOAT_OPERANDS - BOOL_OPERANDS)
     assert not untested, f"op kinds without a gradient test in this file: {untested}"
+
+
+def test_bool_ops_take_only_bool_operands_and_give_no_gradient() -> None:
+    for kind in sorted(BOOL_OPERANDS):
+        b = Builder("M")
+        xs = [b.input(f"x{i}", ((2,), DType.bool)) for i, _ in enumerate(registered()[kind].operands)]
+        op = b.op(kind, *xs).owner
+        assert rule_for(kind)(GradContext(b.fn, (True,) * len(xs)), op, (None,)) == (None,) * len(xs)
 
 
 def test_source_ops_have_no_operand_gradients() -> None:

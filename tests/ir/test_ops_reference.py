@@ -198,6 +198,22 @@ for kind, fn in {"neg": torch.neg, "abs": torch.abs, "relu": torch.relu}.items()
         case(kind, dt, [np.array(values, DType(dt).numpy)], fn)
     case(kind, "i32-rand", [rand((2, 3), "i32", -100, 100)], fn)
 
+# floor, ceil, round (ONNX Round: "rounds halves to the nearest even integer", torch.round's mode), sign
+ROUNDING = [-2.5, -1.5, -0.5, -0.0, 0.0, 0.5, 1.5, 2.5, 2.4999, -2.6, 1e30, INF, -INF, NAN]
+for kind, fn in {"floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "sign": torch.sign}.items():
+    for dt in FLOATS:
+        case(kind, dt, [rand((3, 4), dt, -5.0, 5.0)], fn, tol=EXACT)
+    case(kind, "edge", [arr(ROUNDING)], fn, tol=EXACT)
+    case(kind, "scalar", [arr(-3.5)], fn, tol=EXACT)
+for dt in ("i32", "i64", "u8"):
+    case("sign", dt, [np.array(INT_EDGE[dt], DType(dt).numpy)], torch.sign)
+case("logical_not", "bool", [rand((3, 4), "bool")], torch.logical_not)
+case("logical_not", "scalar", [arr(True, "bool")], torch.logical_not)
+for kind, fn in {"logical_and": torch.logical_and, "logical_or": torch.logical_or,
+                 "logical_xor": torch.logical_xor}.items():
+    case(kind, "truth-table", [arr([True, True, False, False], "bool"), arr([True, False, True, False], "bool")], fn)
+    case(kind, "bcast", [rand((2, 1, 3), "bool"), rand((4, 1), "bool")], fn)
+
 # -- elementwise binary ------------------------------------------------------------------------------------------
 
 TRUNC = lambda x, y: torch.div(x, y, rounding_mode="trunc")  # noqa: E731  (kiln's integer div)
@@ -369,6 +385,81 @@ for kind, fn in {"softmax": torch.softmax, "log_softmax": torch.log_softmax}.ite
     case(kind, "large-f16", [rand((3, 5), "f16", -3e4, 3e4)], lambda x, fn=fn: fn(x, -1))
     case(kind, "large-f64", [rand((3, 5), "f64", -1e300, 1e300)], lambda x, fn=fn: fn(x, -1))
 
+# -- prod, and the ops along one axis (argmax, argmin, topk, cumsum) -----------------------------------------------
+
+
+def prod_oracle(axes: Sequence[int] | None, keepdims: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """torch.prod takes one dim: the reduced dims moved last and merged (kiln's prod keeps the input dtype)."""
+    def oracle(x: torch.Tensor) -> torch.Tensor:
+        dims = sorted(d % max(x.ndim, 1) for d in (range(x.ndim) if axes is None else axes))
+        kept = [d for d in range(x.ndim) if d not in dims]
+        y = x.permute(*kept, *dims).reshape(*(x.shape[d] for d in kept), -1).prod(-1, dtype=x.dtype)
+        return y.reshape([1 if d in dims else x.shape[d] for d in range(x.ndim)]) if keepdims else y
+    return oracle
+
+
+for name, (axes, keep) in AXES.items():
+    case("prod", name, [rand((2, 3, 4), lo=0.5, hi=1.5)], prod_oracle(axes, keep), axes=axes, keepdims=keep)
+for dt in ("f64", "f16", "bf16"):
+    case("prod", dt, [rand((3, 5), dt, 0.5, 1.5)], prod_oracle([1], False), axes=[1])
+case("prod", "i32-wrap", [arr([[2**16, 2**16, 3], [-5, 7, 0]], "i32")], prod_oracle([1], False), axes=[1])
+case("prod", "i64", [rand((3, 4), "i64", -9, 9)], prod_oracle([0], False), axes=[0])
+case("prod", "zeros-inf-nan", [arr([[0.0, INF], [NAN, 2.0], [-0.0, 3.0]])], prod_oracle([1], False), axes=[1])
+
+# ONNX ArgMax: "the index of the first occurrence ... select_last_index ... the last occurrence"
+TIES = arr([[3.0, 1.0, 3.0, -2.0], [0.5, 0.5, 0.5, 0.5], [-INF, 7.0, 7.0, -INF]])
+for kind, fn in {"argmax": torch.argmax, "argmin": torch.argmin}.items():
+    case(kind, "a1", [rand((3, 5))], lambda x, fn=fn: fn(x, 1), axis=1)
+    case(kind, "a0-keep", [rand((3, 5))], lambda x, fn=fn: fn(x, 0, keepdim=True), axis=0, keepdims=True)
+    case(kind, "neg1-rank3", [rand((2, 3, 4))], lambda x, fn=fn: fn(x, -1), axis=-1)
+    case(kind, "i32", [rand((4, 6), "i32", -50, 50)], lambda x, fn=fn: fn(x, 1), axis=1)
+    case(kind, "ties-first", [TIES], lambda x, fn=fn: fn(x, 1), axis=1)
+    case(kind, "ties-last", [TIES], lambda x, fn=fn: x.shape[1] - 1 - fn(x.flip(1), 1), axis=1,
+         select_last_index=True)
+    case(kind, "ties-last-keep", [TIES], lambda x, fn=fn: x.shape[0] - 1 - fn(x.flip(0), 0, keepdim=True), axis=0,
+         keepdims=True, select_last_index=True)
+
+
+def topk_oracle(k: int, axis: int, largest: bool) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """torch.topk; ONNX's tie order (lower index first) from a stable sort, which torch.topk does not promise."""
+    def oracle(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        values, idx = torch.sort(x, dim=axis, descending=largest, stable=True)
+        return values.narrow(axis, 0, k), idx.narrow(axis, 0, k)
+    return oracle
+
+
+case("topk", "largest", [rand((3, 6))], lambda x: tuple(torch.topk(x, 3)), k=3)
+case("topk", "smallest-a0", [rand((5, 4))], lambda x: tuple(torch.topk(x, 2, 0, largest=False)), k=2, axis=0,
+     largest=False)
+case("topk", "ties-largest", [TIES], topk_oracle(3, 1, True), k=3, axis=1)
+case("topk", "ties-smallest", [TIES], topk_oracle(4, 1, False), k=4, axis=1, largest=False)
+case("topk", "i64-rank3", [rand((2, 5, 3), "i64", -4, 4)], topk_oracle(2, 1, True), k=2, axis=1)
+case("topk", "k0", [rand((2, 3))], topk_oracle(0, -1, True), k=0)
+for dt in ("f16", "bf16"):
+    case("topk", dt, [rand((3, 6), dt)], topk_oracle(2, -1, True), k=2)
+
+
+def cumsum_oracle(axis: int, exclusive: bool, reverse: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """ONNX CumSum: exclusive drops each element's own term, reverse sums from the end."""
+    def oracle(x: torch.Tensor) -> torch.Tensor:
+        y = x.flip(axis) if reverse else x
+        out = torch.cumsum(y, axis, dtype=x.dtype)
+        if exclusive:
+            out = out - y
+        return out.flip(axis) if reverse else out
+    return oracle
+
+
+for excl in (False, True):
+    for rev in (False, True):
+        name = f"{'exclusive' if excl else 'inclusive'}-{'reverse' if rev else 'forward'}"
+        case("cumsum", name, [rand((3, 4), "i32", -9, 9)], cumsum_oracle(1, excl, rev), axis=1, exclusive=excl,
+             reverse=rev)
+        case("cumsum", f"{name}-f64", [rand((4, 3), "f64")], cumsum_oracle(0, excl, rev), axis=0, exclusive=excl,
+             reverse=rev)
+case("cumsum", "f32-neg-axis", [rand((2, 3, 5))], cumsum_oracle(-1, False, False), axis=-1)
+case("cumsum", "f16", [rand((6,), "f16")], cumsum_oracle(0, False, False))
+
 # -- linalg -----------------------------------------------------------------------------------------------------
 
 MATMUL = {
@@ -525,6 +616,30 @@ case("gather", "rank1", [rand((6,)), arr([5, 0, 0, 3], "i64")], lambda x, i: tor
 for dt in ("bool", "i64", "bf16"):
     case("gather", dt, [rand((2, 3), dt, 0, 9), rand((2, 2), "i64", 0, 3)], lambda x, i: torch.gather(x, 1, i),
          tol=EXACT, axis=1)
+
+# tile: numpy.tile with one count per dim (torch's Tensor.repeat); scatter_nd: ONNX ScatterND, reduction none
+
+
+def scatter_nd_oracle(data: torch.Tensor, idx: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
+    """The ScatterND spec's loop: output[indices[idx]] = updates[idx] for each index position."""
+    out = data.clone()
+    for pos in np.ndindex(*idx.shape[:-1]):
+        out[tuple(int(i) for i in idx[pos])] = updates[pos]
+    return out
+
+
+case("tile", "2d", [rand((2, 3))], lambda x: x.repeat(2, 3), tol=EXACT, repeats=[2, 3])
+case("tile", "ones-and-zero", [rand((2, 1, 3), "i64", 0, 9)], lambda x: x.repeat(1, 4, 0), repeats=[1, 4, 0])
+case("tile", "bool", [rand((3,), "bool")], lambda x: x.repeat(2), repeats=[2])
+case("tile", "scalar", [arr(1.5)], lambda x: x.clone(), tol=EXACT, repeats=[])
+case("tile", "bf16", [rand((2, 2), "bf16")], lambda x: x.repeat(1, 2), tol=EXACT, repeats=[1, 2])
+case("scatter_nd", "rows", [rand((5, 3)), arr([[1], [-1]], "i64"), rand((2, 3))], scatter_nd_oracle, tol=EXACT)
+case("scatter_nd", "elements", [rand((3, 4)), arr([[0, 1], [2, 3], [1, -4]], "i64"), rand((3,))], scatter_nd_oracle,
+     tol=EXACT)
+case("scatter_nd", "whole", [rand((2, 2), "i32", -9, 9), np.zeros((1, 0), np.int64), rand((1, 2, 2), "i32", -9, 9)],
+     scatter_nd_oracle)
+case("scatter_nd", "i32-indices-rank3", [rand((2, 3, 4), "f16"), arr([[[1, 2]], [[0, 0]]], "i32"),
+                                         rand((2, 1, 4), "f16")], scatter_nd_oracle, tol=EXACT)
 
 # -- nn: convolution, pooling, normalization, erf (torch layouts: NCL / NCHW, weight [out, in/groups, *k]) ----------
 
@@ -844,6 +959,18 @@ DYNAMIC = [
         ()),
     Dyn("reduction", "softmax", (((None, 4), "f32"),), lambda n: [rand((n, 4))], lambda x: torch.softmax(x, 0),
         (None, 4), {"axis": 0}),
+    Dyn("elementwise", "logical_xor", (((None, 1), "bool"), ((3,), "bool")),
+        lambda n: [rand((n, 1), "bool"), rand((3,), "bool")], torch.logical_xor, (None, 3)),
+    Dyn("reduction", "argmax", (((None, 4), "f32"),), lambda n: [rand((n, 4))], lambda x: x.argmax(1), (None,),
+        {"axis": 1}),
+    Dyn("reduction", "topk", (((None, 5), "f32"),), lambda n: [rand((n, 5))], lambda x: tuple(torch.topk(x, 2)),
+        (None, 2), {"k": 2}),
+    Dyn("reduction", "cumsum", (((None, 3), "f32"),), lambda n: [rand((n, 3))], lambda x: x.cumsum(0), (None, 3)),
+    Dyn("shape", "tile", (((None, 2), "f32"),), lambda n: [rand((n, 2))], lambda x: x.repeat(2, 3), (None, 6),
+        {"repeats": [2, 3]}),
+    Dyn("shape", "scatter_nd", (((4, 2), "f32"), ((None, 1), "i64"), ((None, 2), "f32")),
+        lambda n: [rand((4, 2)), np.arange(n, dtype=np.int64).reshape(n, 1) % 4, rand((n, 2))],
+        lambda d, i, u: scatter_nd_oracle(d, i.numpy(), u), (4, 2)),
     Dyn("linalg", "matmul", (((None, 4), "f32"), ((4, 3), "f32")), lambda n: [rand((n, 4)), rand((4, 3))],
         torch.matmul, (None, 3)),
     Dyn("linalg", "matmul", (((None, 2, 4), "f32"), ((4, None), "f32")), lambda n: [rand((n, 2, 4)), rand((4, n))],
@@ -1060,6 +1187,27 @@ BAD = [
     Bad("dropout-int", "dropout", (((2,), "i32"), ((), "bool")), r"^dropout: operand 0 has dtype i32"),
     Bad("dropout-p", "dropout", (F23, ((), "bool")), r"^dropout: p = 1.0 is outside \[0, 1\)", {"p": 1.0}),
     Bad("dropout-missing-flag", "dropout", (F23,), r"^dropout: takes operands \(x, training\) but got 1"),
+    Bad("floor-int", "floor", (((2,), "i32"),), r"^floor: operand 0 has dtype i32, expected a floating dtype"),
+    Bad("logical-not-float", "logical_not", (F23,), r"^logical_not: operand 0 has dtype f32, expected bool"),
+    Bad("logical-and-int", "logical_and", (((2,), "bool"), ((2,), "i32")),
+        r"^logical_and: operand 1 has dtype i32, expected bool"),
+    Bad("prod-bool", "prod", (((2,), "bool"),), r"^prod: operand 0 has dtype bool, expected a numeric dtype"),
+    Bad("argmax-axis", "argmax", (F23,), r"^argmax: axis 2 is out of range for rank 2", {"axis": 2}),
+    Bad("topk-k", "topk", (F23,), r"^topk: k = 4 is outside \[0, 3\] \(the length of axis 1 of tensor<2x3xf32>\)",
+        {"k": 4}),
+    Bad("topk-no-k", "topk", (F23,), r"^topk: missing attribute 'k'"),
+    Bad("cumsum-axis", "cumsum", (F23,), r"^cumsum: axis -3 is out of range", {"axis": -3}),
+    Bad("tile-repeats", "tile", (F23,), r"^tile: repeats \[2\] must hold one count >= 0 per dim of tensor<2x3xf32>",
+        {"repeats": [2]}),
+    Bad("tile-negative", "tile", (F23,), r"^tile: repeats \[1, -1\] must hold", {"repeats": [1, -1]}),
+    Bad("scatter-nd-deep", "scatter_nd", (F23, ((1, 3), "i64"), ((1,), "f32")),
+        r"^scatter_nd: operand 1 \(indices\) tensor<1x3xi64> needs a static last dim of at most the rank"),
+    Bad("scatter-nd-updates", "scatter_nd", (F23, ((4, 1), "i64"), ((4, 2), "f32")),
+        r"^scatter_nd: operand 2 \(updates\) is tensor<4x2xf32> but indices .* need shape \[4, 3\]"),
+    Bad("scatter-nd-float-indices", "scatter_nd", (F23, ((1, 1), "f32"), ((1, 3), "f32")),
+        r"^scatter_nd: operand 1 \(indices\) has dtype f32"),
+    Bad("scatter-nd-dtype", "scatter_nd", (F23, ((1, 1), "i64"), ((1, 3), "f64")),
+        r"^scatter_nd: operand 2 \(updates\) has dtype f64 but data has f32"),
     Bad("unknown-op", "frobnicate", (F23,), r"^unknown op 'frobnicate'"),
 ]
 

@@ -17,11 +17,12 @@ from kiln.ir import Builder, DType, OpDef, Trait, lookup, ops_with, print_graph,
 from kiln.ir.traits import IMPLIES, closure
 
 T = Trait
-MOVES = {"transpose", "reshape", "broadcast_to", "concat", "slice", "take", "gather"}
+MOVES = {"transpose", "reshape", "broadcast_to", "concat", "slice", "take", "gather", "tile", "scatter_nd"}
 SOURCES = {"constant", "zeros", "ones", "full"}
 ELEMENTWISE = {"neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "leaky_relu",
                "erf", "add", "sub", "mul", "div", "pow", "maximum", "minimum", "equal", "less", "greater", "where",
-               "cast", "dropout"}
+               "cast", "dropout", "floor", "ceil", "round", "sign", "logical_not", "logical_and", "logical_or",
+               "logical_xor"}
 
 
 def test_the_trait_table() -> None:
@@ -32,7 +33,7 @@ def test_the_trait_table() -> None:
     assert ops_with(T.EXACT) == MOVES | SOURCES | {"where", "cast"}
     assert ops_with(T.MEMORY_BOUND) == ELEMENTWISE | MOVES | SOURCES
     assert ops_with(T.STOCHASTIC) == {"dropout"}
-    assert ops_with(T.COMMUTATIVE) == {"add", "mul", "equal"}
+    assert ops_with(T.COMMUTATIVE) == {"add", "mul", "equal", "logical_and", "logical_or", "logical_xor"}
 
 
 @pytest.mark.parametrize(("kind", "traits"), [
@@ -45,6 +46,12 @@ def test_the_trait_table() -> None:
     ("dropout", {T.ELEMENTWISE, T.STOCHASTIC, T.MEMORY_BOUND}),
     ("matmul", set()),
     ("softmax", set()),
+    ("scatter_nd", {T.DATA_MOVEMENT, T.EXACT, T.MEMORY_BOUND}),  # reduction none: it only writes updates in place
+    ("floor", {T.ELEMENTWISE, T.MEMORY_BOUND}),  # exact in any dtype, yet widened like every computing op
+    ("topk", set()),  # a sort along the axis: not O(1) per element
+    ("argmax", set()),
+    ("cumsum", set()),
+    ("prod", set()),
     ("dora", set()),  # a derivation: a matmul and a column reduction, not memory bound, recomputed by nothing
 ])
 def test_op_traits(kind: str, traits: set[Trait]) -> None:

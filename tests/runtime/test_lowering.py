@@ -182,6 +182,29 @@ def _cases() -> list[Case]:
     c.append(Case("take", "bf16", [f32(5, 3, dtype=BF16), np.array([4, 0, -2], np.int64)]))
     c.append(Case("gather", "f16", [f32(3, 4, dtype=np.float16), np.array([[0, 3], [1, -1], [2, 2]], np.int64)],
                   {"axis": 1}))
+    halves = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -0.0, 3.7, -3.7, np.nan], np.float32)  # round: half to even
+    for kind in ("floor", "ceil", "round", "sign"):
+        c.append(Case(kind, "f32", [halves]))
+    c.append(Case("sign", "i32", [ints(4, 3)]))
+    c.append(Case("round", "f16", [halves.astype(np.float16)]))
+    c.append(Case("logical_not", "bool", [RNG.random((3, 4)) < 0.5]))
+    for kind in ("logical_and", "logical_or", "logical_xor"):
+        c.append(Case(kind, "broadcast", [RNG.random((3, 1, 4)) < 0.5, RNG.random((5, 4)) < 0.5]))
+    c.append(Case("prod", "axes-keepdims", [f32(3, 4, 5, lo=0.5, hi=1.5)], {"axes": (0, 2), "keepdims": True}))
+    c.append(Case("prod", "i64", [ints(3, 4, dtype=np.int64)], {"axes": (1,)}))
+    ties = np.array([[3.0, 1.0, 3.0, -2.0], [0.5, 0.5, 0.5, 0.5]], np.float32)
+    for kind in ("argmax", "argmin"):
+        c.append(Case(kind, "a1", [f32(3, 5)], {"axis": 1}))
+        c.append(Case(kind, "ties-last-keep", [ties], {"axis": 1, "keepdims": True, "select_last_index": True}))
+        c.append(Case(kind, "i32-a0", [ints(4, 3)], {"axis": 0}))
+    c.append(Case("cumsum", "i32", [ints(3, 4)], {"axis": 1}))
+    c.append(Case("cumsum", "exclusive-reverse", [f32(4, 3)], {"axis": 0, "exclusive": True, "reverse": True}))
+    c.append(Case("topk", "largest", [f32(3, 6)], {"k": 3}))
+    c.append(Case("topk", "smallest-a0", [f32(5, 4)], {"k": 2, "axis": 0, "largest": False}))
+    c.append(Case("topk", "ties-lower-index-first", [np.array([[3, 1, 3, 1, 2, 3, 1, 0]], np.float32)], {"k": 5}))
+    c.append(Case("tile", "2d", [f32(2, 3)], {"repeats": (2, 3)}))
+    c.append(Case("scatter_nd", "rows", [f32(5, 3), np.array([[1], [-1]], np.int64), f32(2, 3)]))
+    c.append(Case("scatter_nd", "elements", [ints(3, 4), np.array([[0, 1], [2, 3]], np.int64), ints(2)]))
     c.append(Case("constant", "f32", [], {"value": f32(2, 3)}))
     c.append(Case("zeros", "f32", [], {"shape": (2, 3)}))
     c.append(Case("ones", "i64", [], {"shape": (4,), "dtype": DType.i64}))

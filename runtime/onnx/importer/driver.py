@@ -34,7 +34,13 @@ from kiln.ir import Builder, DType, FunctionBuilder, Graph, KilnError, TensorTyp
 from kiln.runtime.records.record import RecordEntry
 
 from ..tensors import kiln_dtype, load_model, model_initializers, param_id_of
-from . import convert_basic, convert_shape  # noqa: F401  (registers their converters)
+from . import (  # noqa: F401  (registers their converters)
+    convert_basic,
+    convert_elementwise,
+    convert_index,
+    convert_reduce,
+    convert_shape,
+)
 from .call import NodeCall, Output, decoded_attrs
 from .registry import Unsupported, converter
 from .symbolic import ShapeVector

@@ -1,0 +1,113 @@
+"""Converters of ONNX's indexing and contraction ops: Tile, ScatterND and Einsum.
+
+Einsum imports the forms attention and bilinear layers use: each letter at most once per operand, no ellipsis;
+operands are contracted left to right as batched matmuls (transpose, reshape, matmul), and a letter only one
+operand has and nothing later needs is summed first.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kiln.ir import Value
+
+from .call import NodeCall
+from .registry import Unsupported, converts
+
+
+@converts("Tile", since=6)
+def _tile(call: NodeCall) -> Value:
+    repeats = call.value(1, "the repeats")
+    return call.emit("tile", call.input(0), repeats=tuple(int(r) for r in np.asarray(repeats).reshape(-1)))
+
+
+@converts("ScatterND", since=11)
+def _scatter_nd(call: NodeCall) -> Value:
+    reduction = call.attr("reduction", "none")
+    if reduction != "none":
+        raise Unsupported(f"ScatterND with reduction {reduction!r}: kiln's scatter_nd replaces (reduction 'none')")
+    return call.emit("scatter_nd", call.input(0), call.input(1), call.input(2))
+
+
+def _parse(equation: str, n: int) -> tuple[list[str], str]:
+    """The operands' subscripts and the output's (implicit: the letters used once, sorted)."""
+    text = equation.replace(" ", "")
+    lhs, arrow, out = text.partition("->")
+    terms = lhs.split(",")
+    letters = "".join(terms)
+    if not arrow:
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    if len(terms) != n:
+        raise Unsupported(f"Einsum {equation!r} names {len(terms)} operands but the node has {n}")
+    for term in (*terms, out):
+        if "." in term or not term.isalpha() or len(set(term)) != len(term):
+            raise Unsupported(f"Einsum {equation!r}: kiln imports letters used at most once per operand, no "
+                              "ellipsis and no diagonals")
+    if set(out) - set(letters):
+        raise Unsupported(f"Einsum {equation!r}: output letters {sorted(set(out) - set(letters))} name no input dim")
+    return terms, out
+
+
+def _permute(call: NodeCall, x: Value, have: str, want: str) -> Value:
+    return x if have == want else call.emit("transpose", x, perm=tuple(have.index(c) for c in want))
+
+
+def _merge(dims: list[int | None]) -> int | None:
+    return None if None in dims else math.prod(dims)  # type: ignore[arg-type]
+
+
+def _reshape(call: NodeCall, x: Value, shape: list[int | None], equation: str) -> Value:
+    if tuple(shape) == x.type.shape:
+        return x
+    if shape.count(None) > 1:
+        raise Unsupported(f"Einsum {equation!r}: merging dims of {x.type} needs at most one dynamic dim per reshape")
+    return call.emit("reshape", x, shape=tuple(-1 if d is None else d for d in shape))
+
+
+def _sum_unused(call: NodeCall, x: Value, term: str, keep: set[str]) -> tuple[Value, str]:
+    """Sum the letters of `term` that nothing later reads."""
+    gone = tuple(i for i, c in enumerate(term) if c not in keep)
+    if not gone:
+        return x, term
+    return call.emit("sum", x, axes=gone), "".join(c for c in term if c in keep)
+
+
+def _contract(call: NodeCall, a: Value, ta: str, b: Value, tb: str, needed: set[str], equation: str
+              ) -> tuple[Value, str]:
+    """a and b as one batched matmul: [batch, left, contracted] @ [batch, contracted, right]."""
+    batch = [c for c in ta if c in tb and c in needed]
+    summed = [c for c in ta if c in tb and c not in needed]
+    left = [c for c in ta if c not in tb]
+    right = [c for c in tb if c not in ta]
+    size = {c: d for t, v in ((ta, a), (tb, b)) for c, d in zip(t, v.type.shape)}
+    dims = {name: [size[c] for c in group] for name, group in (("b", batch), ("l", left), ("k", summed),
+                                                                ("r", right))}
+    a3 = _reshape(call, _permute(call, a, ta, "".join(batch + left + summed)),
+                  [*dims["b"], _merge(dims["l"]), _merge(dims["k"])], equation)
+    b3 = _reshape(call, _permute(call, b, tb, "".join(batch + summed + right)),
+                  [*dims["b"], _merge(dims["k"]), _merge(dims["r"])], equation)
+    y = call.emit("matmul", a3, b3)
+    return _reshape(call, y, [*dims["b"], *dims["l"], *dims["r"]], equation), "".join(batch + left + right)
+
+
+@converts("Einsum", since=12)
+def _einsum(call: NodeCall) -> Value:
+    equation = call.attr("equation", "")
+    operands = [call.input(i) for i in range(len(call.node.input))]
+    terms, out = _parse(equation, len(operands))
+    for x, term in zip(operands, terms):
+        if x.type.rank != len(term):
+            raise Unsupported(f"Einsum {equation!r}: subscripts {term!r} do not match the rank of {x.type}")
+
+    def later(i: int) -> set[str]:
+        return set(out).union(*terms[i + 1:])
+
+    acc, term = _sum_unused(call, operands[0], terms[0], later(0))
+    for i in range(1, len(operands)):
+        needed = later(i)
+        b, tb = _sum_unused(call, operands[i], terms[i], needed | set(term))
+        acc, term = _contract(call, acc, term, b, tb, needed, equation)
+    acc, term = _sum_unused(call, acc, term, set(out))
+    return _permute(call, acc, term, out)
