@@ -12,7 +12,8 @@ from .device import Device
 from .grad import grad
 from .gradients import Gradients, GradientsParams
 from .module import Module, ModuleMapper, ModuleVisitor
-from .onnx import export_onnx
+from .onnx import export_onnx, import_onnx
+from .onnx_module import OnnxModule
 from .param import Flag, Param, ParamMapper, Reparam
 from .reparam import Dora, Lora, QLora, Quantizer, QuantScheme, Reparameterizer
 from .step import TrainStep, compile_step
@@ -32,6 +33,7 @@ __all__ = [
     "ModuleMapper",
     "ModuleRecord",
     "ModuleVisitor",
+    "OnnxModule",
     "Param",
     "ParamGroup",
     "ParamId",
@@ -47,6 +49,7 @@ __all__ = [
     "compile_step",
     "export_onnx",
     "grad",
+    "import_onnx",
     "nn",
     "optim",
     "seed",

@@ -31,3 +31,8 @@ def _constant(call: NodeCall) -> Value:
         if key in call.attrs:
             return call.constant(np.asarray(call.attrs[key], dtype))
     raise Unsupported("a Constant with neither value, value_float(s) nor value_int(s)")
+
+
+@converts("Identity", since=1)
+def _identity(call: NodeCall) -> Value:
+    return call.input(0)
