@@ -35,4 +35,6 @@ def _constant(call: NodeCall) -> Value:
 
 @converts("Identity", since=1)
 def _identity(call: NodeCall) -> Value:
-    return call.input(0)
+    """The input itself; a parameter passed on becomes a value through a no-op cast (canonicalize drops it)."""
+    x = call.input(0)
+    return x if isinstance(x, Value) else call.emit("cast", x, dtype=x.type.dtype)
