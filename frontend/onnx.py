@@ -22,11 +22,13 @@ def export_onnx(module: Module, *input_specs: InputSpec, path: str | os.PathLike
     """Trace `module.valid()` on inputs of these types (`None` dims stay dynamic) and write its forward to `path`.
 
     `options` go to `kiln.runtime.onnx.export.export_graph` (`opset`, `external_data_threshold`). An imported
-    module's sanitized paths are written under the ONNX names they came from.
+    module's sanitized paths are written under the ONNX names they came from, and its inputs keep their names.
     """
     from kiln.runtime.onnx.export import export_graph  # onnx loads only when a model is exported
 
     renamed = module.onnx_names if isinstance(module, OnnxModule) else {}
+    if isinstance(module, OnnxModule) and not names:
+        names = [a.name for a in module.graph.functions["forward"].args]
     return export_graph(trace(module.valid(), *input_specs, names=names), path, initializer_names=renamed,
                         **options)
 

@@ -111,7 +111,8 @@ def test_foreign_names_become_paths_and_are_written_back(tmp_path: Path):
     np.testing.assert_allclose(imported(x).numpy(), foreign_reference(model, x), rtol=1e-5, atol=1e-6)
     out = kiln.export_onnx(imported, ((None, 4), "f32"), path=tmp_path / "back.onnx")
     assert [t.name for t in onnx.load(out).graph.initializer] == ["onnx::MatMul_7", "/head/Add.bias", "train"]
-    np.testing.assert_allclose(ort_run(out, x=x)[0], foreign_reference(model, x), rtol=1e-5, atol=1e-6)
+    assert [i.name for i in onnx.load(out).graph.input] == ["input"]
+    np.testing.assert_allclose(ort_run(out, input=x)[0], foreign_reference(model, x), rtol=1e-5, atol=1e-6)
 
 
 def test_ids_without_metadata_are_the_same_on_every_import(tmp_path: Path):
