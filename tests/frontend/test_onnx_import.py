@@ -245,6 +245,10 @@ def test_bad_inputs_are_one_line_kiln_errors(mlp_file, tmp_path: Path):
         imported(floats(2, 5))
     with pytest.raises(ShapeError, match="input_shapes names 'y', which is no input of the model"):
         kiln.import_onnx(path, input_shapes={"y": (1, 6)})
+    bad = onnx.load(path)
+    bad.graph.initializer[0].metadata_props[0].value = "zz"
+    with pytest.raises(RecordError, match="initializer 'fc1.weight': kiln.param_id 'zz' is not a u64 in decimal"):
+        kiln.import_onnx(bad)
     (tmp_path / "junk.onnx").write_bytes(b"\x12\xff not protobuf")
     with pytest.raises(RecordError, match="junk.onnx: not an ONNX model"):
         kiln.import_onnx(tmp_path / "junk.onnx")

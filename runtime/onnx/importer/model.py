@@ -16,9 +16,10 @@ from pathlib import Path
 
 from onnx import ModelProto, TensorProto
 
-from kiln.ir import Graph, ParamId, Rewriter, ShapeError, SymRef
+from kiln.ir import Graph, ParamId, RecordError, Rewriter, ShapeError, SymRef
 
 from ..tensors import PARAM_ID_KEY, read_initializers
+from ..tensors import _param_id as stored_param_id
 from .driver import import_graph
 
 
@@ -50,7 +51,7 @@ def import_model(model: ModelProto | str | os.PathLike[str], *,
     if input_shapes:
         proto = _with_input_shapes(proto, input_shapes, label)
     graph = import_graph(proto, label)
-    ids = {t.name: _param_id(t) for t in proto.graph.initializer}
+    ids = {t.name: _param_id(t, label) for t in proto.graph.initializer}
     paths: dict[str, str] = {}
     for name in graph.params:
         path, n = sanitized(name), 0
@@ -66,10 +67,13 @@ def import_model(model: ModelProto | str | os.PathLike[str], *,
     return OnnxImport(renamed.with_function(rw.run(fn)), {p: n for n, p in paths.items()})
 
 
-def _param_id(tensor: TensorProto) -> ParamId:
-    stored = {p.key: p.value for p in tensor.metadata_props}.get(PARAM_ID_KEY)
-    if stored is not None:
-        return ParamId(int(stored))
+def _param_id(tensor: TensorProto, label: str) -> ParamId:
+    """The stored id (read, and refused when malformed, by `tensors`), else a digest of the serialized tensor."""
+    if any(p.key == PARAM_ID_KEY for p in tensor.metadata_props):
+        try:
+            return stored_param_id(tensor)
+        except RecordError as error:
+            raise RecordError(f"{label}: initializer {tensor.name!r}: {error}") from None
     return ParamId(int.from_bytes(hashlib.blake2b(tensor.SerializeToString(deterministic=True), digest_size=8)
                                   .digest(), "little"))
 
