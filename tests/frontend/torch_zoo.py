@@ -1,7 +1,7 @@
 """Ecosystem-style models in plain torch, tiny widths and random weights (no downloads), as torchvision, timm and
 Hugging Face build them: a ResNet of BasicBlocks, a MobileNetV3 of inverted residuals with squeeze-excite and
-hard-swish, a ViT and a BERT-style encoder. `tests/frontend/test_onnx_ecosystem.py` and `bench/onnx_models.py`
-export them with `torch.onnx.export`."""
+hard-swish, a ViT, a BERT-style encoder, and a per-token MLP. `tests/frontend/test_onnx_ecosystem.py` and
+`bench/onnx_models.py` export them with `torch.onnx.export`."""
 
 from __future__ import annotations
 
@@ -150,13 +150,25 @@ class Bert(nn.Module):
         return torch.tanh(self.pooler(x[:, 0]))
 
 
+class TokenMLP(nn.Module):
+    """A per-token MLP on [batch, tokens, features]: torch exports its Linears as MatMul + Add."""
+
+    def __init__(self, d=8, hidden=16, classes=4):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        return torch.tanh(self.fc2(F.relu(self.fc1(x))))
+
+
 def zoo() -> dict[str, tuple[nn.Module, tuple[torch.Tensor, ...], list[str]]]:
     """{name: (model in eval mode, example inputs at batch 2, input names)}, weights from torch's seed 0."""
     torch.manual_seed(0)
     ids = torch.randint(0, 50, (2, 8))
     mask = torch.ones(2, 8, dtype=torch.int64)
     mask[1, 5:] = 0
-    models = {"resnet": (ResNet(), (torch.randn(2, 3, 32, 32),), ["x"]),
+    models = {"token_mlp": (TokenMLP(), (torch.randn(2, 5, 8),), ["x"]),
+              "resnet": (ResNet(), (torch.randn(2, 3, 32, 32),), ["x"]),
               "mobilenetv3": (MobileNetV3(), (torch.randn(2, 3, 32, 32),), ["x"]),
               "vit": (ViT(), (torch.randn(2, 3, 16, 16),), ["x"]),
               "bert": (Bert(), (ids, mask), ["input_ids", "attention_mask"])}
