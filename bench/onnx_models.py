@@ -90,7 +90,7 @@ def bench_model(name: str, opset: int, rounds: int, threads: int, folder: Path) 
         for engine, ms in per_round.items():
             ratio = statistics.median(t / k for t, k in zip(ms, per_round["kiln"], strict=True))
             rows.append(f"| {name} | {batch} | {engine} | {import_s:.2f} | {compile_s:.1f} | "
-                        f"{statistics.median(ms):.3f} | {min(ms):.3f} | {ratio:.2f} |")
+                        f"{statistics.median(ms):.3f} | {min(ms):.3f} | {ratio:.3g} |")
     return rows, None
 
 
