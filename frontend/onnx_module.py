@@ -34,7 +34,7 @@ class OnnxModule(Module):
                  source: str = "<model>"):
         """`onnx_names` gives each graph parameter's ONNX name (where it differs)."""
         device = as_device(device)
-        self.source = source  # the file (or ModelProto graph name) it came from: a setting print(model) shows
+        self.source = source  # the file it came from (`<model>` for a ModelProto): a setting print(model) shows
         self.inputs = ", ".join(f"{a.name}: {a.type}" for a in graph.functions["forward"].args)
         paths = module_paths(graph.params)
         self._graph, self._paths = graph, paths
@@ -44,7 +44,8 @@ class OnnxModule(Module):
 
     @property
     def graph(self) -> Graph:
-        """The imported graph, parameters under their ONNX names, as the importer built it."""
+        """The imported graph as the importer built it (parameters at its paths, with their imported values: the
+        module's own parameters are what state methods and training change)."""
         return self._graph
 
     @property
@@ -53,6 +54,8 @@ class OnnxModule(Module):
         return {path: name for path, name in self._onnx.items() if path != name}
 
     def forward(self, *inputs: Any) -> Any:
+        """The imported function's ops applied to the inputs (Tensors or arrays of the model's input types) and
+        the module's current parameters; one result bare, several as a tuple."""
         fn = self._graph.functions["forward"]
         if len(inputs) != len(fn.args):
             raise ShapeError(f"{self.source}: forward takes {len(fn.args)} inputs "
