@@ -193,23 +193,11 @@ def inference_rows() -> list[str]:
     return rows
 
 
-def cpu_model() -> str:
-    """The CPU's name, its widest vector ISA and the mcpu LLVM builds for."""
-    with open("/proc/cpuinfo") as f:
-        lines = f.read().splitlines()
-    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown CPU")
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    from kiln.runtime.tvm.target import cpu_target
-
-    return f"{name} ({isa}), LLVM mcpu {cpu_target().attrs.get('mcpu', '?')}"
-
-
 def main() -> None:
     if ARGS.run is not None:
         print(json.dumps(train(int(ARGS.run))))
         return
-    from roofline import peak_gflops  # bench/ is the script's directory
+    from roofline import cpu_model, peak_gflops  # bench/ is the script's directory
 
     d = ARGS.dim
     print(f"`{' '.join(['.venv/bin/python', *sys.argv])}` on {datetime.date.today()}: {cpu_model()}, "

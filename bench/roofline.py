@@ -50,3 +50,15 @@ def graph_flops(graph: Graph, function: str = "forward") -> int:
 if __name__ == "__main__":
     for n in sorted({1, os.cpu_count() or 1}):
         print(f"{n} thread(s): {peak_gflops(n)} GFLOP/s")
+
+
+def cpu_model() -> str:
+    """The CPU's name, its widest vector ISA and the mcpu LLVM builds for."""
+    with open("/proc/cpuinfo") as f:
+        lines = f.read().splitlines()
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown CPU")
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    from kiln.runtime.tvm.target import cpu_target
+
+    return f"{name} ({isa}), LLVM mcpu {cpu_target().attrs.get('mcpu', '?')}"

@@ -12,7 +12,8 @@ from .device import Device
 from .grad import grad
 from .gradients import Gradients, GradientsParams
 from .module import Module, ModuleMapper, ModuleVisitor
-from .onnx import export_onnx
+from .onnx import export_onnx, import_onnx
+from .onnx_module import OnnxModule
 from .param import Flag, Param, ParamMapper, Reparam
 from .pytorch_adapter import PyTorchAdapter
 from .reparam import Dora, Lora, QLora, Quantizer, QuantScheme, Reparameterizer
@@ -33,6 +34,7 @@ __all__ = [
     "ModuleMapper",
     "ModuleRecord",
     "ModuleVisitor",
+    "OnnxModule",
     "Param",
     "ParamGroup",
     "ParamId",
@@ -49,6 +51,7 @@ __all__ = [
     "compile_step",
     "export_onnx",
     "grad",
+    "import_onnx",
     "nn",
     "optim",
     "seed",

@@ -1,8 +1,9 @@
 """The `kiln` command line: `kiln opt` runs pass pipelines over `.kir` files, `kiln dot` draws them, `kiln compile`
 builds them through TVM into a shared library, `kiln tune` auto-tunes their kernels, `kiln inspect` lists the
 tensors of a burnpack (`.bpk`), safetensors or torch.save record, `kiln convert` converts records between those
-formats and ONNX initializers, `kiln export-onnx` writes a function as an ONNX model and `kiln import-onnx`
-writes an ONNX model's initializers as a burnpack record.
+formats and ONNX initializers, `kiln export-onnx` writes a function as an ONNX model, `kiln import-onnx` writes an
+ONNX model as a `.kir` module (or its initializers as a burnpack record) and `kiln run` runs a model
+(`kiln/cli_run.py`).
 
 Exit codes: 0 success; 1 bad input (parse, verify, shape or pass error, printed as one line with its
 location); 2 bad usage; 3 a file that cannot be read or written; 4 a pass crashed (a bug in kiln: `kiln opt`
@@ -22,6 +23,7 @@ import sys
 import warnings
 from collections.abc import Iterator, Sequence
 
+from kiln import cli_run
 from kiln.ir import Graph, KilnError, ParamGroupWarning, RecordError, parse, parse_file, print_graph, to_dot
 from kiln.passes import PassCrash, PassManager, get_pass, parse_pipeline, pass_names
 from kiln.passes.listing import describe, list_passes
@@ -300,10 +302,23 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
 
 
 def cmd_import_onnx(args: argparse.Namespace) -> int:
-    """Write an ONNX model's initializers, with the ParamIds kiln stored on them, as a burnpack record."""
-    from kiln.runtime.onnx.tensors import read_record  # onnx loads only for this command
+    """Write an ONNX model as a `.kir` module (its parameters' data in `--record`'s burnpack instead, when given,
+    and elided in the text), or, for `-o x.bpk`, its initializers with the ParamIds kiln stored on them."""
+    if not args.output.endswith(".kir"):
+        if args.record:
+            raise KilnError("--record goes with a .kir output; a .bpk output is the record itself")
+        from kiln.runtime.onnx.tensors import read_record  # onnx loads only for this command
 
-    read_record(args.input).save(args.output)
+        read_record(args.input).save(args.output)
+        return EXIT_OK
+    from kiln.frontend import import_onnx, trace
+
+    module = import_onnx(args.input)
+    fn = module.graph.functions["forward"]
+    graph = trace(module, *(a.type for a in fn.args), names=[a.name for a in fn.args])
+    if args.record:
+        module.save_file(args.record)
+    write_text(args.output, print_graph(graph, elide_data=bool(args.record)))
     return EXIT_OK
 
 
@@ -425,10 +440,13 @@ def build_parser() -> argparse.ArgumentParser:
     export_onnx.add_argument("-o", "--output", required=True, help="the .onnx file to write")
     export_onnx.add_argument("-f", "--function", default="forward", help="the function to export (default: forward)")
     export_onnx.set_defaults(run=cmd_export_onnx)
-    import_onnx = sub.add_parser("import-onnx", help="write an ONNX model's initializers as a burnpack record")
+    import_onnx = sub.add_parser("import-onnx", help="write an ONNX model as a .kir module, or its initializers "
+                                                     "as a burnpack record (-o x.bpk)")
     import_onnx.add_argument("input", help="an .onnx file")
-    import_onnx.add_argument("-o", "--output", required=True, help="the .bpk file to write")
+    import_onnx.add_argument("-o", "--output", required=True, help="the .kir or .bpk file to write")
+    import_onnx.add_argument("--record", help="with a .kir output: write the parameters to this .bpk instead")
     import_onnx.set_defaults(run=cmd_import_onnx)
+    cli_run.add_parser(sub)
     cache = sub.add_parser("cache", help="report, prune or clear the compile cache on disk")
     cache.add_argument("action", choices=("info", "prune", "clear"),
                        help="info: entries and bytes; prune: drop least recently used entries down to the bound; "

@@ -46,14 +46,16 @@ PREPARE = "valid,materialize,canonicalize,dce"
 class _Lowering:
     """Builds the ONNX graph of one kiln function: initializers, then nodes op by op."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, initializer_names: Mapping[str, str]):
         self.graph = graph
-        self.initializers = [initializer(p.name, param_value(p), p.type.dtype, p.id) for p in graph.params.values()]
-        self.sink = NodeSink(graph.params)
+        named = {p.name: initializer_names.get(p.name, p.name) for p in graph.params.values()}
+        self.initializers = [initializer(named[p.name], param_value(p), p.type.dtype, p.id)
+                             for p in graph.params.values()]
+        self.sink = NodeSink(named.values())
         # a symbol's ONNX name and its value at export time: parameters are initializers; a flag becomes a
         # constant and a derived parameter is computed from its stored ones, each once
         self.symbol: SymbolResolver[tuple[str, np.ndarray | None]] = SymbolResolver(
-            graph, lambda p: (p.name, None), self._flag,
+            graph, lambda p: (named[p.name], None), self._flag,
             lambda node, operands, types: (self.call(node.kind, operands, types, node.attrs, [node.type])[0], None))
         self.values: dict[int, str] = {}  # id(Value) -> ONNX name
 
@@ -118,22 +120,26 @@ def prepare(graph: Graph) -> Graph:
     return PassManager.parse(PREPARE).run(graph)
 
 
-def to_onnx(graph: Graph, function: str = "forward", opset: int = DEFAULT_OPSET) -> ModelProto:
-    """`function` of the prepared graph as an in-memory ONNX model."""
+def to_onnx(graph: Graph, function: str = "forward", opset: int = DEFAULT_OPSET,
+            initializer_names: Mapping[str, str] | None = None) -> ModelProto:
+    """`function` of the prepared graph as an in-memory ONNX model; `initializer_names` renames the initializers of
+    the parameters it lists (an imported model's paths back to the ONNX names they were sanitized from)."""
     if opset not in OPSETS:
         raise KilnError(f"ONNX opset {opset} is not supported (supported: {OPSETS.start} to {OPSETS.stop - 1})")
     graph = prepare(graph)
     fn = graph.functions.get(function)
     if fn is None:
         raise KilnError(f"module @{graph.name} has no function @{function}")
-    return helper.make_model(_Lowering(graph).function(fn), opset_imports=[helper.make_opsetid("", opset)],
-                             ir_version=IR_VERSION, producer_name="kiln")
+    return helper.make_model(_Lowering(graph, initializer_names or {}).function(fn),
+                             opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION,
+                             producer_name="kiln")
 
 
 def export_graph(graph: Graph, path: str | os.PathLike[str], *, function: str = "forward",
-                 opset: int = DEFAULT_OPSET, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> Path:
+                 opset: int = DEFAULT_OPSET, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+                 initializer_names: Mapping[str, str] | None = None) -> Path:
     """Write `function` of a (valid-mode) graph as a checked ONNX model at `path`, atomically; returns the path."""
-    model = to_onnx(graph, function, opset)
+    model = to_onnx(graph, function, opset, initializer_names)
     return _save(model, path, external_data_threshold)
 
 

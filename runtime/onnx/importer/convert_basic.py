@@ -163,8 +163,12 @@ def _constant(call: NodeCall) -> Output:
 
 @converts("Identity", since=1)
 def _identity(call: NodeCall) -> Output:
+    """The input itself; a parameter passed on becomes a value through a no-op cast (canonicalize drops it)."""
     vector = call.vector(0)
-    return vector if vector is not None and call.known[0] is None else call.input(0)
+    if vector is not None and call.known[0] is None:
+        return vector
+    x = call.input(0)
+    return x if isinstance(x, Value) else call.emit("cast", x, dtype=x.type.dtype)
 
 
 @converts("Dropout", since=7)

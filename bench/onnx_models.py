@@ -1,0 +1,128 @@
+"""ONNX models through kiln beside onnxruntime and OpenVINO: import time, cold compile time, latency.
+
+    .venv/bin/python bench/onnx_models.py [--rounds 5] [--opset 17] [--markdown out.md]
+
+The models are `tests/frontend/torch_zoo.py`'s (ResNet, MobileNetV3, ViT, BERT-style encoder; tiny widths, random
+weights), exported once by `torch.onnx.export` with a dynamic batch; every engine runs that same file at batch 1
+(and 8 for the CNNs) on the same inputs, with the same thread count, in interleaved rounds (`timing.interleaved`);
+ratios are medians of per-round ratios to kiln. OpenVINO runs where `import openvino` works, on its CPU plugin
+with `INFERENCE_PRECISION_HINT=f32`, so that it computes in f32 as the others do. Compiles start from an empty
+cache. A model kiln cannot import yet is listed with the reason and the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from roofline import cpu_model, peak_gflops  # bench/ is the script's directory
+from timing import interleaved
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "frontend"))
+import torch_zoo  # noqa: E402  (the models the ecosystem tests use)
+
+import kiln  # noqa: E402
+from kiln.runtime.tvm import compile_cache  # noqa: E402
+from kiln.runtime.tvm.target import configure_threads, cpu_count  # noqa: E402
+
+CNNS = {"resnet", "mobilenetv3"}
+Runner = Callable[[], object]
+
+
+def inputs_at(example: tuple, batch: int) -> list[np.ndarray]:
+    return [np.resize(t.numpy(), (batch, *t.shape[1:])) for t in example]
+
+
+def onnxruntime_runner(path: Path, feeds: dict[str, np.ndarray], threads: int) -> Runner:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.log_severity_level = threads, 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return lambda: session.run(None, feeds)
+
+
+def openvino_runner(path: Path, feeds: dict[str, np.ndarray], threads: int) -> Runner | None:
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                          "INFERENCE_NUM_THREADS": threads})
+    request = compiled.create_infer_request()
+    return lambda: request.infer(feeds)
+
+
+def bench_model(name: str, opset: int, rounds: int, threads: int, folder: Path) -> tuple[list[str], str | None]:
+    """The table rows of one model, and why it was skipped (None when it ran)."""
+    model, example, names = torch_zoo.zoo()[name]
+    path = folder / f"{name}.onnx"
+    path.write_bytes(torch_zoo.export(model, example, names, opset))
+    start = time.perf_counter()
+    try:
+        imported = kiln.import_onnx(path).valid()
+    except kiln.KilnError as error:
+        return [], str(error).splitlines()[0] + " " + "; ".join(line.strip() for line in str(error).splitlines()[1:4])
+    import_s = time.perf_counter() - start
+    args = imported.graph.functions["forward"].args
+    start = time.perf_counter()
+    exe = kiln.compile(imported, *(a.type for a in args))
+    compile_s = time.perf_counter() - start
+    rows = []
+    for batch in (1, 8) if name in CNNS else (1,):
+        xs = inputs_at(example, batch)
+        feeds = dict(zip(names, xs))
+        runners: dict[str, Runner] = {"kiln": lambda xs=xs: exe(*xs),
+                                      "onnxruntime": onnxruntime_runner(path, feeds, threads)}
+        ov_run = openvino_runner(path, feeds, threads)
+        if ov_run is not None:
+            runners["openvino"] = ov_run
+        want = runners["onnxruntime"]()[0]
+        np.testing.assert_allclose(np.asarray(exe(*xs)), want, rtol=1e-3, atol=1e-4, err_msg=name)
+        per_round = interleaved(runners, rounds)
+        for engine, ms in per_round.items():
+            ratio = statistics.median(t / k for t, k in zip(ms, per_round["kiln"], strict=True))
+            rows.append(f"| {name} | {batch} | {engine} | {import_s:.2f} | {compile_s:.1f} | "
+                        f"{statistics.median(ms):.3f} | {min(ms):.3f} | {ratio:.3g} |")
+    return rows, None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--opset", type=int, default=17)
+    parser.add_argument("--markdown", help="also write the table to this markdown file")
+    args = parser.parse_args()
+    os.environ[compile_cache.CACHE_ENV] = tempfile.mkdtemp(prefix="kiln-bench-cache-")  # every build starts cold
+    threads = cpu_count()
+    configure_threads()
+    peak = peak_gflops(threads)
+    peak_note = f", FMA peak {peak:.0f} GFLOP/s (bench/peak.c)" if peak else ""
+    lines = [f"`{' '.join(['.venv/bin/python', *sys.argv])}` on {datetime.date.today()}: {cpu_model()}, "
+             f"{threads} threads{peak_note}; opset {args.opset}, {args.rounds} rounds; ms = median / best of "
+             "per-round medians; vs kiln = median of per-round ratios (lower is faster)", "",
+             "| model | batch | engine | kiln import (s) | kiln compile, cold (s) | ms median | ms best | vs kiln |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    skipped = []
+    with tempfile.TemporaryDirectory(prefix="kiln-onnx-models-") as tmp:
+        for name in torch_zoo.zoo():
+            print(f"{name}:", flush=True)
+            rows, why = bench_model(name, args.opset, args.rounds, threads, Path(tmp))
+            lines += rows
+            if why is not None:
+                skipped.append(f"Note: {name} not imported: {why}")
+    lines += [""] + skipped if skipped else []
+    print("\n".join(lines))
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Models from the ecosystem (issue 12, "Tests, against suites nobody here wrote"): "a torchvision-style ResNet,
+MobileNetV3 ... a ViT written in plain torch, a BERT-style encoder, exported with torch.onnx.export at two opsets
+with dynamic batch; each imported, compiled, and compared with onnxruntime and torch".
+
+Built in `torch_zoo` with random weights. Each case imports the file and runs kiln's forward at two batch sizes
+against onnxruntime on the same file and torch on the same weights; compiling through TVM costs ~10 s a model, so
+that part runs with `KILN_ECOSYSTEM_COMPILE=1`. A case that fails only for a converter kiln lacks is an expected
+failure naming them (strict: it turns red once they land, to drop the mark).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import torch_zoo
+
+import kiln
+
+OPSETS = (13, 17)
+_NEEDS = {  # what each model lacks before the converters of the other ONNX items land
+    "resnet": "Conv, Flatten, Gemm, GlobalAveragePool, MaxPool",
+    "mobilenetv3": "Conv, Flatten, Gemm, GlobalAveragePool, HardSigmoid, HardSwish",
+    "vit": "Conv, Gemm, Reshape, Transpose, Softmax, Concat, Expand, Gather, Slice, Split, Squeeze, Unsqueeze, "
+           "Shape, ConstantOfShape, Cast, Equal, Where, ReduceMean/LayerNormalization",
+    "bert": "Gather, Gemm, Reshape, Transpose, Softmax, Concat, Split, Squeeze, Unsqueeze, Shape, Range, Cast, "
+            "ReduceMean/LayerNormalization",
+}
+CASES = [pytest.param(name, opset, id=f"{name}-opset{opset}",
+                      marks=pytest.mark.xfail(strict=True, raises=kiln.KilnError,
+                                              reason=f"needs converters: {_NEEDS[name]}") if name in _NEEDS else ())
+         for name in ("token_mlp", *_NEEDS) for opset in OPSETS]
+
+
+@functools.cache
+def _zoo() -> dict:
+    return torch_zoo.zoo()
+
+
+@functools.cache
+def _exported(name: str, opset: int) -> bytes:
+    model, inputs, names = _zoo()[name]
+    return torch_zoo.export(model, inputs, names, opset)
+
+
+def _batch(name: str, n: int) -> list[np.ndarray]:
+    """Inputs at batch n: the example's rows repeated and perturbed (ids stay in the vocabulary)."""
+    _, inputs, _ = _zoo()[name]
+    rng = np.random.default_rng(n)
+    out = []
+    for t in inputs:
+        a = np.resize(t.numpy(), (n, *t.shape[1:]))
+        out.append(a + rng.standard_normal(a.shape).astype(a.dtype) * 0.1 if a.dtype.kind == "f" else a)
+    return out
+
+
+@pytest.mark.parametrize("name, opset", CASES)
+def test_imported_model_matches_onnxruntime_and_torch(name: str, opset: int):
+    model, _, names = _zoo()[name]
+    data = _exported(name, opset)
+    imported = kiln.import_onnx(onnx.load_from_string(data)).valid()
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for n in (1, 3):  # dynamic batch: one import serves both
+        xs = _batch(name, n)
+        (want,) = session.run(None, dict(zip(names, xs)))
+        with torch.no_grad():
+            reference = model(*(torch.from_numpy(x) for x in xs)).numpy()
+        np.testing.assert_allclose(want, reference, rtol=1e-4, atol=1e-4)
+        got = imported(*xs).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        if os.environ.get("KILN_ECOSYSTEM_COMPILE") == "1" and n == 3:
+            args = imported.graph.functions["forward"].args
+            exe = kiln.compile(imported, *(a.type for a in args))
+            np.testing.assert_allclose(np.asarray(exe(*xs)), want, rtol=1e-3, atol=1e-4)
+

@@ -1,0 +1,191 @@
+"""Ecosystem-style models in plain torch, tiny widths and random weights (no downloads), as torchvision, timm and
+Hugging Face build them: a ResNet of BasicBlocks, a MobileNetV3 of inverted residuals with squeeze-excite and
+hard-swish, a ViT, a BERT-style encoder, and a per-token MLP. `tests/frontend/test_onnx_ecosystem.py` and
+`bench/onnx_models.py` export them with `torch.onnx.export`."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                           if stride != 1 or cin != cout else None)
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + identity)
+
+
+class ResNet(nn.Module):
+    def __init__(self, width=8, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.layer1 = BasicBlock(width, width, 1)
+        self.layer2 = BasicBlock(width, 2 * width, 2)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(2 * width, classes)
+
+    def forward(self, x):
+        x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
+        x = self.layer2(self.layer1(x))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, c, squeeze):
+        super().__init__()
+        self.fc1 = nn.Conv2d(c, squeeze, 1)
+        self.fc2 = nn.Conv2d(squeeze, c, 1)
+
+    def forward(self, x):
+        s = F.adaptive_avg_pool2d(x, 1)
+        return x * F.hardsigmoid(self.fc2(F.relu(self.fc1(s))))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin, expand, cout, stride):
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(cin, expand, 1, bias=False), nn.BatchNorm2d(expand), nn.Hardswish())
+        self.depthwise = nn.Sequential(nn.Conv2d(expand, expand, 3, stride, 1, groups=expand, bias=False),
+                                       nn.BatchNorm2d(expand), nn.Hardswish())
+        self.se = SqueezeExcite(expand, max(expand // 4, 4))
+        self.project = nn.Sequential(nn.Conv2d(expand, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        y = self.project(self.se(self.depthwise(self.expand(x))))
+        return x + y if self.residual else y
+
+
+class MobileNetV3(nn.Module):
+    def __init__(self, classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.Hardswish())
+        self.blocks = nn.Sequential(InvertedResidual(8, 16, 8, 1), InvertedResidual(8, 24, 12, 2))
+        self.head = nn.Sequential(nn.Linear(12, 16), nn.Hardswish(), nn.Dropout(0.2), nn.Linear(16, classes))
+
+    def forward(self, x):
+        x = F.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1)
+        return self.head(torch.flatten(x, 1))
+
+
+class Attention(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x, mask=None):
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5
+        if mask is not None:
+            scores = scores + mask
+        out = scores.softmax(-1) @ v
+        return self.proj(out.transpose(1, 2).reshape(b, n, d))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d, heads, pre_norm):
+        super().__init__()
+        self.pre_norm = pre_norm
+        self.norm1, self.attn = nn.LayerNorm(d), Attention(d, heads)
+        self.norm2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x, mask=None):
+        if self.pre_norm:  # ViT
+            x = x + self.attn(self.norm1(x), mask)
+            return x + self.mlp(self.norm2(x))
+        x = self.norm1(x + self.attn(x, mask))  # BERT
+        return self.norm2(x + self.mlp(x))
+
+
+class ViT(nn.Module):
+    def __init__(self, image=16, patch=4, d=16, depth=2, heads=2, classes=10):
+        super().__init__()
+        self.patch_embed = nn.Conv2d(3, d, patch, patch)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, d) * 0.02)
+        self.pos_embed = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, d) * 0.02)
+        self.blocks = nn.ModuleList(EncoderLayer(d, heads, True) for _ in range(depth))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1) + self.pos_embed
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x)[:, 0])
+
+
+class Bert(nn.Module):
+    def __init__(self, vocab=50, seq=8, d=16, depth=2, heads=2):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(vocab, d)
+        self.position_embeddings = nn.Embedding(seq, d)
+        self.norm = nn.LayerNorm(d)
+        self.layers = nn.ModuleList(EncoderLayer(d, heads, False) for _ in range(depth))
+        self.pooler = nn.Linear(d, d)
+
+    def forward(self, input_ids, attention_mask):
+        positions = torch.arange(input_ids.shape[1]).unsqueeze(0)
+        x = self.norm(self.word_embeddings(input_ids) + self.position_embeddings(positions))
+        mask = (1.0 - attention_mask[:, None, None, :].float()) * -10000.0
+        for layer in self.layers:
+            x = layer(x, mask)
+        return torch.tanh(self.pooler(x[:, 0]))
+
+
+class TokenMLP(nn.Module):
+    """A per-token MLP on [batch, tokens, features]: torch exports its Linears as MatMul + Add."""
+
+    def __init__(self, d=8, hidden=16, classes=4):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        return torch.tanh(self.fc2(F.relu(self.fc1(x))))
+
+
+def zoo() -> dict[str, tuple[nn.Module, tuple[torch.Tensor, ...], list[str]]]:
+    """{name: (model in eval mode, example inputs at batch 2, input names)}, weights from torch's seed 0."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    mask[1, 5:] = 0
+    models = {"token_mlp": (TokenMLP(), (torch.randn(2, 5, 8),), ["x"]),
+              "resnet": (ResNet(), (torch.randn(2, 3, 32, 32),), ["x"]),
+              "mobilenetv3": (MobileNetV3(), (torch.randn(2, 3, 32, 32),), ["x"]),
+              "vit": (ViT(), (torch.randn(2, 3, 16, 16),), ["x"]),
+              "bert": (Bert(), (ids, mask), ["input_ids", "attention_mask"])}
+    for model, _, _ in models.values():
+        model.eval()
+    return models
+
+
+def export(model: nn.Module, inputs: tuple[torch.Tensor, ...], names: list[str], opset: int) -> bytes:
+    """The model as ONNX bytes from torch's TorchScript exporter, batch dynamic (the dynamo exporter needs
+    onnxscript, which is not installed)."""
+    import io
+    import warnings
+
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, inputs, f, opset_version=opset, input_names=names, output_names=["out"],
+                          dynamic_axes={n: {0: "batch"} for n in [*names, "out"]}, dynamo=False)
+    return f.getvalue()
