@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, numpy_helper
 
-from kiln.ir import Builder, DType, FunctionBuilder, Graph, KilnError, TensorType, Value, evaluate_op
+from kiln.ir import Builder, DType, FunctionBuilder, Graph, KilnError, ShapeError, TensorType, Value, evaluate_op
 from kiln.runtime.records.record import RecordEntry
 
 from ..tensors import kiln_dtype, load_model, model_initializers, param_id_of
@@ -180,7 +180,7 @@ class _Importer:
                                                                                                         None))))
         for option, left in (("input_shapes", input_shapes), ("bound_inputs", bound)):
             if left:
-                raise KilnError(f"{self.source}: {option} names {sorted(left)}, which are no graph inputs")
+                raise ShapeError(f"{self.source}: {option} names {sorted(left)}, which are no graph inputs")
         self.convert(graph.node)
         results = []
         for out in graph.output:
