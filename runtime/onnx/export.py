@@ -31,7 +31,7 @@ from kiln.passes import PassManager
 from kiln.passes.patterns import constant_of
 from kiln.runtime.atomic import install
 
-from . import nn_ops, ops, quant_ops, shape_ops  # noqa: F401  (register rules)
+from . import nn_ops, ops, quant_ops, shape_ops, spatial_ops  # noqa: F401  (register rules)
 from .rule import NodeSink, OnnxCall, as_names
 from .tensors import initializer, onnx_dtype
 
