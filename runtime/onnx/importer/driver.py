@@ -18,7 +18,7 @@ from onnx import ModelProto, numpy_helper
 from kiln.ir import Builder, DType, Graph, KilnError, TensorType, Value
 
 from ..tensors import kiln_dtype
-from . import convert_basic, convert_nn, convert_resize  # noqa: F401  (registers its converters)
+from . import convert_basic, convert_nn, convert_resize, convert_rnn  # noqa: F401  (registers its converters)
 from .call import NodeCall, decoded_attrs, known_values
 from .registry import Unsupported, converter
 
