@@ -83,7 +83,7 @@ def _conv(call: NodeCall) -> Value:
     x, w, bias = call.input(0), call.input(1), call.optional(2)
     size = _spatial(call, x)
     nd = len(size)
-    kernel = tuple(w.type.shape[2:])
+    kernel = _spatial(call, w, (nd,))
     stride, dilation = _ints(call, "strides", nd, 1), _ints(call, "dilations", nd, 1)
     begin, end = _sides(call, size, kernel, stride, dilation)
     padding = begin if begin == end else [0] * nd
@@ -101,7 +101,7 @@ def _conv_transpose(call: NodeCall) -> Value:
     x, w, bias = call.input(0), call.input(1), call.optional(2)
     size = _spatial(call, x)
     nd = len(size)
-    kernel = tuple(w.type.shape[2:])
+    kernel = _spatial(call, w, (nd,))
     stride, dilation = _ints(call, "strides", nd, 1), _ints(call, "dilations", nd, 1)
     extra = _ints(call, "output_padding", nd, 0)
     full = [(n - 1) * s + d * (k - 1) + 1 + e for n, s, d, k, e in zip(size, stride, dilation, kernel, extra)]
@@ -184,7 +184,7 @@ def _group_norm(call: NodeCall) -> Value:
     """Each group's channels and spatial dims normalized together (x as [N * G, C / G * S]); scale and bias are
     per group before opset 21 and per channel from 21."""
     x, scale, bias = call.input(0), call.input(1), call.input(2)
-    groups, shape = call.attr("num_groups"), x.type.shape
+    groups, shape = call.required("num_groups"), x.type.shape
     if any(d is None for d in shape[1:]):
         raise Unsupported(f"dynamic channel or spatial dims in {x.type}")
     c = shape[1]
@@ -204,7 +204,7 @@ def _lrn(call: NodeCall) -> Value:
     """x / (bias + alpha / size * sum of x^2 over a window of channels)^beta; the window sum is a zero-padded
     average pool along the channels of x viewed as [N, 1, C, rest]."""
     x = call.input(0)
-    size, shape = call.attr("size"), x.type.shape
+    size, shape = call.required("size"), x.type.shape
     if any(d is None for d in shape[1:]):
         raise Unsupported(f"dynamic channel or spatial dims in {x.type}")
     square = call.emit("reshape", call.emit("mul", x, x), shape=(-1, 1, shape[1], math.prod(shape[2:])))
@@ -223,7 +223,7 @@ def _pool_geometry(call: NodeCall, size: Sequence[int]) -> tuple[tuple[int, ...]
     """kernel, stride, dilation, begin and end padding, and ceil_mode's extra end padding (a last window starting
     inside the end padding is dropped, as ONNX Runtime and torch do)."""
     nd = len(size)
-    kernel = tuple(call.attr("kernel_shape"))
+    kernel = tuple(call.required("kernel_shape"))
     stride, dilation = _ints(call, "strides", nd, 1), _ints(call, "dilations", nd, 1)
     begin, end = _sides(call, size, kernel, stride, dilation)
     extra = [0] * nd
@@ -309,7 +309,7 @@ def _global_pool(call: NodeCall) -> Value:
 def _depth_to_space(call: NodeCall) -> Value:
     """[N, C, H, W] -> [N, C / b^2, H * b, W * b]: channels read as (b, b, C / b^2) in DCR mode, (C / b^2, b, b)
     in CRD mode."""
-    x, b = call.input(0), call.attr("blocksize")
+    x, b = call.input(0), call.required("blocksize")
     n, c, h, w = _static_nchw(x)
     if call.attr("mode", "DCR") == "DCR":
         y = call.emit("reshape", x, shape=(-1, b, b, c // (b * b), h, w))
@@ -323,7 +323,7 @@ def _depth_to_space(call: NodeCall) -> Value:
 @converts("SpaceToDepth", since=1)
 def _space_to_depth(call: NodeCall) -> Value:
     """[N, C, H, W] -> [N, C * b^2, H / b, W / b], the block offsets leading the channels."""
-    x, b = call.input(0), call.attr("blocksize")
+    x, b = call.input(0), call.required("blocksize")
     n, c, h, w = _static_nchw(x)
     if h % b or w % b:
         raise Unsupported(f"blocksize {b} does not divide the spatial dims of {x.type}")
@@ -349,9 +349,12 @@ def _pad_op(call: NodeCall) -> Value:
     if mode not in ("constant", "reflect", "edge"):
         raise Unsupported(f"mode = {mode!r}")
     if call.opset < 11:
-        pads, value = list(call.attr("pads")), float(call.attr("value", 0.0))
+        pads, value = list(call.required("pads")), float(call.attr("value", 0.0))
     else:
-        pads = [int(p) for p in call.value(1, "the pads")]
+        given = call.value(1, "the pads")
+        if given is None:
+            raise Unsupported("the pads input is missing")
+        pads = [int(p) for p in given]
         constant = call.value(2, "the constant value")
         value = 0.0 if constant is None else float(np.asarray(constant).reshape(()))
     rank = x.type.rank

@@ -51,7 +51,7 @@ def _unroll(call: NodeCall, count: int, step: Callable[..., tuple[Value, ...]], 
     x, w, r, b = call.input(0), call.input(1), call.input(2), call.optional(3)
     if call.attr("layout", 0):
         x = call.emit("transpose", x, perm=(1, 0, 2))
-    seq, hidden = x.type.shape[0], call.attr("hidden_size")
+    seq, hidden = x.type.shape[0], call.required("hidden_size")
     if seq is None:
         raise Unsupported(f"the sequence length of {x.type} is dynamic; kiln unrolls a static one")
     direction = call.attr("direction", "forward")
@@ -99,7 +99,7 @@ def _lstm(call: NodeCall) -> Sequence[Value | None]:
     _check(call, {4: "sequence_lens", 7: "peephole (P)"})
     if call.attr("input_forget", 0):
         raise Unsupported("input_forget = 1")
-    hidden = call.attr("hidden_size")
+    hidden = call.required("hidden_size")
 
     def step(xt, state, rd, _):
         pre = xt if state[0] is None else call.emit("add", xt, call.emit("matmul", state[0], rd))
@@ -118,7 +118,7 @@ def _gru(call: NodeCall) -> Sequence[Value | None]:
     H = (1 - z) * h + z * H."""
     _check(call, {4: "sequence_lens"})
     reset_after = bool(call.attr("linear_before_reset", 0))
-    hidden = call.attr("hidden_size")
+    hidden = call.required("hidden_size")
 
     def step(xt, state, rd, inner_biases):
         xz, xr, xh = _gates(call, xt, hidden, 3)

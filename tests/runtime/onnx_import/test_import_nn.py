@@ -168,6 +168,8 @@ def test_weights_become_parameters_named_by_initializer() -> None:
     (Case("Conv", f32(1, 1, 3, 3, 3), {}, (f32(1, 1, 2, 2, 2),)), "3-D spatial input"),
     (Case("Pad", f32(2, 3), {"mode": "wrap"}, (np.array([0, 1, 0, 1], np.int64),)), "mode = 'wrap'"),
     (Case("AveragePool", f32(1, 1, 5, 5), {"kernel_shape": [2, 2], "dilations": [2, 2]}), "dilations"),
+    (Case("LRN", f32(1, 3, 2, 2)), "the required attribute 'size' is missing"),
+    (Case("Pad", f32(2, 3), {}, (None,)), "the pads input is missing"),
 ])
 def test_unsupported_forms_are_named(case: Case, reason: str) -> None:
     """The driver lists each node kiln cannot import with the reason (never a traceback or a wrong result)."""
