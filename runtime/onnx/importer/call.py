@@ -9,9 +9,11 @@ from typing import Any
 import numpy as np
 from onnx import NodeProto
 
-from kiln.ir import FunctionBuilder, Value
+from kiln.ir import FunctionBuilder, KilnError, Value
 
-from .registry import Unsupported
+
+class Unsupported(KilnError):
+    """A node kiln cannot import: the reason, which the driver reports with the node's name, op type and opset."""
 
 
 @dataclass

@@ -14,18 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kiln.ir import KilnError
+from .call import NodeCall, Unsupported
 
 if TYPE_CHECKING:
     from kiln.ir import Value
 
-    from .call import NodeCall
-
-ConvertFn = Callable[["NodeCall"], "Value | Sequence[Value | None]"]
-
-
-class Unsupported(KilnError):
-    """A node kiln cannot import: the reason, which the driver reports with the node's name, op type and opset."""
+ConvertFn = Callable[[NodeCall], "Value | Sequence[Value | None]"]
 
 
 @dataclass(frozen=True)
