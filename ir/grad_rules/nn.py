@@ -1,10 +1,11 @@
 """Gradients of the neural-network ops: convolution, pooling, layer/RMS/batch normalization (erf is with the
 elementwise rules).
 
-There is no transposed convolution or scatter op, so:
+Convolutions differentiate into convolutions (there is no scatter op):
 - conv's input gradient is a convolution of the stride-dilated gradient with the flipped, in/out-swapped weight
   (padding d * (k - 1), then the forward padding cropped off); its weight gradient is a convolution of the
-  input with the gradient as kernel (batch and channels swapped, stride and dilation exchanged);
+  input with the gradient as kernel (batch and channels swapped, stride and dilation exchanged); a transposed
+  convolution's input gradient is a plain conv with its window, its weight gradient conv's with g and x exchanged;
 - pooling gradients put each kernel offset's share of g back with `place` (dilate by the stride, shift by the
   offset, zero-pad): kernel_h * kernel_w placements for max pooling, kernel_h + kernel_w for average pooling
   (separable), a constant averaging matrix per spatial axis for adaptive pooling. All need static spatial dims.
@@ -63,7 +64,7 @@ def _conv(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     nd = w.type.rank - 2
     spatial = tuple(range(2, 2 + nd))
     dx = _conv_dx(ctx, op, g, nd, spatial) if ctx.wanted_float(op, 0) else None
-    dw = _conv_dw(ctx, op, g, nd, spatial) if ctx.wanted_float(op, 1) else None
+    dw = _conv_dw(ctx, op, x, g) if ctx.wanted_float(op, 1) else None
     if n_ops == 2:
         return (dx, dw)
     return (dx, dw, emit(ctx, "sum", g, axes=(0, *spatial)) if ctx.wanted_float(op, 2) else None)
@@ -98,12 +99,14 @@ def _conv_dx(ctx: GradContext, op: Op, g: Value, nd: int, spatial: tuple[int, ..
     return emit(ctx, "slice", dxp, starts=starts, ends=ends, axes=tuple(spatial[i] for i in cut))
 
 
-def _conv_dw(ctx: GradContext, op: Op, g: Value, nd: int, spatial: tuple[int, ...]) -> Value:
+def _conv_dw(ctx: GradContext, op: Op, x: Operand, g: Value) -> Value:
     """dw[o, c, t] = sum_{n, l} x_pad[n, c, l * stride + t * dilation] g[n, o, l]: a convolution over batch-as-channels
-    with g as the kernel, stride and dilation exchanged (groups: one group of batch channels per weight group)."""
-    x, w = op.operands[:2]
+    with g as the kernel, stride and dilation exchanged (groups: one group of batch channels per weight group).
+    A transposed convolution's weight gradient is this with its output gradient as x and its input as g."""
+    w = op.operands[1]
     a = op.attrs
-    groups = a["groups"]
+    groups, nd = a["groups"], w.type.rank - 2
+    kind, spatial = f"conv{nd}d", tuple(range(2, 2 + nd))
     _, cg, *kernel = _static(op.kind, "weight dims", w.type.shape)
     swap = (1, 0, *spatial)
     if groups == 1:
@@ -114,10 +117,30 @@ def _conv_dw(ctx: GradContext, op: Op, g: Value, nd: int, spatial: tuple[int, ..
         xt = emit(ctx, "transpose", xt, perm=(2, 1, 0, *(s + 1 for s in spatial)))
         xt = reshape_to(ctx, xt, (cg, None if n is None else groups * n, *rest), op.kind)
     gt = emit(ctx, "transpose", g, perm=swap)
-    r = emit(ctx, op.kind, xt, gt, stride=a["dilation"], padding=a["padding"], dilation=a["stride"], groups=groups)
+    r = emit(ctx, kind, xt, gt, stride=a["dilation"], padding=a["padding"], dilation=a["stride"], groups=groups)
     if tuple(r.type.shape[2:]) != tuple(kernel):
         r = emit(ctx, "slice", r, starts=(0,) * nd, ends=tuple(kernel), axes=spatial)
     return emit(ctx, "transpose", r, perm=swap)
+
+
+@gradient("conv_transpose1d", "conv_transpose2d")
+def _conv_transpose(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    """y = conv's input gradient applied to x, so dx = conv(g, w) with the same window, and dw is conv's weight
+    gradient with the roles of input and output gradient exchanged."""
+    (g,) = out_grads
+    x, w = op.operands[:2]
+    if g is None:
+        return (None,) * len(op.operands)
+    a, nd = op.attrs, w.type.rank - 2
+    spatial = tuple(range(2, 2 + nd))
+    dx = None
+    if ctx.wanted_float(op, 0):
+        dx = emit(ctx, f"conv{nd}d", g, w, stride=a["stride"], padding=a["padding"], dilation=a["dilation"],
+                  groups=a["groups"])
+    dw = _conv_dw(ctx, op, g, x) if ctx.wanted_float(op, 1) else None
+    if len(op.operands) == 2:
+        return (dx, dw)
+    return (dx, dw, emit(ctx, "sum", g, axes=(0, *spatial)) if ctx.wanted_float(op, 2) else None)
 
 
 # --- pooling

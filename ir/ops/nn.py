@@ -135,6 +135,60 @@ for _nd in (1, 2):
            doc="cross-correlation as torch computes it; x [N, C, *S], weight [O, C/groups, *K], bias [O]")
 
 
+def _conv_transpose_infer(op: str, nd: int) -> InferFn:
+    """Typing of an nd-dimensional transposed convolution: x [N, C, *S], weight [C, O/groups, *K], bias [O];
+    out = (S - 1) * stride - 2 * padding + dilation * (K - 1) + output_padding + 1, as torch computes it."""
+    def infer(ts, attrs):
+        for i, t in enumerate(ts):
+            floating(op, i, t)
+        same_dtype(op, ts)
+        x, w = ts[0], ts[1]
+        _rank(op, 0, "x", x, nd + 2)
+        _rank(op, 1, "weight", w, nd + 2)
+        groups = attrs["groups"]
+        _check_groups(op, groups, x.shape[1], w.shape[0])
+        _same_dim(op, x.shape[1], w.shape[0], "operand 0 (x) channels and operand 1 (weight) in-channels")
+        out_channels = None if w.shape[1] is None else w.shape[1] * groups
+        if len(ts) == 3:
+            _rank(op, 2, "bias", ts[2], 1)
+            _same_dim(op, ts[2].shape[0], out_channels, "operand 2 (bias) length and the output channels")
+        win = _window(op, attrs, nd)
+        extra = _per_dim(op, "output_padding", attrs["output_padding"], nd, 0)
+        if any(e >= s for e, s in zip(extra, win.stride)):
+            raise ShapeError(f"{op}: output_padding = {list(extra)} must be smaller than stride = {list(win.stride)}")
+        spatial = []
+        for i, (size, k, s, p, d, e) in enumerate(zip(x.shape[2:], w.shape[2:], *win, extra)):
+            n = None if size is None or k is None else (size - 1) * s - 2 * p + _span(k, d) + e
+            if n is not None and n < 1:
+                raise ShapeError(f"{op}: padding {p} leaves no output along spatial dim {i}")
+            spatial.append(n)
+        return (x.with_shape((x.shape[0], out_channels, *spatial)),)
+    return infer
+
+
+def _conv_transpose(x, weight, bias=None, *, stride, padding, output_padding, dilation, groups):
+    """Each input element scatters its kernel-weighted copy at stride steps; then padding is cropped off both
+    sides and output_padding adds zeros at the end (before the bias)."""
+    nd, (n, c, *size), (_, og, *kernel) = x.ndim - 2, x.shape, weight.shape
+    full = [(s - 1) * st + _span(k, d) for s, st, k, d in zip(size, stride, kernel, dilation)]
+    out = np.zeros((n, groups, og, *full), np.result_type(x, weight))
+    xg, wg = x.reshape(n, groups, c // groups, *size), weight.reshape(groups, c // groups, og, *kernel)
+    for t in np.ndindex(*kernel):
+        at = tuple(slice(ti * d, ti * d + (s - 1) * st + 1, st) for ti, d, s, st in zip(t, dilation, size, stride))
+        out[(slice(None),) * 3 + at] += np.einsum("ngc...,gco->ngo...", xg, wg[(Ellipsis, *t)])
+    out = np.pad(out.reshape(n, groups * og, *full), [(0, 0), (0, 0), *((0, e) for e in output_padding)])
+    y = out[(slice(None), slice(None), *(slice(p, f - p + e) for p, f, e in zip(padding, full, output_padding)))]
+    return y if bias is None else y + bias.reshape(-1, *(1,) * nd)
+
+
+for _nd in (1, 2):
+    define(f"conv_transpose{_nd}d", ("x", "weight", "bias?"), _conv_transpose_infer(f"conv_transpose{_nd}d", _nd),
+           one(_conv_transpose), {**_conv_attrs(_nd), "padding": Attr(INTS, (0,) * _nd, "cropped off both sides"),
+                                 "output_padding": Attr(INTS, (0,) * _nd, "zeros added at the end")},
+           doc="transposed convolution (the input gradient of conv) as torch computes it; x [N, C, *S], "
+               "weight [C, O/groups, *K], bias [O]")
+
+
 # --- pooling
 
 

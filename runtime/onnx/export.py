@@ -32,7 +32,7 @@ from kiln.passes.patterns import constant_of
 from kiln.runtime.atomic import install
 from kiln.runtime.records.record import ModuleRecord
 
-from . import nn_ops, ops, quant_ops, shape_ops  # noqa: F401  (register rules)
+from . import nn_ops, ops, quant_ops, shape_ops, spatial_ops  # noqa: F401  (register rules)
 from .rule import NodeSink, OnnxCall, as_names
 from .tensors import initializer, onnx_dtype
 

@@ -1,4 +1,5 @@
-"""ONNX lowerings of kiln's neural-network ops: convolution, pooling, layer/RMS/batch normalization."""
+"""ONNX lowerings of kiln's neural-network ops: convolution (plain and transposed), pooling, layer/RMS/batch
+normalization."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ def _conv(call: OnnxCall) -> OnnxResult:
     a = call.attrs
     return call.node("Conv", *call.inputs, strides=a["stride"], pads=[*a["padding"], *a["padding"]],
                      dilations=a["dilation"], group=a["groups"])
+
+
+@onnx_rule("conv_transpose1d", "conv_transpose2d")
+def _conv_transpose(call: OnnxCall) -> OnnxResult:
+    a = call.attrs
+    return call.node("ConvTranspose", *call.inputs, strides=a["stride"], pads=[*a["padding"], *a["padding"]],
+                     output_padding=a["output_padding"], dilations=a["dilation"], group=a["groups"])
 
 
 @onnx_rule("max_pool2d")

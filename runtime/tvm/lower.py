@@ -37,7 +37,7 @@ from kiln.ir import (
 from kiln.ir.interpreter import param_value
 from kiln.ir.symbols import SymbolResolver
 
-from . import nn_ops, ops, quant_ops, random_ops, shape_ops  # noqa: F401  (register rules)
+from . import nn_ops, ops, quant_ops, random_ops, shape_ops, spatial_ops  # noqa: F401  (register rules)
 from .dtypes import to_storage, tvm_dtype
 from .rule import NeedsSeed, OpCall
 from .signature import FunctionSignature

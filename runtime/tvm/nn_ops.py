@@ -1,4 +1,5 @@
-"""Relax lowerings of kiln's neural-network ops: convolution, pooling, layer/RMS/batch normalization."""
+"""Relax lowerings of kiln's neural-network ops: convolution (plain and transposed), pooling, layer/RMS/batch
+normalization."""
 
 from __future__ import annotations
 
@@ -22,6 +23,14 @@ def _conv(call: OpCall) -> RelaxResult:
     conv = R.nn.conv1d if call.kind == "conv1d" else R.nn.conv2d
     a = call.attrs
     y = conv(call.args[0], call.args[1], a["stride"], a["padding"], a["dilation"], a["groups"])
+    return y if len(call.args) == 2 else R.add(y, _per_channel(call, call.args[2]))
+
+
+@relax_rule("conv_transpose1d", "conv_transpose2d")
+def _conv_transpose(call: OpCall) -> RelaxResult:
+    conv = R.nn.conv1d_transpose if call.kind == "conv_transpose1d" else R.nn.conv2d_transpose
+    a = call.attrs
+    y = conv(call.args[0], call.args[1], a["stride"], a["padding"], a["output_padding"], a["dilation"], a["groups"])
     return y if len(call.args) == 2 else R.add(y, _per_channel(call, call.args[2]))
 
 

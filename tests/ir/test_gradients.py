@@ -200,6 +200,29 @@ case("max_pool2d", "overlapping", [r(1, 1, 5, 5)], lambda x: F.max_pool2d(x, 3, 
      stride=(1, 1))
 case("max_pool2d", "ties", [np.ones((1, 1, 4, 4))], lambda x: F.max_pool2d(x, 2, stride=1), fd=False,
      kernel=(2, 2), stride=(1, 1))
+# Transposed convolution, pad and resize against torch's autograd through conv_transpose{1,2}d, F.pad and
+# F.interpolate (and finite differences).
+case("conv_transpose1d", "strided-grouped", [r(2, 4, 5), r(4, 3, 3), r(6)],
+     lambda x, w, b: F.conv_transpose1d(x, w, b, stride=2, padding=1, output_padding=1, dilation=2, groups=2),
+     stride=(2,), padding=(1,), output_padding=(1,), dilation=(2,), groups=2)
+case("conv_transpose2d", "padded", [r(1, 2, 4, 3), r(2, 3, 3, 2), r(3)],
+     lambda x, w, b: F.conv_transpose2d(x, w, b, stride=(2, 1), padding=(1, 0), output_padding=(1, 0)),
+     stride=(2, 1), padding=(1, 0), output_padding=(1, 0))
+case("conv_transpose2d", "dilated-groups", [r(2, 4, 3, 3), r(4, 1, 2, 2)],
+     lambda x, w: F.conv_transpose2d(x, w, stride=3, dilation=(1, 2), groups=4), stride=(3, 3), dilation=(1, 2),
+     groups=4)
+case("pad", "constant-crop", [r(2, 5, 4)], lambda x: F.pad(x, [2, -1], value=0.5),
+     before=(0, 0, 2), after=(0, 0, -1), value=0.5)
+case("pad", "reflect", [r(2, 5, 6)], lambda x: F.pad(x, [3, 2], "reflect"), before=(0, 0, 3), after=(0, 0, 2),
+     mode="reflect")
+case("pad", "reflect-2d-cropped", [r(1, 2, 5, 6)], lambda x: F.pad(x[..., :-1, 1:], [0, 1, 2, 0], "reflect"),
+     before=(0, 0, 2, -1), after=(0, 0, -1, 1), mode="reflect")
+case("pad", "edge", [r(1, 2, 4, 5)], lambda x: F.pad(x, [1, 3, 2, 2], "replicate"), before=(0, 0, 2, 1),
+     after=(0, 0, 2, 3), mode="edge")
+case("resize", "bilinear", [r(1, 2, 3, 4)], lambda x: F.interpolate(x, [5, 7], mode="bilinear"), size=(5, 7),
+     mode="linear", coordinate_mode="pytorch_half_pixel")
+case("resize", "nearest-down", [r(1, 1, 5, 6)], lambda x: F.interpolate(x, [2, 4], mode="nearest"), size=(2, 4),
+     coordinate_mode="asymmetric", nearest_mode="floor")
 case("avg_pool2d", "with-pad", [r(2, 2, 6, 5)], lambda x: F.avg_pool2d(x, 3, stride=2, padding=1),
      kernel=(3, 3), stride=(2, 2), padding=(1, 1))
 case("avg_pool2d", "without-pad", [r(1, 2, 6, 5)],

@@ -714,6 +714,94 @@ for dt in ("f64", "f16", "bf16"):
     case("adaptive_avg_pool2d", dt, [rand((1, 2, 7, 5), dt)], lambda x: F.adaptive_avg_pool2d(x, [3, 2]),
          output_size=[3, 2])
 
+# Transposed convolution against torch.nn.functional.conv_transpose{1,2}d: "out = (in - 1) * stride - 2 * padding
+# + dilation * (kernel - 1) + output_padding + 1", weight [in, out / groups, *kernel].
+CONV_TRANSPOSE = {
+    "plain": ((2, 3, 4, 5), (3, 2, 3, 2), {}),
+    "stride-pad-outpad": ((1, 2, 4, 3), (2, 3, 3, 3), {"stride": [2, 3], "padding": [1, 1], "output_padding": [1, 2]}),
+    "dilation-groups": ((2, 4, 3, 4), (4, 3, 2, 3), {"dilation": [2, 1], "groups": 2, "stride": [1, 2]}),
+    "depthwise": ((1, 3, 5, 5), (3, 1, 3, 3), {"groups": 3, "padding": [1, 1]}),
+}
+for name, (sx, sw, attrs) in CONV_TRANSPOSE.items():
+    for nd in (1, 2):
+        sxn, swn = sx[:2 + nd], sw[:2 + nd]
+        a = {k: v if k == "groups" else v[:nd] for k, v in attrs.items()}
+        opts = {"stride": 1, "padding": 0, "output_padding": 0, "dilation": 1, "groups": 1, **a}
+        fn = F.conv_transpose1d if nd == 1 else F.conv_transpose2d
+        groups = attrs.get("groups", 1)
+        case(f"conv_transpose{nd}d", name, [rand(sxn), rand(swn)], lambda x, w, o=opts, f=fn: f(x, w, None, **o), **a)
+        case(f"conv_transpose{nd}d", f"{name}-bias", [rand(sxn), rand(swn), rand((swn[1] * groups,))],
+             lambda x, w, b, o=opts, f=fn: f(x, w, b, **o), **a)
+for dt in ("f64", "f16"):
+    case("conv_transpose2d", dt, [rand((1, 2, 3, 3), dt), rand((2, 3, 2, 2), dt)],
+         lambda x, w: F.conv_transpose2d(x, w, stride=2), tol=None if dt == "f64" else (2e-2, 5e-2), stride=[2, 2])
+
+# pad against torch.nn.functional.pad (pairs from the last axis; "reflect" omits the edge, "replicate" repeats it;
+# negative constant pads crop).
+PADS = {"widen": ([0, 1, 2, 0], [0, 0, 1, 3]), "crop-and-pad": ([0, 0, -1, 2], [0, 0, 2, -2]),
+        "crop-only": ([0, -1, 0, -2], [0, 0, -1, 0])}
+
+
+def torch_pads(before, after):
+    return [w for b, a in zip(reversed(before), reversed(after)) for w in (b, a)]
+
+
+def torch_pad(x, before, after, mode, value=0.0):
+    """F.pad crops only in constant mode, so the crop is a slice first; its reflect and replicate modes pad trailing
+    dims only, so each axis is padded moved last."""
+    x = x[tuple(slice(max(-b, 0), x.shape[i] - max(-a, 0)) for i, (b, a) in enumerate(zip(before, after)))]
+    if mode == "constant":
+        return F.pad(x, torch_pads([max(b, 0) for b in before], [max(a, 0) for a in after]), value=value)
+    for axis, (b, a) in enumerate(zip(before, after)):
+        if b > 0 or a > 0:
+            moved = x.movedim(axis, -1)
+            flat = F.pad(moved.reshape(1, -1, moved.shape[-1]), [max(b, 0), max(a, 0)],
+                         {"edge": "replicate"}.get(mode, mode))
+            x = flat.reshape(*moved.shape[:-1], flat.shape[-1]).movedim(-1, axis)
+    return x
+
+
+for name, (before, after) in PADS.items():
+    for mode in ("constant", "reflect", "edge"):
+        case("pad", f"{name}-{mode}", [rand((2, 3, 5, 6))],
+             lambda x, b=before, a=after, m=mode: torch_pad(x, b, a, m, 1.5), tol=EXACT, before=before, after=after,
+             mode=mode, **({"value": 1.5} if mode == "constant" else {}))
+case("pad", "negative-constant-is-torch-crop", [rand((3, 4))], lambda x: F.pad(x, [-1, 2, 1, -2]), tol=EXACT,
+     before=[1, -1], after=[-2, 2])
+case("pad", "i64", [rand((2, 3), "i64", -5, 5)], lambda x: F.pad(x, [1, 1], value=7), tol=EXACT, before=[0, 1],
+     after=[0, 1], value=7.0)
+for dt in ("f16", "bf16"):
+    case("pad", dt, [rand((1, 2, 4, 4), dt)], lambda x: F.pad(x, [1, 2, 2, 1], "reflect"), tol=EXACT,
+         before=[0, 0, 2, 1], after=[0, 0, 1, 2], mode="reflect")
+
+# resize against torch.nn.functional.interpolate: "nearest" is ONNX's asymmetric + floor, "nearest-exact"
+# half_pixel + round_prefer_ceil, bilinear/linear align_corners=False pytorch_half_pixel, True align_corners.
+RESIZES = {
+    "nearest-up": ((1, 2, 3, 4), [7, 9], "nearest", {"coordinate_mode": "asymmetric", "nearest_mode": "floor"}),
+    "nearest-down": ((2, 1, 7, 6), [3, 4], "nearest", {"coordinate_mode": "asymmetric", "nearest_mode": "floor"}),
+    "nearest-exact": ((1, 2, 5, 4), [8, 3], "nearest-exact", {"nearest_mode": "round_prefer_ceil"}),
+    "bilinear-up": ((1, 2, 3, 4), [7, 9], "bilinear", {"mode": "linear", "coordinate_mode": "pytorch_half_pixel"}),
+    "bilinear-down": ((2, 2, 9, 7), [4, 3], "bilinear", {"mode": "linear", "coordinate_mode": "pytorch_half_pixel"}),
+    "bilinear-corners": ((1, 1, 4, 5), [6, 3], "bilinear-corners", {"mode": "linear",
+                                                                    "coordinate_mode": "align_corners"}),
+}
+
+
+def interpolate(x, size, mode):
+    if mode == "bilinear-corners":
+        return F.interpolate(x, size, mode="bilinear", align_corners=True)
+    return F.interpolate(x, size, mode=mode)
+
+
+for name, (shape, size, mode, attrs) in RESIZES.items():
+    case("resize", name, [rand(shape)], lambda x, s=size, m=mode: interpolate(x, s, m),
+         tol=EXACT if "nearest" in mode else None, size=size, **attrs)
+case("resize", "linear-1d-scale", [rand((2, 3, 5))],
+     lambda x: F.interpolate(x, scale_factor=1.5, mode="linear", recompute_scale_factor=False), size=[7],
+     scales=[1.5], mode="linear")
+case("resize", "f64", [rand((1, 1, 3, 3), "f64")], lambda x: F.interpolate(x, [5, 4], mode="bilinear"), size=[5, 4],
+     mode="linear", coordinate_mode="pytorch_half_pixel")
+
 
 def norm_oracle(kind: str, axes: Sequence[int], eps: float) -> Callable[..., torch.Tensor]:
     """torch's layer_norm / rms_norm over trailing axes; other axes spelled out with torch reductions."""
@@ -1022,6 +1110,14 @@ DYNAMIC = [
     Dyn("shape", "gather", (((None, 4), "f32"), ((None, 2), "i64")),
         lambda n: [rand((n, 4)), rand((n, 2), "i64", 0, 4)], lambda x, i: torch.gather(x, 1, i), (None, 2),
         {"axis": 1}),
+    Dyn("spatial", "pad", (((None, 3, 4), "f32"),), lambda n: [rand((n, 3, 4))],
+        lambda x: F.pad(x, [1, 2, -1, 0], "constant", 0.0), (None, 2, 7), {"before": [0, -1, 1], "after": [0, 0, 2]}),
+    Dyn("spatial", "resize", (((None, 2, 3, 3), "f32"),), lambda n: [rand((n, 2, 3, 3))],
+        lambda x: F.interpolate(x, [6, 5], mode="bilinear"), (None, 2, 6, 5),
+        {"size": [6, 5], "mode": "linear", "coordinate_mode": "pytorch_half_pixel"}),
+    Dyn("nn", "conv_transpose2d", (((None, 2, 3, 3), "f32"), ((2, 3, 2, 2), "f32")),
+        lambda n: [rand((n, 2, 3, 3)), rand((2, 3, 2, 2))], lambda x, w: F.conv_transpose2d(x, w, stride=2),
+        (None, 3, 6, 6), {"stride": [2, 2]}),
     Dyn("quant", "dequantize", (((None, 4), "i8"), ((None, 2), "f32")),
         lambda n: [rand((n, 4), "i8", -127, 128), rand((n, 2), "f32", 0.01, 0.1)],
         lambda c, s: c.float() * s.repeat_interleave(2, 1), (None, 4), {"value": "q8s", "block": [2]}),

@@ -17,7 +17,8 @@ from kiln.ir import Builder, DType, OpDef, Trait, lookup, ops_with, print_graph,
 from kiln.ir.traits import IMPLIES, closure
 
 T = Trait
-MOVES = {"transpose", "reshape", "broadcast_to", "concat", "slice", "take", "gather", "tile", "scatter_nd"}
+MOVES = {"transpose", "reshape", "broadcast_to", "concat", "slice", "take", "gather", "tile", "scatter_nd",
+         "pad"}  # pad copies x and fills constants or copies of x's edge elements
 SOURCES = {"constant", "zeros", "ones", "full"}
 ELEMENTWISE = {"neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "leaky_relu",
                "erf", "add", "sub", "mul", "div", "pow", "maximum", "minimum", "equal", "less", "greater", "where",

@@ -133,6 +133,23 @@ def _cases() -> list[Case]:
     c.append(Case("avg_pool2d", "default-stride", [f32(2, 3, 8, 6)], {"kernel": (2, 2)}))
     c.append(Case("adaptive_avg_pool2d", "uneven-bins", [f32(2, 3, 7, 5)], {"output_size": (3, 2)}))
     c.append(Case("layer_norm", "affine", [f32(3, 4, 6), f32(6), f32(6)]))
+    c.append(Case("conv_transpose1d", "stride-pad-outpad-dilation-groups", [f32(2, 4, 6), f32(4, 3, 3), f32(6)],
+                  {"stride": (2,), "padding": (1,), "output_padding": (1,), "dilation": (2,), "groups": 2}))
+    c.append(Case("conv_transpose2d", "stride-pad-bias", [f32(2, 3, 5, 4), f32(3, 4, 3, 3), f32(4)],
+                  {"stride": (2, 2), "padding": (1, 0), "output_padding": (1, 1)}))
+    c.append(Case("conv_transpose2d", "dilation-groups", [f32(1, 4, 4, 5), f32(4, 2, 2, 3)],
+                  {"dilation": (2, 1), "groups": 2}))
+    for mode in ("constant", "reflect", "edge"):
+        c.append(Case("pad", f"{mode}-crop", [f32(2, 3, 5, 6)], {"before": (0, 1, 2, -1), "after": (0, -1, 1, 3),
+                                                                  "mode": mode, "value": 0.5}))
+    c.append(Case("pad", "i32", [ints(3, 4)], {"before": (1, 0), "after": (0, 2), "value": 3.0}))
+    for name, attrs in {"nearest": {"size": (7, 3)},
+                        "nearest-asymmetric-ceil": {"size": (8, 9), "coordinate_mode": "asymmetric",
+                                                    "nearest_mode": "ceil"},
+                        "linear": {"size": (9, 4), "mode": "linear"},
+                        "linear-corners-scales": {"size": (11, 7), "scales": (2.3, 1.5), "mode": "linear",
+                                                  "coordinate_mode": "align_corners"}}.items():
+        c.append(Case("resize", name, [f32(2, 3, 5, 5)], attrs))
     c.append(Case("layer_norm", "plain-two-axes", [f32(3, 4, 6)], {"axes": (1, 2)}))
     c.append(Case("rms_norm", "gamma", [f32(3, 6), f32(6)]))
     c.append(Case("rms_norm", "plain", [f32(3, 6)]))

@@ -77,6 +77,12 @@ class NodeCall:
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs.get(name, default)
 
+    def required(self, name: str) -> Any:
+        """An attribute the op requires; `Unsupported` naming it where the node lacks it."""
+        if name not in self.attrs:
+            raise Unsupported(f"the required attribute {name!r} is missing")
+        return self.attrs[name]
+
     def emit(self, kind: str, *operands: Value | np.ndarray | float | int | bool, **attrs: Any) -> Value:
         """A kiln op of one result appended to the function being built (literals become constants)."""
         return self.builder.emit(kind, *operands, **attrs)  # type: ignore[return-value]

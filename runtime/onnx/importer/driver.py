@@ -38,7 +38,10 @@ from . import (  # noqa: F401  (registers their converters)
     convert_basic,
     convert_elementwise,
     convert_index,
+    convert_nn,
     convert_reduce,
+    convert_resize,
+    convert_rnn,
     convert_shape,
 )
 from .call import NodeCall, Output, decoded_attrs

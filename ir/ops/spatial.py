@@ -1,0 +1,154 @@
+"""Spatial ops no composition of others expresses well: `pad` (constant, reflect or edge; a negative pad crops)
+and `resize` (nearest or linear over the spatial dims of NC... input, with ONNX's coordinate transformations)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..attrs import FLOAT, INTS, Attr, one_of, optional
+from ..errors import ShapeError
+from ..traits import Trait
+from ..types import TensorType
+from .common import any_dtype, define, floating, one
+
+# --- pad
+
+PAD_MODES = ("constant", "reflect", "edge")
+
+
+def _pad_infer(ts: list[TensorType], attrs: dict[str, Any]) -> tuple[TensorType]:
+    """One (before, after) pair per axis; each axis keeps what the crops leave, then grows by the pads."""
+    x = ts[0]
+    any_dtype("pad", 0, x)
+    before, after, mode = attrs["before"], attrs["after"], attrs["mode"]
+    if len(before) != x.rank or len(after) != x.rank:
+        raise ShapeError(f"pad: before = {list(before)} and after = {list(after)} must hold one int per axis of "
+                         f"operand 0 (x), {x}")
+    shape = []
+    for axis, (d, b, a) in enumerate(zip(x.shape, before, after)):
+        if d is None:
+            shape.append(None)
+            continue
+        kept = d + min(b, 0) + min(a, 0)
+        if kept < 0:
+            raise ShapeError(f"pad: axis {axis} crops {-min(b, 0) - min(a, 0)} elements of operand 0 (x), {x}")
+        grow = max(b, 0) + max(a, 0)
+        if grow and mode == "reflect" and max(b, a) >= kept:
+            raise ShapeError(f"pad: reflect pads {max(b, a)} along axis {axis}, which needs more than {kept} "
+                             "elements there")
+        if grow and mode == "edge" and kept == 0:
+            raise ShapeError(f"pad: edge mode has no element to repeat along axis {axis} of operand 0 (x), {x}")
+        shape.append(kept + grow)
+    return (x.with_shape(tuple(shape)),)
+
+
+def crop_and_widths(shape: tuple[int, ...], before: tuple[int, ...], after: tuple[int, ...]
+                    ) -> tuple[tuple[slice, ...], list[tuple[int, int]]]:
+    """What a pad keeps of x (negative pads) and the (before, after) widths it then adds (positive pads)."""
+    crop = tuple(slice(max(-b, 0), d - max(-a, 0)) for d, b, a in zip(shape, before, after))
+    return crop, [(max(b, 0), max(a, 0)) for b, a in zip(before, after)]
+
+
+def _pad(x: np.ndarray, *, before, after, mode, value) -> np.ndarray:
+    crop, widths = crop_and_widths(x.shape, before, after)
+    kept = x[crop]
+    if mode == "constant":
+        return np.pad(kept, widths, constant_values=np.asarray(value).astype(x.dtype))
+    return np.pad(kept, widths, mode=mode)
+
+
+define("pad", ("x",), _pad_infer, one(_pad),
+       {"before": Attr(INTS, doc="per axis; negative crops"), "after": Attr(INTS, doc="per axis; negative crops"),
+        "mode": Attr(one_of(*PAD_MODES), "constant"), "value": Attr(FLOAT, 0.0, "the constant mode's fill")},
+       doc="pad each axis before and after (constant value, reflection without the edge, or the edge repeated); "
+           "negative pads crop first", traits={Trait.DATA_MOVEMENT})
+
+
+# --- resize
+
+RESIZE_MODES = ("nearest", "linear")
+COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn")
+NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def _resize_infer(ts: list[TensorType], attrs: dict[str, Any]) -> tuple[TensorType]:
+    """x [N, C, *S] with static S -> [N, C, *size]."""
+    x = ts[0]
+    floating("resize", 0, x)
+    nd = x.rank - 2
+    if nd < 1:
+        raise ShapeError(f"resize: operand 0 (x) must be [N, C, *spatial], got {x}")
+    size, scales = attrs["size"], attrs["scales"]
+    if len(size) != nd or any(s < 1 for s in size):
+        raise ShapeError(f"resize: size = {list(size)} must hold {nd} positive ints, one per spatial dim of {x}")
+    if scales is not None and (len(scales) != nd or any(not s > 0 for s in scales)):
+        raise ShapeError(f"resize: scales = {list(scales)} must hold {nd} positive numbers")
+    if any(d is None or d < 1 for d in x.shape[2:]):
+        raise ShapeError(f"resize: operand 0 (x) needs static, non-empty spatial dims, got {x}")
+    return (x.with_shape((*x.shape[:2], *size)),)
+
+
+def _source(i: np.ndarray, n_in: int, n_out: int, scale: float, coordinate_mode: str) -> np.ndarray:
+    """The input coordinate each output index i samples (ONNX's coordinate_transformation_mode)."""
+    if coordinate_mode == "align_corners":
+        return i * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros_like(i)
+    if coordinate_mode == "asymmetric":
+        return i / scale
+    if coordinate_mode == "tf_half_pixel_for_nn":
+        return (i + 0.5) / scale
+    if coordinate_mode == "pytorch_half_pixel" and n_out == 1:
+        return np.zeros_like(i)
+    return (i + 0.5) / scale - 0.5
+
+
+def resize_taps(n_in: int, n_out: int, scale: float | None, attrs: dict[str, Any]
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Along one axis, for each output index: the two input indices it reads and the weight of the second
+    (nearest reads one index twice with weight 0). The one statement of resize's arithmetic: the reference,
+    the gradient and the lowerings all read it."""
+    x = _source(np.arange(n_out, dtype=np.float64), n_in, n_out, scale or n_out / n_in, attrs["coordinate_mode"])
+    if attrs["mode"] == "nearest":
+        rounding = {"round_prefer_floor": lambda v: np.ceil(v - 0.5), "round_prefer_ceil": lambda v: np.floor(v + 0.5),
+                    "floor": np.floor, "ceil": np.ceil}[attrs["nearest_mode"]]
+        idx = np.clip(rounding(x), 0, n_in - 1).astype(np.int64)
+        return idx, idx, np.zeros(n_out)
+    x = np.clip(x, 0, n_in - 1)
+    lo = np.floor(x).astype(np.int64)
+    return lo, np.minimum(lo + 1, n_in - 1), x - lo
+
+
+def resize_matrix(n_in: int, n_out: int, scale: float | None, attrs: dict[str, Any]) -> np.ndarray:
+    """The [n_in, n_out] matrix one axis of the resize multiplies by (its gradient multiplies by the transpose)."""
+    lo, hi, w = resize_taps(n_in, n_out, scale, attrs)
+    m = np.zeros((n_in, n_out))
+    np.add.at(m, (lo, np.arange(n_out)), 1 - w)
+    np.add.at(m, (hi, np.arange(n_out)), w)
+    return m
+
+
+def _resize(xs, attrs):
+    """Axis by axis: gather the taps, then blend them (linear) with their weights in x's dtype."""
+    y = xs[0]
+    for axis, n_out in enumerate(attrs["size"], 2):
+        scale = attrs["scales"][axis - 2] if attrs["scales"] is not None else None
+        lo, hi, w = resize_taps(y.shape[axis], n_out, scale, attrs)
+        low = np.take(y, lo, axis=axis)
+        if attrs["mode"] == "linear":
+            shape = [1] * y.ndim
+            shape[axis] = n_out
+            w = w.reshape(shape).astype(y.dtype)
+            low = low * (1 - w) + np.take(y, hi, axis=axis) * w
+        y = low
+    return (y,)
+
+
+define("resize", ("x",), _resize_infer, _resize,
+       {"size": Attr(INTS, doc="output spatial dims"),
+        "scales": Attr(optional(lambda v: tuple(FLOAT(s) for s in v)), None,
+                       "the coordinate scale per spatial dim; absent means size / input size"),
+        "mode": Attr(one_of(*RESIZE_MODES), "nearest"),
+        "coordinate_mode": Attr(one_of(*COORDINATE_MODES), "half_pixel"),
+        "nearest_mode": Attr(one_of(*NEAREST_MODES), "round_prefer_floor")},
+       doc="nearest or linear resampling of the spatial dims of x [N, C, *S] to `size`, axis by axis")

@@ -1,0 +1,47 @@
+"""Relax lowerings of pad and resize (transposed convolutions are with the convolutions in `nn_ops`)."""
+
+from __future__ import annotations
+
+from tvm import relax
+from tvm.relax import op as R
+
+from kiln.ir.ops.spatial import resize_taps
+
+from .rule import OpCall, RelaxResult, relax_rule
+
+_TVM_PAD_MODE = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}
+
+
+@relax_rule("pad")
+def _pad(call: OpCall) -> RelaxResult:
+    """Negative pads as one strided slice (ends from the possibly symbolic shape), then Relax's pad."""
+    a, x = call.attrs, call.args[0]
+    shape = call.shape(0)
+    cut = [i for i, (b, e) in enumerate(zip(a["before"], a["after"])) if b < 0 or e < 0]
+    if cut:
+        x = call.emit(R.strided_slice(x, cut, [max(-a["before"][i], 0) for i in cut],
+                                      [shape[i] - max(-a["after"][i], 0) for i in cut]))
+    widths = [w for b, e in zip(a["before"], a["after"]) for w in (max(b, 0), max(e, 0))]
+    if not any(widths):
+        return x
+    return R.nn.pad(x, widths, _TVM_PAD_MODE[a["mode"]], a["value"])
+
+
+@relax_rule("resize")
+def _resize(call: OpCall) -> RelaxResult:
+    """Axis by axis, gathers at the op's taps blended by constant weights, so TVM computes just what the
+    reference does (Relax's resize2d derives its scale from the sizes, not ONNX's given scales)."""
+    a, y, dtype = call.attrs, call.args[0], call.dtype()
+    rank = call.types[0].rank
+    for axis, n_out in enumerate(a["size"], 2):
+        scale = a["scales"][axis - 2] if a["scales"] is not None else None
+        lo, hi, w = resize_taps(call.types[0].shape[axis], n_out, scale, a)
+        low = call.emit(R.take(y, relax.const(lo.astype("int64")), axis))
+        if a["mode"] == "linear":
+            shape = [n_out if i == axis else 1 for i in range(rank)]
+            high = call.emit(R.take(y, relax.const(hi.astype("int64")), axis))
+            weight = relax.const(w.reshape(shape).astype(dtype))
+            keep = relax.const((1 - w).reshape(shape).astype(dtype))
+            low = call.emit(R.add(R.multiply(low, keep), R.multiply(high, weight)))
+        y = low
+    return y

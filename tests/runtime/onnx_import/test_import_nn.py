@@ -1,0 +1,177 @@
+"""ONNX import of the convolution, pooling, normalization, pad and depth/space ops, and of Resize/Upsample.
+
+Each case is a one-node model made with onnx.helper; kiln's import run through the interpreter must match
+onnxruntime's CPU provider (or onnx.reference.ReferenceEvaluator where noted), the ONNX operator spec being what
+both implement. Float initializers arrive as parameters, so weights are initializers here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from kiln.ir import interpret
+from kiln.runtime.onnx.importer.driver import UnsupportedModel, import_graph
+
+RNG = np.random.default_rng(12)
+
+
+def f32(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@dataclass
+class Case:
+    op_type: str
+    x: np.ndarray
+    attrs: dict[str, Any] = field(default_factory=dict)
+    weights: tuple[np.ndarray | None, ...] = ()  # further inputs, as initializers (None: omitted)
+    opset: int = 21
+    outputs: int = 1
+    oracle: str = "ort"
+    tol: float = 1e-5
+    dynamic_batch: bool = False
+
+
+def model(c: Case):
+    names, inits = ["x"], []
+    for i, w in enumerate(c.weights):
+        if w is None:
+            names.append("")
+            continue
+        names.append(f"w{i}")
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+    outs = [f"y{i}" for i in range(c.outputs)]
+    node = helper.make_node(c.op_type, names, outs, **c.attrs)
+    shape = [None if c.dynamic_batch else c.x.shape[0], *c.x.shape[1:]]
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", c.opset)], ir_version=8)
+
+
+def oracle(c: Case) -> list[np.ndarray]:
+    m = model(c)
+    if c.oracle == "ort":
+        session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        return session.run(None, {"x": c.x})
+    return ReferenceEvaluator(m).run(None, {"x": c.x})
+
+
+K3 = f32(4, 3, 3, 3)
+CASES = {
+    # Conv: "pads ... [x1_begin, x2_begin...x1_end, x2_end,...]", auto_pad SAME_UPPER puts the odd pad at the end.
+    "conv-2d-bias-pads": Case("Conv", f32(2, 3, 7, 6), {"pads": [1, 2, 1, 2], "strides": [2, 1]}, (K3, f32(4))),
+    "conv-asymmetric-pads": Case("Conv", f32(1, 3, 6, 6), {"pads": [0, 1, 2, 1]}, (K3,)),
+    "conv-same-upper": Case("Conv", f32(1, 3, 7, 8), {"auto_pad": "SAME_UPPER", "strides": [2, 3]}, (K3,)),
+    "conv-same-lower": Case("Conv", f32(1, 3, 7, 8), {"auto_pad": "SAME_LOWER", "strides": [2, 2]}, (K3,)),
+    "conv-valid-dilated-groups": Case("Conv", f32(2, 4, 9, 9), {"auto_pad": "VALID", "dilations": [2, 1],
+                                                                "group": 2}, (f32(6, 2, 3, 2),)),
+    "conv-1d": Case("Conv", f32(2, 4, 10), {"pads": [1, 2], "strides": [2], "group": 4}, (f32(8, 1, 3), f32(8))),
+    "conv-opset-1": Case("Conv", f32(1, 3, 5, 5), {}, (K3,), opset=1, oracle="reference"),
+    # ConvTranspose: "output_shape ... total_padding[i] = stride[i] * (input_size[i] - 1) + output_padding[i] +
+    # ((kernel_shape[i] - 1) * dilations[i] + 1) - output_shape[i]".
+    "convt-2d": Case("ConvTranspose", f32(2, 4, 4, 5), {"strides": [2, 2], "pads": [1, 0, 1, 0],
+                                                         "output_padding": [1, 1]}, (f32(4, 3, 3, 2), f32(3))),
+    "convt-asymmetric": Case("ConvTranspose", f32(1, 4, 3, 3), {"strides": [2, 2], "pads": [0, 1, 2, 0]},
+                             (f32(4, 2, 3, 3), f32(2))),
+    "convt-output-shape": Case("ConvTranspose", f32(1, 2, 3, 4), {"strides": [3, 2], "output_shape": [10, 8]},
+                               (f32(2, 2, 3, 3),)),
+    "convt-same-upper": Case("ConvTranspose", f32(1, 2, 3, 4), {"strides": [2, 2], "auto_pad": "SAME_UPPER"},
+                             (f32(2, 3, 3, 3),)),
+    "convt-groups-dilations-1d": Case("ConvTranspose", f32(2, 4, 5), {"strides": [2], "dilations": [2],
+                                                                      "group": 2}, (f32(4, 3, 3), f32(6))),
+    "convt-asymmetric-output-padding": Case("ConvTranspose", f32(1, 2, 3, 3), {"strides": [2, 2],
+                                                                               "pads": [1, 0, 0, 1],
+                                                                               "output_padding": [1, 1]},
+                                            (f32(2, 2, 2, 2), f32(2))),
+    # Normalization.
+    "batchnorm": Case("BatchNormalization", f32(2, 3, 4, 5), {"epsilon": 1e-3},
+                      (f32(3), f32(3), f32(3), np.abs(f32(3)) + 0.5), dynamic_batch=True),
+    "batchnorm-opset-9": Case("BatchNormalization", f32(2, 3, 4), {}, (f32(3), f32(3), f32(3), np.abs(f32(3)) + .5),
+                              opset=9),
+    "instancenorm": Case("InstanceNormalization", f32(2, 3, 4, 5), {"epsilon": 1e-4}, (f32(3), f32(3)),
+                         tol=1e-4),
+    "layernorm-axis-1-stash": Case("LayerNormalization", f32(2, 3, 4), {"axis": 1}, (f32(3, 4), f32(3, 4)),
+                                   outputs=3, tol=1e-4),
+    "layernorm-broadcast-scale": Case("LayerNormalization", f32(2, 3, 4), {"axis": -2}, (f32(4),), tol=1e-4),
+    "groupnorm-18": Case("GroupNormalization", f32(2, 6, 3, 3), {"num_groups": 3}, (f32(3), f32(3)), opset=18,
+                         oracle="reference", tol=1e-4),
+    "groupnorm-21": Case("GroupNormalization", f32(2, 6, 3, 3), {"num_groups": 2, "epsilon": 1e-3},
+                         (f32(6), f32(6)), oracle="reference", tol=1e-4),
+    "lrn": Case("LRN", f32(2, 6, 3, 4), {"size": 3, "alpha": 0.01, "beta": 0.6, "bias": 2.0}, tol=1e-4),
+    # onnxruntime refuses an even size; the reference loops over range(N) for the channels, so N >= C here.
+    "lrn-even-size": Case("LRN", f32(5, 5, 3, 3), {"size": 4, "alpha": 0.1}, oracle="reference", tol=1e-4),
+    # Pooling: ceil_mode "use ceil ... to compute the output shape"; count_include_pad "whether include pad
+    # pixels when calculating values for the edges".
+    "maxpool": Case("MaxPool", f32(2, 3, 7, 6), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+                    dynamic_batch=True),
+    "maxpool-ceil-asymmetric": Case("MaxPool", f32(1, 2, 8, 7), {"kernel_shape": [3, 2], "strides": [2, 2],
+                                                                 "pads": [0, 1, 1, 0], "ceil_mode": 1}),
+    # SAME: "pad_shape[i] = (output_spatial_shape[i] - 1) * strides_spatial_shape[i] + ((kernel_spatial_shape[i]
+    # - 1) * dilations[i] + 1) - input_spatial_shape[i]"; onnxruntime leaves the dilation out (one row short).
+    "maxpool-same-dilated": Case("MaxPool", f32(1, 2, 7, 7), {"kernel_shape": [2, 3], "dilations": [2, 1],
+                                                              "auto_pad": "SAME_UPPER"}, oracle="reference"),
+    "maxpool-1d": Case("MaxPool", f32(2, 3, 9), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    "avgpool-exclude": Case("AveragePool", f32(2, 3, 7, 6), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    "avgpool-include-asymmetric": Case("AveragePool", f32(1, 2, 7, 6), {"kernel_shape": [3, 2], "strides": [2, 2],
+                                                                        "pads": [1, 0, 0, 1],
+                                                                        "count_include_pad": 1}),
+    "avgpool-ceil-include": Case("AveragePool", f32(1, 2, 8, 8), {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                                  "pads": [1, 1, 1, 1], "ceil_mode": 1,
+                                                                  "count_include_pad": 1}),
+    "avgpool-ceil-exclude": Case("AveragePool", f32(1, 2, 8, 7), {"kernel_shape": [2, 2], "strides": [3, 2],
+                                                                  "ceil_mode": 1}),
+    "avgpool-same-lower-1d": Case("AveragePool", f32(2, 2, 9), {"kernel_shape": [4], "strides": [2],
+                                                                "auto_pad": "SAME_LOWER"}),
+    "globalavgpool": Case("GlobalAveragePool", f32(2, 3, 4, 5), dynamic_batch=True),
+    "globalmaxpool": Case("GlobalMaxPool", f32(2, 3, 4, 5)),
+    # Depth and space: DCR "depth-column-row", CRD "column-row-depth".
+    "depthtospace-dcr": Case("DepthToSpace", f32(2, 8, 2, 3), {"blocksize": 2}, dynamic_batch=True),
+    "depthtospace-crd": Case("DepthToSpace", f32(1, 18, 2, 2), {"blocksize": 3, "mode": "CRD"}),
+    "spacetodepth": Case("SpaceToDepth", f32(2, 3, 4, 6), {"blocksize": 2}),
+    # Pad: "pads ... [x1_begin, x2_begin, ..., x1_end, x2_end,...]"; negative values remove elements.
+    "pad-attr-opset-2": Case("Pad", f32(2, 3, 4), {"pads": [0, 1, 2, 0, 0, 1], "value": 1.5}, opset=2),
+    "pad-reflect-opset-10": Case("Pad", f32(2, 3, 4), {"pads": [0, 0, 2, 0, 0, 3], "mode": "reflect"}, opset=10),
+    "pad-inputs-negative": Case("Pad", f32(2, 3, 5), {}, (np.array([0, -1, 2, 0, 1, -2], np.int64),
+                                                          np.array(-2.0, np.float32))),
+    "pad-edge-axes": Case("Pad", f32(2, 3, 5), {"mode": "edge"}, (np.array([1, 2, 0, 3], np.int64), None,
+                                                                 np.array([1, -1], np.int64))),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_import_matches_the_onnx_oracle(name: str) -> None:
+    c = CASES[name]
+    graph = import_graph(model(c), name)
+    got = interpret(graph, [c.x])
+    want = oracle(c)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w.reshape(g.shape) if w.size == g.size else w, rtol=c.tol, atol=c.tol)
+
+
+def test_weights_become_parameters_named_by_initializer() -> None:
+    graph = import_graph(model(CASES["conv-2d-bias-pads"]))
+    assert sorted(graph.params) == ["w0", "w1"]
+
+
+@pytest.mark.parametrize(("case", "reason"), [
+    (Case("MaxPool", f32(1, 1, 4, 4), {"kernel_shape": [2, 2]}, outputs=2), "the Indices output"),
+    (Case("BatchNormalization", f32(2, 3, 4), {"training_mode": 1}, (f32(3), f32(3), f32(3), f32(3) ** 2)),
+     "training_mode = 1"),
+    (Case("Conv", f32(1, 1, 3, 3, 3), {}, (f32(1, 1, 2, 2, 2),)), "3-D spatial input"),
+    (Case("Pad", f32(2, 3), {"mode": "wrap"}, (np.array([0, 1, 0, 1], np.int64),)), "mode = 'wrap'"),
+    (Case("AveragePool", f32(1, 1, 5, 5), {"kernel_shape": [2, 2], "dilations": [2, 2]}), "dilations"),
+    (Case("LRN", f32(1, 3, 2, 2)), "the required attribute 'size' is missing"),
+    (Case("Pad", f32(2, 3), {}, (None,)), "the pads input is missing"),
+])
+def test_unsupported_forms_are_named(case: Case, reason: str) -> None:
+    """The driver lists each node kiln cannot import with the reason (never a traceback or a wrong result)."""
+    with pytest.raises(UnsupportedModel, match=reason):
+        import_graph(model(case))
