@@ -73,7 +73,7 @@ CASES = {
     "conv-valid-dilated-groups": Case("Conv", f32(2, 4, 9, 9), {"auto_pad": "VALID", "dilations": [2, 1],
                                                                 "group": 2}, (f32(6, 2, 3, 2),)),
     "conv-1d": Case("Conv", f32(2, 4, 10), {"pads": [1, 2], "strides": [2], "group": 4}, (f32(8, 1, 3), f32(8))),
-    "conv-opset-1": Case("Conv", f32(1, 3, 5, 5), {}, (K3,), opset=1, oracle="reference"),
+    "conv-opset-7": Case("Conv", f32(1, 3, 5, 5), {}, (K3,), opset=7, oracle="reference"),
     # ConvTranspose: "output_shape ... total_padding[i] = stride[i] * (input_size[i] - 1) + output_padding[i] +
     # ((kernel_shape[i] - 1) * dilations[i] + 1) - output_shape[i]".
     "convt-2d": Case("ConvTranspose", f32(2, 4, 4, 5), {"strides": [2, 2], "pads": [1, 0, 1, 0],
@@ -136,7 +136,7 @@ CASES = {
     "depthtospace-crd": Case("DepthToSpace", f32(1, 18, 2, 2), {"blocksize": 3, "mode": "CRD"}),
     "spacetodepth": Case("SpaceToDepth", f32(2, 3, 4, 6), {"blocksize": 2}),
     # Pad: "pads ... [x1_begin, x2_begin, ..., x1_end, x2_end,...]"; negative values remove elements.
-    "pad-attr-opset-2": Case("Pad", f32(2, 3, 4), {"pads": [0, 1, 2, 0, 0, 1], "value": 1.5}, opset=2),
+    "pad-attr-opset-7": Case("Pad", f32(2, 3, 4), {"pads": [0, 1, 2, 0, 0, 1], "value": 1.5}, opset=7),
     "pad-reflect-opset-10": Case("Pad", f32(2, 3, 4), {"pads": [0, 0, 2, 0, 0, 3], "mode": "reflect"}, opset=10),
     "pad-inputs-negative": Case("Pad", f32(2, 3, 5), {}, (np.array([0, -1, 2, 0, 1, -2], np.int64),
                                                           np.array(-2.0, np.float32))),
