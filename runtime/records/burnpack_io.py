@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import math
-import mmap
 import operator
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -31,48 +30,27 @@ from .burnpack import (
 )
 from .burnpack_metadata import pack_header, parse_pack
 from .cbor import utf8
-from .mapping import map_file, release
+from .mapping import MappedFile
 
 __all__ = ["BurnpackFile", "to_bytes", "write_burnpack"]
 
 
-class BurnpackFile:
+class BurnpackFile(MappedFile):
     """A parsed burnpack whose tensor bytes stay in the file (memory-mapped) until asked for."""
 
-    def __init__(self, view: memoryview, source: str, mapping: mmap.mmap | None = None):
-        """Parse `view` (the whole pack); `mapping`, if any, is closed with this object."""
-        self.path = source
-        self._view: memoryview | None = view
-        self._mapping = mapping
-        layout, contents = parse_pack(view, source)
+    def _parse(self, data: memoryview) -> None:
+        layout, contents = parse_pack(data, self.path)
         self.version = layout.version
         self.data_start = layout.data_start
         self.entries: dict[str, TensorEntry] = dict(sorted(contents.entries.items(), key=_name_key))
         self.metadata: dict[str, str] = contents.metadata
         self.scalars: dict[str, ScalarValue] = contents.scalars
 
-    @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> BurnpackFile:
-        """Read header and metadata of a file and map the rest read-only, without reading tensor data."""
-        source = os.fspath(path)
-        mapping = map_file(source)
-        view = memoryview(mapping) if mapping is not None else memoryview(b"")
-        try:
-            return cls(view, source, mapping)
-        except BaseException:
-            release(view, mapping)
-            raise
-
-    @classmethod
-    def from_bytes(cls, data: bytes | bytearray | memoryview, source: str = "<bytes>") -> BurnpackFile:
-        """Parse an in-memory pack; arrays view `data` directly and are read-only."""
-        return cls(memoryview(data).cast("B").toreadonly(), source)
-
     def tensor_bytes(self, name: str) -> memoryview:
         """A zero-copy, read-only view of one tensor's bytes."""
         entry = self._entry(name)
         start, end = entry.data_offsets
-        return self._data()[self.data_start + start : self.data_start + end]
+        return self.data()[self.data_start + start : self.data_start + end]
 
     def array(self, name: str) -> np.ndarray:
         """One tensor as a read-only ndarray viewing the file's bytes (QFloat has none: use tensor_bytes)."""
@@ -85,30 +63,12 @@ class BurnpackFile:
         array.flags.writeable = False
         return array
 
-    def close(self) -> None:
-        """Release the mapping; arrays still alive keep their pages until they are dropped."""
-        if self._view is not None:
-            release(self._view, self._mapping)
-        self._view = self._mapping = None
-
-    def __enter__(self) -> BurnpackFile:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def _entry(self, name: str) -> TensorEntry:
         """The entry called `name`, or a RecordError."""
         entry = self.entries.get(name)
         if entry is None:
             raise RecordError(f"{self.path}: no tensor named {name!r}")
         return entry
-
-    def _data(self) -> memoryview:
-        """The whole pack's bytes, or a RecordError once closed."""
-        if self._view is None:
-            raise RecordError(f"{self.path}: file is closed")
-        return self._view
 
 
 def _name_key(item: tuple[str, object]) -> bytes:

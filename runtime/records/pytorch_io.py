@@ -5,8 +5,6 @@ opening reads only the pickle and the zip directory, and a tensor's bytes are re
 from __future__ import annotations
 
 import math
-import mmap
-import os
 import struct
 import zipfile
 
@@ -14,7 +12,7 @@ import numpy as np
 
 from kiln.ir import RecordError
 
-from .mapping import map_file, release
+from .mapping import MappedFile
 from .pytorch import TensorRef, load_state_dict
 
 __all__ = ["PyTorchFile"]
@@ -23,35 +21,12 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, (version .. sizes), name
 _PICKLE_PROTOCOL_2 = b"\x80\x02"
 
 
-class PyTorchFile:
+class PyTorchFile(MappedFile):
     """A parsed `torch.save` state dict whose tensor bytes stay in the mapped file until asked for."""
 
-    def __init__(self, data: memoryview, source: str, mapping: mmap.mmap | None = None):
-        self.path = source
-        self._data: memoryview | None = data
-        self._mapping = mapping
+    def _parse(self, data: memoryview) -> None:
         self.tensors: dict[str, TensorRef] = {}
         self._storages: dict[str, int] = {}  # storage key -> offset of its bytes in the file
-        self._parse(data)
-
-    @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> PyTorchFile:
-        """Read the pickle and zip directory of a file and map the rest read-only."""
-        source = os.fspath(path)
-        mapping = map_file(source)
-        data = memoryview(mapping) if mapping is not None else memoryview(b"")
-        try:
-            return cls(data, source, mapping)
-        except BaseException:
-            release(data, mapping)
-            raise
-
-    @classmethod
-    def from_bytes(cls, data: bytes | bytearray | memoryview, source: str = "<bytes>") -> PyTorchFile:
-        """Parse an in-memory archive; arrays view `data` directly and are read-only."""
-        return cls(memoryview(data).cast("B").toreadonly(), source)
-
-    def _parse(self, data: memoryview) -> None:
         if bytes(data[:2]) == _PICKLE_PROTOCOL_2:
             raise RecordError(f"{self.path}: a legacy (pre-1.6, non-zip) torch.save file; re-save it with "
                               f"torch.save's default zip format")
@@ -87,7 +62,7 @@ class PyTorchFile:
         if info.file_size < nbytes:
             raise RecordError(f"{what} has {info.file_size:,} bytes, {tensor.storage.numel:,} "
                               f"{tensor.storage.dtype.value} elements need {nbytes:,}")
-        data = self._view()
+        data = self.data()
         at = info.header_offset
         if at + _LOCAL_HEADER.size > len(data):
             raise RecordError(f"{what}: its zip header is past the end of the file")
@@ -104,28 +79,11 @@ class PyTorchFile:
             raise RecordError(f"{self.path}: no tensor named {name!r}")
         storage, dtype = tensor.storage, tensor.storage.dtype.numpy
         start = self._storages[storage.key]
-        flat = np.frombuffer(self._view()[start : start + storage.numel * dtype.itemsize], dtype=dtype)
+        flat = np.frombuffer(self.data()[start : start + storage.numel * dtype.itemsize], dtype=dtype)
         if not math.prod(tensor.shape):
             return np.zeros(tensor.shape, dtype)
         return np.lib.stride_tricks.as_strided(flat[tensor.offset:], tensor.shape,
                                                tuple(s * dtype.itemsize for s in tensor.stride), writeable=False)
-
-    def _view(self) -> memoryview:
-        if self._data is None:
-            raise RecordError(f"{self.path}: file is closed")
-        return self._data
-
-    def close(self) -> None:
-        """Release the mapping; arrays still alive keep their pages until they are dropped."""
-        if self._data is not None:
-            release(self._data, self._mapping)
-        self._data = self._mapping = None
-
-    def __enter__(self) -> PyTorchFile:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 class _Reader:
