@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ..gradients import GradContext, Grads, count, emit, expand, gradient, is_float, scalar, unsqueeze
-from ..graph import Op
+from ..graph import Op, Value
 from ..ops.common import norm_axes, norm_axis
 from .shape import scatter_along
 
@@ -16,6 +16,12 @@ def _setup(ctx: GradContext, op: Op, out_grads: Grads):
     axes = norm_axes(op.kind, op.attrs["axes"], x.type.rank)
     keep = g if op.attrs["keepdims"] or not axes or g.type.rank == 0 else unsqueeze(ctx, g, axes)
     return x, axes, keep
+
+
+def _kept_result(ctx: GradContext, op: Op, axes: tuple[int, ...]) -> Value:
+    """The op's result with its reduced axes kept (size 1), to broadcast against x."""
+    y = op.results[0]
+    return y if op.attrs["keepdims"] or not axes else unsqueeze(ctx, y, axes)
 
 
 @gradient("sum")
@@ -47,8 +53,7 @@ def _extremum(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     if s is None:
         return (None,)
     x, axes, gk = s
-    y = op.results[0]
-    yk = y if op.attrs["keepdims"] or not axes else unsqueeze(ctx, y, axes)
+    yk = _kept_result(ctx, op, axes)
     mask = emit(ctx, "cast", emit(ctx, "equal", x, yk), dtype=x.type.dtype)
     ties = emit(ctx, "sum", mask, axes=axes, keepdims=True)
     return (emit(ctx, "mul", mask, emit(ctx, "div", gk, ties)),)
@@ -84,8 +89,7 @@ def _prod(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     if s is None:
         return (None,)
     x, axes, gk = s
-    y = op.results[0]
-    yk = y if op.attrs["keepdims"] or not axes else unsqueeze(ctx, y, axes)
+    yk = _kept_result(ctx, op, axes)
     dt = x.type.dtype
     zero, one = scalar(ctx, 0.0, dt), scalar(ctx, 1.0, dt)
     is_zero = emit(ctx, "equal", x, zero)

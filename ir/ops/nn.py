@@ -85,13 +85,7 @@ def _windows(x: np.ndarray, kernel: Sequence[int], win: Window, fill: float) -> 
 def _conv_infer(op: str, nd: int) -> InferFn:
     """Typing of an nd-dimensional convolution: x [N, C, *S], weight [O, C/groups, *K], bias [O]."""
     def infer(ts, attrs):
-        for i, t in enumerate(ts):
-            floating(op, i, t)
-        same_dtype(op, ts)
-        x, w = ts[0], ts[1]
-        _rank(op, 0, "x", x, nd + 2)
-        _rank(op, 1, "weight", w, nd + 2)
-        _check_groups(op, attrs["groups"], x.shape[1], w.shape[0])
+        x, w = _conv_operands(op, nd, ts, attrs["groups"])
         if w.shape[1] is not None:
             _same_dim(op, x.shape[1], w.shape[1] * attrs["groups"],
                       "operand 0 (x) channels and operand 1 (weight) in-channels per group * groups")
@@ -101,6 +95,19 @@ def _conv_infer(op: str, nd: int) -> InferFn:
         spatial = _window_shape(op, x.shape[2:], w.shape[2:], _window(op, attrs, nd))
         return (x.with_shape((x.shape[0], w.shape[0], *spatial)),)
     return infer
+
+
+def _conv_operands(op: str, nd: int, ts, groups: int) -> tuple[TensorType, TensorType]:
+    """x and weight of a (transposed) convolution, checked: floating, one dtype, rank nd + 2, groups dividing
+    x's channels and weight's dim 0."""
+    for i, t in enumerate(ts):
+        floating(op, i, t)
+    same_dtype(op, ts)
+    x, w = ts[0], ts[1]
+    _rank(op, 0, "x", x, nd + 2)
+    _rank(op, 1, "weight", w, nd + 2)
+    _check_groups(op, groups, x.shape[1], w.shape[0])
+    return x, w
 
 
 def _check_groups(op: str, groups: int, in_channels: Dim, out_channels: Dim) -> None:
@@ -139,14 +146,8 @@ def _conv_transpose_infer(op: str, nd: int) -> InferFn:
     """Typing of an nd-dimensional transposed convolution: x [N, C, *S], weight [C, O/groups, *K], bias [O];
     out = (S - 1) * stride - 2 * padding + dilation * (K - 1) + output_padding + 1, as torch computes it."""
     def infer(ts, attrs):
-        for i, t in enumerate(ts):
-            floating(op, i, t)
-        same_dtype(op, ts)
-        x, w = ts[0], ts[1]
-        _rank(op, 0, "x", x, nd + 2)
-        _rank(op, 1, "weight", w, nd + 2)
         groups = attrs["groups"]
-        _check_groups(op, groups, x.shape[1], w.shape[0])
+        x, w = _conv_operands(op, nd, ts, groups)
         _same_dim(op, x.shape[1], w.shape[0], "operand 0 (x) channels and operand 1 (weight) in-channels")
         out_channels = None if w.shape[1] is None else w.shape[1] * groups
         if len(ts) == 3:
