@@ -33,8 +33,8 @@ REASONS = {
             "whose condition folds",
     "scatter-reduce": "ScatterND with reduction add/mul/max/min: kiln's scatter_nd op only replaces, and repeated "
                       "indices have no exact composition from it",
-    "f16-ulp": "two f16 elements one ulp from the reference (beyond rtol 1e-3): the expanded graph rounds every "
-               "intermediate to f16, and kiln's reference evaluates some ops at another precision than numpy's",
+    "f16-ulp": "two f16 elements one ulp from the reference (beyond rtol 1e-3) in an expanded graph that rounds every "
+               "intermediate to f16: one of its intermediates rounds differently in kiln (not traced to the op)",
 }
 
 _LIST = Path(__file__).with_name("node_expected_failures.txt")
