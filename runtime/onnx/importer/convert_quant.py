@@ -66,7 +66,7 @@ def _saturate(call: NodeCall, y: Value, zero_point: Value | None, dtype: DType) 
     return call.emit("cast", y, dtype=dtype)
 
 
-def quantize(call: NodeCall, x: Value, scale: Value, zero_point: Value | None, dtype: DType, axis: int = 1,
+def _quantize(call: NodeCall, x: Value, scale: Value, zero_point: Value | None, dtype: DType, axis: int = 1,
              block: int = 0) -> Value:
     """saturate(round_half_even(x / scale) + zero_point), the division in x's type as ONNX's reference does."""
     _code_range(dtype)  # refuse a code type kiln cannot compute on before its zero point is touched
@@ -88,7 +88,7 @@ def _quantize_linear(call: NodeCall) -> Value:
     """Per tensor and per axis (`axis`, opset 13), per block (`block_size`, opset 21); `saturate` concerns only
     the float8 codes kiln has no dtype for."""
     x, scale, zero_point = call.input(0), call.input(1), call.optional(2)
-    return quantize(call, x, scale, zero_point, _output_dtype(call, zero_point), call.attr("axis", 1),
+    return _quantize(call, x, scale, zero_point, _output_dtype(call, zero_point), call.attr("axis", 1),
                     call.attr("block_size", 0))
 
 
@@ -121,7 +121,7 @@ def _dynamic_quantize_linear(call: NodeCall) -> tuple[Value, Value, Value]:
     scale = call.emit("div", span, call.constant(255.0, like=x))
     start = call.emit("sub", zero, call.emit("div", low, scale))
     zero_point = _saturate(call, call.emit("round", start), None, DType.u8)
-    return quantize(call, x, scale, zero_point, DType.u8), scale, zero_point
+    return _quantize(call, x, scale, zero_point, DType.u8), scale, zero_point
 
 
 def _centered(call: NodeCall, codes: Value, zero_point: Value | None, dtype: DType, axis: int) -> Value:
