@@ -80,7 +80,12 @@ def _drop_unit_dim(call: NodeCall, y: Value) -> Value:
 
 @converts("Conv", since=1)
 def _conv(call: NodeCall) -> Value:
-    x, w, bias = call.input(0), call.input(1), call.optional(2)
+    return convolve(call, call.input(0), call.input(1), call.optional(2))
+
+
+def convolve(call: NodeCall, x: Value, w: Value, bias: Value | None) -> Value:
+    """The convolution the node's attributes (strides, dilations, pads or auto_pad, group) describe, on x and w;
+    the quantized convolutions call it with their integer operands widened to floats."""
     size = _spatial(call, x)
     nd = len(size)
     kernel = _spatial(call, w, (nd,))

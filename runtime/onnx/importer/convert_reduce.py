@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from kiln.ir import Value
+from kiln.ir import DType, Value
 
 from .call import NodeCall
 from .registry import Unsupported, converts
@@ -52,8 +52,23 @@ def _log_sum_exp(call: NodeCall, x: Value, axes: tuple[int, ...] | None, keep: b
     return call.emit("add", call.emit("log", total), shift)
 
 
+def _extreme(kind: str) -> Reducer:
+    """max or min; on bool, through u8 (kiln's max and min are numeric), as ONNX's any and all."""
+    def reduce(call: NodeCall, x: Value, axes: tuple[int, ...] | None, keep: bool) -> Value:
+        if x.type.dtype is not DType.bool:
+            return call.emit(kind, x, axes=axes, keepdims=keep)
+        y = call.emit(kind, call.emit("cast", x, dtype=DType.u8), axes=axes, keepdims=keep)
+        return call.emit("cast", y, dtype=DType.bool)
+    return reduce
+
+
+def _log_sum(call: NodeCall, x: Value, axes: tuple[int, ...] | None, keep: bool) -> Value:
+    return call.emit("log", call.emit("sum", x, axes=axes, keepdims=keep))
+
+
 _REDUCERS: dict[str, Reducer] = {
-    "ReduceSum": _plain("sum"), "ReduceMean": _plain("mean"), "ReduceMax": _plain("max"), "ReduceMin": _plain("min"),
+    "ReduceSum": _plain("sum"), "ReduceMean": _plain("mean"), "ReduceMax": _extreme("max"),
+    "ReduceMin": _extreme("min"), "ReduceLogSum": _log_sum,
     "ReduceProd": _plain("prod"), "ReduceL1": _sum_of(square=False, root=False),
     "ReduceL2": _sum_of(square=True, root=True), "ReduceSumSquare": _sum_of(square=True, root=False),
     "ReduceLogSumExp": _log_sum_exp,
@@ -61,9 +76,32 @@ _REDUCERS: dict[str, Reducer] = {
 _LATE = [op for op in _REDUCERS if op != "ReduceSum"]  # axes became an input in opset 18, ReduceSum's in 13
 
 
+# What a reduction over no element gives where kiln's (numpy's) has no identity: ONNX's -inf / +inf (the least
+# / greatest value of an integer or bool type).
+_EMPTY = {"ReduceMax": -np.inf, "ReduceMin": np.inf, "ReduceLogSumExp": -np.inf}
+
+
+def _empty(call: NodeCall, x: Value, axes: tuple[int, ...] | None, keep: bool) -> Value:
+    """The constant result of reducing static axes of which one has no element."""
+    rank = x.type.rank
+    picked = set(range(rank)) if axes is None else {a % rank for a in axes}
+    shape = [1 if i in picked else d for i, d in enumerate(x.type.shape) if keep or i not in picked]
+    if any(d is None for d in shape):
+        raise Unsupported(f"an empty reduction of {x.type} with a dynamic result shape")
+    fill, dtype = _EMPTY[call.node.op_type], x.type.dtype.numpy
+    if not np.issubdtype(dtype, np.floating):
+        info = np.iinfo(np.uint8 if dtype == np.bool_ else dtype)
+        fill = info.min if fill < 0 else info.max
+    return call.constant(np.full(shape, fill).astype(dtype))
+
+
 def _reduce(as_input: bool) -> Callable[[NodeCall], Value]:
     def convert(call: NodeCall) -> Value:
-        return _REDUCERS[call.node.op_type](call, call.input(0), _axes(call, as_input), bool(call.attr("keepdims", 1)))
+        x, axes, keep = call.input(0), _axes(call, as_input), bool(call.attr("keepdims", 1))
+        reduced = range(x.type.rank) if axes is None else axes
+        if call.node.op_type in _EMPTY and any(x.type.shape[a] == 0 for a in reduced):
+            return _empty(call, x, axes, keep)
+        return _REDUCERS[call.node.op_type](call, x, axes, keep)
     return convert
 
 

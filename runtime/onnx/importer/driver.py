@@ -39,6 +39,7 @@ from . import (  # noqa: F401  (registers their converters)
     convert_elementwise,
     convert_index,
     convert_nn,
+    convert_quant,
     convert_reduce,
     convert_resize,
     convert_rnn,

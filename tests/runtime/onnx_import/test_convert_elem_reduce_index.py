@@ -131,6 +131,18 @@ CASES = [
     Case("log-sum-exp-18", "ReduceLogSumExp", 18, [X3 * 30, i64(1)]),
     Case("log-sum-exp-13-all", "ReduceLogSumExp", 13, [X3], {"keepdims": 0}),
     Case("l2-18-noop", "ReduceL2", 18, [X3], {"noop_with_empty_axes": 1}),
+    Case("log-sum-18", "ReduceLogSum", 18, [POS, i64(0, 2)]),
+    Case("log-sum-13-attr", "ReduceLogSum", 13, [POS], {"axes": [1], "keepdims": 0}),
+    Case("max-20-bool", "ReduceMax", 20, [B1, i64(1)]),  # bool since opset 20: max is any, min is all
+    Case("min-20-bool", "ReduceMin", 20, [B1], {"keepdims": 0}),
+    # over no element: "reduction over an empty set of values yields ... minus infinity (ReduceMax) ... plus
+    # infinity (ReduceMin)", false / true for bool; log(0) = -inf for ReduceLogSum
+    Case("max-18-empty", "ReduceMax", 18, [np.zeros((2, 0, 3), np.float32), i64(1)]),
+    Case("min-18-empty-all", "ReduceMin", 18, [np.zeros((0, 3), np.float32)], {"keepdims": 0}),
+    Case("max-20-empty-bool", "ReduceMax", 20, [np.zeros((2, 0), np.bool_), i64(1)]),
+    Case("min-18-empty-i64", "ReduceMin", 18, [np.zeros((0, 3), np.int64), i64(0)]),
+    Case("log-sum-exp-18-empty", "ReduceLogSumExp", 18, [np.zeros((2, 0, 3), np.float32), i64(1)]),
+    Case("log-sum-18-empty", "ReduceLogSum", 18, [np.zeros((2, 0, 3), np.float32), i64(1)]),
     # along one axis
     Case("argmax", "ArgMax", 13, [X3], {"axis": 1}),
     Case("argmin-flat", "ArgMin", 13, [X3], {"axis": -1, "keepdims": 0}),
