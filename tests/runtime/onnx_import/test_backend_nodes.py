@@ -12,11 +12,9 @@ from the file (it never adds one: a new failure is classified by hand).
 from __future__ import annotations
 
 import os
-import unittest
-import warnings
 from pathlib import Path
 
-import onnx.backend.test
+from backend_suites import check_groups
 
 from kiln.frontend.onnx_backend import KilnBackend, KilnReferenceBackend
 
@@ -34,44 +32,7 @@ REASONS = {
 _LIST = Path(__file__).with_name("node_expected_failures.txt")
 
 
-def expected_failures() -> dict[str, str]:
-    """Test name (without `_cpu`) -> reason key, as listed."""
-    out = {}
-    for line in _LIST.read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, key, *_ = line.split()
-            assert key in REASONS, f"{_LIST.name}: {name} has unknown reason {key!r}"
-            out[name] = key
-    return out
-
-
-def drop_listed(names: list[str]) -> None:
-    """Rewrite the list without the lines of `names` (tests that pass now), comments and order kept."""
-    gone = set(names)
-    lines = _LIST.read_text().splitlines(keepends=True)
-    _LIST.write_text("".join(line for line in lines if not line.split() or line.split()[0] not in gone))
-
-
 def test_onnx_node_tests_pass_except_the_listed_ones():
-    """Every node test passes except the listed ones, which fail (run in one unittest pass: a pytest item per
-    case would cost more than the cases)."""
+    """Every node test passes except the listed ones, which fail."""
     backend = KilnBackend if os.environ.get("KILN_ONNX_NODE_TESTS") == "tvm" else KilnReferenceBackend
-    result = unittest.TestResult()
-    with warnings.catch_warnings():  # the onnx cases warn as they build their data (overflowing casts...)
-        warnings.simplefilter("ignore")
-        tests = onnx.backend.test.BackendTest(backend, __name__)
-        suite = unittest.defaultTestLoader.loadTestsFromTestCase(tests.test_cases["OnnxBackendNodeModelTest"])
-        suite.run(result)
-    failed = {case.id().rsplit(".", 1)[-1].removesuffix("_cpu"): why for case, why in result.failures + result.errors}
-    expected = expected_failures()
-    unexpected = sorted(set(failed) - set(expected))
-    now_passing = sorted(set(expected) - set(failed))
-    run = result.testsRun - len(result.skipped)  # the CUDA twins are skipped: the backend runs on CPU
-    print(f"ONNX node tests: {run - len(failed)} of {run} pass, {len(failed)} fail "
-          f"(all listed: {not unexpected})")
-    assert not unexpected, "unexpected failures:\n" + "\n".join(f"{n}: {failed[n].splitlines()[-1]}"
-                                                                 for n in unexpected)
-    if now_passing and os.environ.get("KILN_ONNX_NODE_TESTS_UPDATE") == "1":
-        drop_listed(now_passing)
-        now_passing = []
-    assert not now_passing, f"listed in {_LIST.name} but passing now (remove them): {now_passing}"
+    check_groups({"OnnxBackendNodeModelTest": "node tests"}, backend, _LIST, REASONS)
