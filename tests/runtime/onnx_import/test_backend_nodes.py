@@ -20,13 +20,24 @@ from kiln.frontend.onnx_backend import KilnBackend, KilnReferenceBackend
 
 REASONS = {
     "onnx-elem": "converter owned by onnx-elem (elementwise/reduction/indexing ops), not merged yet",
-    "onnx-spatial": "converter owned by onnx-spatial (conv/pool/norm/resize/pad/RNN ops), not merged yet",
     "qdq": "QDQ converters (QuantizeLinear, DequantizeLinear, MatMulInteger, QLinear*) of issue 12, not written yet",
     "outside": "op outside issue 12's coverage list",
     "dtype": "an element type kiln has no dtype for (uint16/32/64, string, float8, int2, float4, sequences)",
     "packed": "kiln's int4/uint4 are packed quantization codes, which cast refuses",
     "opset": "the model's opset is below 7 or in a domain other than ai.onnx",
     "training": "Dropout in training mode: kiln imports models for inference",
+    "bn-training": "BatchNormalization with training_mode = 1 (batch statistics, running-stat outputs): kiln "
+                   "imports models for inference",
+    "spatial-3d": "a 3-D (volumetric) pool or transposed convolution: kiln's pools and conv_transpose take 1-D and "
+                  "2-D spatial dims",
+    "pool-dilations": "AveragePool with dilations: kiln's avg_pool2d has no dilation",
+    "pool-indices": "MaxPool's Indices output (argmax positions): kiln's max_pool2d gives none",
+    "resize-cubic": "Resize mode = cubic: kiln's resize is nearest or linear (two taps an axis)",
+    "resize-antialias": "Resize antialias = 1 (a filter widened by the shrink factor): kiln's resize reads two taps",
+    "resize-crop": "Resize tf_crop_and_resize (roi, extrapolation_value): kiln's resize has no region of interest",
+    "lstm-peephole": "LSTM with peepholes (input P) and sequence_lens: kiln unrolls the LSTM without them",
+    "castlike-fold": "Pad's constant value is a CastLike of a constant to a run-time tensor's dtype, which the "
+                     "importer does not fold (it folds a node whose inputs are all known)",
 }
 
 _LIST = Path(__file__).with_name("node_expected_failures.txt")
