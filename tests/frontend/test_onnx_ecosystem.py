@@ -27,9 +27,22 @@ _FAILS = {  # why a model still fails to import
     "vit": "torch's flatten(2) of the patch embedding exports a Reshape to concat(shape(x)[:2], [-1]): under a "
            "dynamic batch two dims known only at run time (the batch and the -1), and kiln's reshape infers one",
 }
-CASES = [pytest.param(name, opset, id=f"{name}-opset{opset}",
-                      marks=pytest.mark.xfail(strict=True, raises=kiln.KilnError,
-                                              reason=_FAILS[name]) if name in _FAILS else ())
+_COMPILE = os.environ.get("KILN_ECOSYSTEM_COMPILE") == "1"
+_COMPILE_FAILS = {  # why a model that imports and runs still fails to compile
+    "bert": "its two inputs' batch dims (both ONNX's dim_param 'batch') import as two unrelated `?` dims, so "
+            "Relax cannot prove that the attention scores [?, 2, 8, 8] and the mask [?, 1, 1, 8] broadcast",
+}
+
+
+def _marks(name: str) -> list:
+    if name in _FAILS:
+        return [pytest.mark.xfail(strict=True, raises=kiln.KilnError, reason=_FAILS[name])]
+    if name in _COMPILE_FAILS:
+        return [pytest.mark.xfail(_COMPILE, strict=True, raises=kiln.KilnError, reason=_COMPILE_FAILS[name])]
+    return []
+
+
+CASES = [pytest.param(name, opset, id=f"{name}-opset{opset}", marks=_marks(name))
          for name in ("token_mlp", "resnet", "mobilenetv3", "vit", "bert") for opset in OPSETS]
 
 
@@ -69,7 +82,7 @@ def test_imported_model_matches_onnxruntime_and_torch(name: str, opset: int):
         np.testing.assert_allclose(want, reference, rtol=1e-4, atol=1e-4)
         got = imported(*xs).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-        if os.environ.get("KILN_ECOSYSTEM_COMPILE") == "1" and n == 3:
+        if _COMPILE and n == 3:
             args = imported.graph.functions["forward"].args
             exe = kiln.compile(imported, *(a.type for a in args))
             np.testing.assert_allclose(np.asarray(exe(*xs)), want, rtol=1e-3, atol=1e-4)

@@ -35,7 +35,6 @@ REASONS = {
     "resize-cubic": "Resize mode = cubic: kiln's resize is nearest or linear (two taps an axis)",
     "resize-antialias": "Resize antialias = 1 (a filter widened by the shrink factor): kiln's resize reads two taps",
     "resize-crop": "Resize tf_crop_and_resize (roi, extrapolation_value): kiln's resize has no region of interest",
-    "lstm-peephole": "LSTM with peepholes (input P) and sequence_lens: kiln unrolls the LSTM without them",
     "castlike-fold": "Pad's constant value is a CastLike of a constant to a run-time tensor's dtype, which the "
                      "importer does not fold (it folds a node whose inputs are all known)",
 }
