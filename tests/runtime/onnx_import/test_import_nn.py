@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx_cases
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -181,3 +182,11 @@ def test_unsupported_forms_are_named(case: Case, reason: str) -> None:
     """The driver lists each node kiln cannot import with the reason (never a traceback or a wrong result)."""
     with pytest.raises(UnsupportedModel, match=reason):
         import_graph(model(case))
+
+
+def test_max_pool_of_integers_f32_cannot_hold_is_refused() -> None:
+    """MaxPool-12 takes int8 and uint8 (pooled as their exact f32 copies); wider integers are named, not rounded."""
+    m = onnx_cases.model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2])],
+                         {"x": (np.int32, [1, 1, 4, 4])}, ["y"], opset=12)
+    with pytest.raises(UnsupportedModel, match="max pooling i32; kiln pools floats and the integers f32 holds"):
+        import_graph(m)
