@@ -25,8 +25,8 @@ class KilnBackendRep(BackendRep):
     """An imported model ready to run: `run` takes inputs in graph-input order (or by name).
 
     A model that takes a shape, axes or a condition as an input (as ONNX's node tests do) cannot be imported
-    before those values are known: it is imported at `run`, its integer, boolean and scalar inputs bound to the
-    values given, once per distinct set of values."""
+    before those values are known: it is imported at `run`, its integer, boolean and scalar inputs and those the
+    importer said it needs at compile time (a Resize's scales) bound to the values given, once per distinct set."""
 
     def __init__(self, model: onnx.ModelProto, runner: Runner, input_shapes: Mapping[str, Any] | None):
         self.runner, self.input_shapes = runner, input_shapes
@@ -35,9 +35,11 @@ class KilnBackendRep(BackendRep):
                                  if i.name not in {t.name for t in model.graph.initializer})
         self.output_names = tuple(o.name for o in model.graph.output)
         self.graphs: dict[bytes, Graph] = {}
+        self.needed: frozenset[str] = frozenset()
         try:
             self.graph: Graph | None = import_graph(model, input_shapes=input_shapes)
-        except UnsupportedModel:
+        except UnsupportedModel as error:
+            self.needed = error.needed
             if not self.bindable_inputs():
                 raise
             self.graph = None
@@ -45,7 +47,7 @@ class KilnBackendRep(BackendRep):
     def bindable_inputs(self) -> list[str]:
         bindable = (onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL)
         return [i.name for i in self.model.graph.input if i.name in self.input_names and
-                (i.type.tensor_type.elem_type in bindable or
+                (i.type.tensor_type.elem_type in bindable or i.name in self.needed or
                  i.type.tensor_type.HasField("shape") and not i.type.tensor_type.shape.dim)]
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:

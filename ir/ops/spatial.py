@@ -69,7 +69,8 @@ define("pad", ("x",), _pad_infer, one(_pad),
 # --- resize
 
 RESIZE_MODES = ("nearest", "linear")
-COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn")
+COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn",
+                    "half_pixel_symmetric")
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
@@ -91,9 +92,13 @@ def _resize_infer(ts: list[TensorType], attrs: dict[str, Any]) -> tuple[TensorTy
 
 
 def _source(i: np.ndarray, n_in: int, n_out: int, scale: float, coordinate_mode: str) -> np.ndarray:
-    """The input coordinate each output index i samples (ONNX's coordinate_transformation_mode)."""
+    """The input coordinate each output index i samples (ONNX's coordinate_transformation_mode; its "resized
+    length" is n_in * scale, which a scale that does not hit an integer size makes fractional)."""
     if coordinate_mode == "align_corners":
-        return i * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros_like(i)
+        length = n_in * scale
+        return i * (n_in - 1) / (length - 1) if n_out > 1 else np.zeros_like(i)
+    if coordinate_mode == "half_pixel_symmetric":  # half_pixel, re-centred on the part of the length kept
+        return n_in / 2 * (1 - n_out / (n_in * scale)) + (i + 0.5) / scale - 0.5
     if coordinate_mode == "asymmetric":
         return i / scale
     if coordinate_mode == "tf_half_pixel_for_nn":

@@ -64,7 +64,8 @@ class NodeCall:
             return None
         known = self.known[i] if i < len(self.known) else None
         if known is None:
-            raise Unsupported(f"{what} (input {i}) is computed at run time; kiln needs it at compile time")
+            raise Unsupported(f"{what} (input {i}) is computed at run time; kiln needs it at compile time",
+                              needs=self.node.input[i])
         return known
 
     def vector(self, i: int) -> ShapeVector | None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
-from kiln.ir import Value
+from kiln.ir import DType, Value
 
 from .call import NodeCall
 from .registry import Unsupported, converts
@@ -270,7 +271,17 @@ def _max_pool(call: NodeCall) -> Value:
         if not _symmetric(kernel, dilation, begin, end):
             x, begin = _pad(call, x, begin, end, -math.inf), (0,) * len(begin)
         return call.emit("max_pool2d", x, kernel=kernel, stride=stride, padding=begin, dilation=dilation)
-    return _pool(call, make)
+    x = call.input(0)
+    if x.type.dtype.is_float:
+        return _pool(call, make)
+    if x.type.dtype not in _EXACT_IN_F32:
+        raise Unsupported(f"max pooling {x.type.dtype.value}; kiln pools floats and the integers f32 holds exactly")
+    # their max is the max of their exact f32 copies (ONNX's pads are under the kernel: no window is all padding)
+    call = replace(call, inputs=[call.emit("cast", x, dtype=DType.f32)])
+    return call.emit("cast", _pool(call, make), dtype=x.type.dtype)
+
+
+_EXACT_IN_F32 = (DType.i8, DType.u8, DType.i16)
 
 
 def _counts(kernel: int, stride: int, out: int, lo: int, hi: int) -> np.ndarray:
@@ -327,13 +338,14 @@ def _depth_to_space(call: NodeCall) -> Value:
 
 @converts("SpaceToDepth", since=1)
 def _space_to_depth(call: NodeCall) -> Value:
-    """[N, C, H, W] -> [N, C * b^2, H / b, W / b], the block offsets leading the channels."""
+    """[N, C, H, W] -> [N, C * b^2, H / b, W / b]: the block offsets lead the channels in DCR mode, follow them
+    in CRD mode (the inverses of DepthToSpace's)."""
     x, b = call.input(0), call.required("blocksize")
     n, c, h, w = _static_nchw(x)
     if h % b or w % b:
         raise Unsupported(f"blocksize {b} does not divide the spatial dims of {x.type}")
     y = call.emit("reshape", x, shape=(-1, c, h // b, b, w // b, b))
-    y = call.emit("transpose", y, perm=(0, 3, 5, 1, 2, 4))
+    y = call.emit("transpose", y, perm=(0, 3, 5, 1, 2, 4) if call.attr("mode", "DCR") == "DCR" else (0, 1, 3, 5, 2, 4))
     return call.emit("reshape", y, shape=(-1, c * b * b, h // b, w // b))
 
 
@@ -351,7 +363,7 @@ def _pad_op(call: NodeCall) -> Value:
     """Pads as an attribute before opset 11, as inputs (pads, constant_value, and from 18 axes) after."""
     x = call.input(0)
     mode = call.attr("mode", "constant")
-    if mode not in ("constant", "reflect", "edge"):
+    if mode not in ("constant", "reflect", "edge", "wrap"):
         raise Unsupported(f"mode = {mode!r}")
     if call.opset < 11:
         pads, value = list(call.required("pads")), float(call.attr("value", 0.0))
@@ -370,4 +382,23 @@ def _pad_op(call: NodeCall) -> Value:
     before, after = [0] * rank, [0] * rank
     for i, a in enumerate(axes):
         before[a], after[a] = pads[i], pads[len(axes) + i]
+    if mode == "wrap":
+        return _wrap(call, x, before, after)
     return call.emit("pad", x, before=tuple(before), after=tuple(after), mode=mode, value=value)
+
+
+def _wrap(call: NodeCall, x: Value, before: Sequence[int], after: Sequence[int]) -> Value:
+    """Wrap padding: each padded axis continues periodically, its last `before` items ahead of it and its first
+    `after` ones behind (pads from 0 to the axis's static size)."""
+    for axis, (b, e) in enumerate(zip(before, after)):
+        size = x.type.shape[axis]
+        if not (b or e):
+            continue
+        if size is None or not (0 <= b <= size and 0 <= e <= size):
+            raise Unsupported(f"wrap pads {b}, {e} on axis {axis} of {x.type}: kiln wraps 0 to the axis size")
+        parts = [call.emit("slice", x, starts=(size - b,), ends=(size,), axes=(axis,))] if b else []
+        parts.append(x)
+        if e:
+            parts.append(call.emit("slice", x, starts=(0,), ends=(e,), axes=(axis,)))
+        x = call.emit("concat", *parts, axis=axis)
+    return x

@@ -2,8 +2,8 @@
 
 Per direction, the input projection of every step is one matmul (X [seq, batch, in] @ W^T); each step adds
 H @ R^T and applies the gates. A missing initial state is zero, so the first step leaves out the recurrent
-term (the batch dim may then be dynamic). Only the default activations are implemented; peepholes, clip,
-input_forget and sequence_lens are refused.
+term (the batch dim may then be dynamic). Only the default activations are implemented; clip, input_forget
+and a sequence_lens shorter than the sequence are refused.
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ from .registry import Unsupported, converts
 _DEFAULT_ACTIVATIONS = {"LSTM": ("sigmoid", "tanh", "tanh"), "GRU": ("sigmoid", "tanh")}
 
 
-def _check(call: NodeCall, refused_inputs: dict[int, str]) -> None:
-    for i, what in refused_inputs.items():
-        if call.optional(i) is not None:
-            raise Unsupported(f"the {what} input")
+def _check(call: NodeCall) -> None:
+    """clip and non-default activations, which kiln does not implement."""
     if call.attr("clip") is not None:
         raise Unsupported("clip")
     given = call.attr("activations")
@@ -44,8 +42,8 @@ def _gates(call: NodeCall, v: Value, hidden: int, count: int) -> list[Value]:
 
 def _unroll(call: NodeCall, count: int, step: Callable[..., tuple[Value, ...]], states: int,
             inner: Sequence[int] = ()) -> Sequence[Value | None]:
-    """Run `step(projected_t, state, r_t, inner_biases) -> new states` over every direction and time step
-    (`r_t`: R^T [hidden, count * hidden]; a state is None while it is zero). The input projection includes
+    """Run `step(projected_t, state, r_t, inner_biases, direction) -> new states` over every direction and time
+    step (`r_t`: R^T [hidden, count * hidden]; a state is None while it is zero). The input projection includes
     Wb + Rb except Rb's gates in `inner`, which go to `step`. Results: Y [seq, dirs, batch, hidden] and the
     final states [dirs, batch, hidden]."""
     x, w, r, b = call.input(0), call.input(1), call.input(2), call.optional(3)
@@ -54,6 +52,9 @@ def _unroll(call: NodeCall, count: int, step: Callable[..., tuple[Value, ...]], 
     seq, hidden = x.type.shape[0], call.required("hidden_size")
     if seq is None:
         raise Unsupported(f"the sequence length of {x.type} is dynamic; kiln unrolls a static one")
+    lengths = call.value(4, "sequence_lens")
+    if lengths is not None and (lengths != seq).any():
+        raise Unsupported(f"sequence_lens = {lengths.tolist()} ends sequences before step {seq}; kiln runs them all")
     direction = call.attr("direction", "forward")
     dirs = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}.get(direction)
     if dirs is None:
@@ -80,7 +81,7 @@ def _unroll(call: NodeCall, count: int, step: Callable[..., tuple[Value, ...]], 
         for t in reversed(range(seq)) if backwards else range(seq):
             xt = call.emit("reshape", call.emit("slice", projected, starts=(t,), ends=(t + 1,), axes=(0,)),
                            shape=(-1, count * hidden))
-            state = list(step(xt, state, rd, inner_biases))
+            state = list(step(xt, state, rd, inner_biases, d))
             hs.append(call.emit("reshape", state[0], shape=(1, 1, -1, hidden)))
         ys.append(call.emit("concat", *(hs[::-1] if backwards else hs), axis=0) if seq > 1 else hs[0])
         for i in range(states):
@@ -95,20 +96,28 @@ def _unroll(call: NodeCall, count: int, step: Callable[..., tuple[Value, ...]], 
 
 @converts("LSTM", since=7)
 def _lstm(call: NodeCall) -> Sequence[Value | None]:
-    """Gates i, o, f, c: C = f * C + i * tanh(c); H = o * tanh(C)."""
-    _check(call, {4: "sequence_lens", 7: "peephole (P)"})
+    """Gates i, o, f, c: C = f * C + i * tanh(c); H = o * tanh(C); peepholes P (i, o, f) add P_i * C and P_f * C
+    of the previous cell to i and f, P_o * C of the new one to o."""
+    _check(call)
     if call.attr("input_forget", 0):
         raise Unsupported("input_forget = 1")
     hidden = call.required("hidden_size")
+    peepholes = call.optional(7)
 
-    def step(xt, state, rd, _):
+    def step(xt, state, rd, _, d):
         pre = xt if state[0] is None else call.emit("add", xt, call.emit("matmul", state[0], rd))
         i, o, f, c = _gates(call, pre, hidden, 4)
-        i, o, f = (call.emit("sigmoid", g) for g in (i, o, f))
+        p_i, p_o, p_f = (None,) * 3 if peepholes is None else _gates(call, _of_direction(call, peepholes, d),
+                                                                       hidden, 3)
+        if p_i is not None and state[1] is not None:
+            i, f = (call.emit("add", g, call.emit("mul", p, state[1])) for g, p in ((i, p_i), (f, p_f)))
+        i, f = (call.emit("sigmoid", g) for g in (i, f))
         cell = call.emit("mul", i, call.emit("tanh", c))
         if state[1] is not None:
             cell = call.emit("add", call.emit("mul", f, state[1]), cell)
-        return call.emit("mul", o, call.emit("tanh", cell)), cell
+        if p_o is not None:
+            o = call.emit("add", o, call.emit("mul", p_o, cell))
+        return call.emit("mul", call.emit("sigmoid", o), call.emit("tanh", cell)), cell
     return _unroll(call, 4, step, 2)
 
 
@@ -116,11 +125,11 @@ def _lstm(call: NodeCall) -> Sequence[Value | None]:
 def _gru(call: NodeCall) -> Sequence[Value | None]:
     """Gates z, r, h: h = tanh(Xh + (r * H) Rh + Rbh), or under linear_before_reset tanh(Xh + r * (H Rh + Rbh));
     H = (1 - z) * h + z * H."""
-    _check(call, {4: "sequence_lens"})
+    _check(call)
     reset_after = bool(call.attr("linear_before_reset", 0))
     hidden = call.required("hidden_size")
 
-    def step(xt, state, rd, inner_biases):
+    def step(xt, state, rd, inner_biases, _):
         xz, xr, xh = _gates(call, xt, hidden, 3)
         h_prev = state[0]
         rz, rr, rh = (None,) * 3 if h_prev is None else _gates(call, call.emit("matmul", h_prev, rd), hidden, 3)

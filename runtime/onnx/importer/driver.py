@@ -60,6 +60,7 @@ class Refusal:
     op_type: str
     opset: int
     reason: str
+    needs: str | None = None  # the value whose compile-time value the node lacks, where that is why
 
     def __str__(self) -> str:
         return f"{self.node or '<unnamed>'} ({self.op_type}, opset {self.opset}): {self.reason}"
@@ -72,6 +73,11 @@ class UnsupportedModel(KilnError):
         self.refusals = tuple(refusals)
         lines = "\n".join(f"  {r}" for r in self.refusals)
         super().__init__(f"{source}: {len(self.refusals)} node(s) kiln cannot import:\n{lines}")
+
+    @property
+    def needed(self) -> frozenset[str]:
+        """The ONNX values refused nodes need at compile time (a caller that knows them can bind them)."""
+        return frozenset(r.needs for r in self.refusals if r.needs)
 
 
 class _Listed(Unsupported):
@@ -218,7 +224,7 @@ class _Importer:
                 self.refused.update(node.output)
                 continue
             except Unsupported as why:
-                self.refuse(node, str(why))
+                self.refuse(node, str(why), why.needs)
                 continue
             except (KilnError, ValueError, TypeError, IndexError) as error:  # a converter meeting a case it
                 self.refuse(node, f"{type(error).__name__}: {error}")     # does not check: one line, listed
@@ -227,8 +233,8 @@ class _Importer:
                 if name and out is not None:
                     self.slots[name] = self.slot(out)
 
-    def refuse(self, node: NodeProto, reason: str) -> None:
-        self.refusals.append(Refusal(node.name, node.op_type, self.opset, reason))
+    def refuse(self, node: NodeProto, reason: str, needs: str | None = None) -> None:
+        self.refusals.append(Refusal(node.name, node.op_type, self.opset, reason, needs))
         self.refused.update(node.output)
 
     def node(self, node: NodeProto, names: list[str]) -> Sequence[Output]:

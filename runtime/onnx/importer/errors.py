@@ -7,4 +7,9 @@ from kiln.ir import KilnError
 
 
 class Unsupported(KilnError):
-    """A node kiln cannot import: the reason, which the driver reports with the node's name, op type and opset."""
+    """A node kiln cannot import: the reason, which the driver reports with the node's name, op type and opset;
+    `needs` names the ONNX value whose compile-time value the node lacks, where that is why."""
+
+    def __init__(self, reason: str, *, needs: str | None = None):
+        super().__init__(reason)
+        self.needs = needs

@@ -53,3 +53,17 @@ def test_a_shape_given_as_an_input_is_bound_at_run():
     x = np.arange(6, dtype=F32).reshape(2, 3)
     assert rep.run([x, np.array([3, 2], I64)])[0].shape == (3, 2)
     assert rep.run([x, np.array([6, 1], I64)])[0].shape == (6, 1)
+
+
+def test_a_float_input_the_importer_needs_at_compile_time_is_bound_at_run():
+    """A Resize's scales given as a float input (as ONNX's node tests give them): the importer names the value it
+    needs, and the backend imports at `run` with it bound; the data input stays a run-time input."""
+    onnx_model = model([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")],
+                       {"x": (F32, [1, 1, 2, 2]), "scales": (F32, [4])}, ["y"])
+    rep = KilnReferenceBackend.prepare(onnx_model)
+    assert rep.needed == {"scales"}
+    x = np.arange(4, dtype=F32).reshape(1, 1, 2, 2)
+    for scales in ([1, 1, 2, 2], [1, 1, 1, 3]):
+        scales = np.array(scales, F32)
+        (want,) = ReferenceEvaluator(onnx_model).run(None, {"x": x, "scales": scales})
+        np.testing.assert_array_equal(rep.run([x, scales])[0], want)

@@ -12,16 +12,13 @@ from the file (it never adds one: a new failure is classified by hand).
 from __future__ import annotations
 
 import os
-import unittest
-import warnings
 from pathlib import Path
 
-import onnx.backend.test
+from backend_suites import check_groups
 
 from kiln.frontend.onnx_backend import KilnBackend, KilnReferenceBackend
 
 REASONS = {
-    "onnx-spatial": "converter owned by onnx-spatial (conv/pool/norm/resize/pad/RNN ops), not merged yet",
     "outside": "op outside issue 12's coverage list",
     "dtype": "an element type kiln has no dtype for (uint16/32/64, string, float8, int2, float4, sequences)",
     "packed": "kiln's int4/uint4 are packed quantization codes, which cast refuses",
@@ -35,49 +32,23 @@ REASONS = {
                       "indices have no exact composition from it",
     "f16-ulp": "two f16 elements one ulp from the reference (beyond rtol 1e-3) in an expanded graph that rounds every "
                "intermediate to f16: one of its intermediates rounds differently in kiln (not traced to the op)",
+    "bn-training": "BatchNormalization with training_mode = 1 (batch statistics, running-stat outputs): kiln "
+                   "imports models for inference",
+    "spatial-3d": "a 3-D (volumetric) pool or transposed convolution: kiln's pools and conv_transpose take 1-D and "
+                  "2-D spatial dims",
+    "pool-dilations": "AveragePool with dilations: kiln's avg_pool2d has no dilation",
+    "pool-indices": "MaxPool's Indices output (argmax positions): kiln's max_pool2d gives none",
+    "resize-cubic": "Resize mode = cubic: kiln's resize is nearest or linear (two taps an axis)",
+    "resize-antialias": "Resize antialias = 1 (a filter widened by the shrink factor): kiln's resize reads two taps",
+    "resize-crop": "Resize tf_crop_and_resize (roi, extrapolation_value): kiln's resize has no region of interest",
+    "castlike-fold": "Pad's constant value is a CastLike of a constant to a run-time tensor's dtype, which the "
+                     "importer does not fold (it folds a node whose inputs are all known)",
 }
 
 _LIST = Path(__file__).with_name("node_expected_failures.txt")
 
 
-def expected_failures() -> dict[str, str]:
-    """Test name (without `_cpu`) -> reason key, as listed."""
-    out = {}
-    for line in _LIST.read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, key, *_ = line.split()
-            assert key in REASONS, f"{_LIST.name}: {name} has unknown reason {key!r}"
-            out[name] = key
-    return out
-
-
-def drop_listed(names: list[str]) -> None:
-    """Rewrite the list without the lines of `names` (tests that pass now), comments and order kept."""
-    gone = set(names)
-    lines = _LIST.read_text().splitlines(keepends=True)
-    _LIST.write_text("".join(line for line in lines if not line.split() or line.split()[0] not in gone))
-
-
 def test_onnx_node_tests_pass_except_the_listed_ones():
-    """Every node test passes except the listed ones, which fail (run in one unittest pass: a pytest item per
-    case would cost more than the cases)."""
+    """Every node test passes except the listed ones, which fail."""
     backend = KilnBackend if os.environ.get("KILN_ONNX_NODE_TESTS") == "tvm" else KilnReferenceBackend
-    result = unittest.TestResult()
-    with warnings.catch_warnings():  # the onnx cases warn as they build their data (overflowing casts...)
-        warnings.simplefilter("ignore")
-        tests = onnx.backend.test.BackendTest(backend, __name__)
-        suite = unittest.defaultTestLoader.loadTestsFromTestCase(tests.test_cases["OnnxBackendNodeModelTest"])
-        suite.run(result)
-    failed = {case.id().rsplit(".", 1)[-1].removesuffix("_cpu"): why for case, why in result.failures + result.errors}
-    expected = expected_failures()
-    unexpected = sorted(set(failed) - set(expected))
-    now_passing = sorted(set(expected) - set(failed))
-    run = result.testsRun - len(result.skipped)  # the CUDA twins are skipped: the backend runs on CPU
-    print(f"ONNX node tests: {run - len(failed)} of {run} pass, {len(failed)} fail "
-          f"(all listed: {not unexpected})")
-    assert not unexpected, "unexpected failures:\n" + "\n".join(f"{n}: {failed[n].splitlines()[-1]}"
-                                                                 for n in unexpected)
-    if now_passing and os.environ.get("KILN_ONNX_NODE_TESTS_UPDATE") == "1":
-        drop_listed(now_passing)
-        now_passing = []
-    assert not now_passing, f"listed in {_LIST.name} but passing now (remove them): {now_passing}"
+    check_groups({"OnnxBackendNodeModelTest": "node tests"}, backend, _LIST, REASONS)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx_cases
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -142,6 +143,11 @@ CASES = {
                                                           np.array(-2.0, np.float32))),
     "pad-edge-axes": Case("Pad", f32(2, 3, 5), {"mode": "edge"}, (np.array([1, 2, 0, 3], np.int64), None,
                                                                  np.array([1, -1], np.int64))),
+    # Pad-19: "wrap - wrap-around padding as if the data tensor's edges were connected to opposite edges"
+    "pad-wrap": Case("Pad", f32(2, 3, 5), {"mode": "wrap"}, (np.array([0, 3, 2, 0, 1, 5], np.int64),), opset=19),
+    # SpaceToDepth-25 mode: "CRD (column-row-depth) ... the inverse of DepthToSpace with mode CRD"
+    "spacetodepth-crd": Case("SpaceToDepth", f32(1, 2, 4, 6), {"blocksize": 2, "mode": "CRD"}, opset=25,
+                             oracle="reference"),  # onnxruntime knows no mode yet
 }
 
 
@@ -166,7 +172,8 @@ def test_weights_become_parameters_named_by_initializer() -> None:
     (Case("BatchNormalization", f32(2, 3, 4), {"training_mode": 1}, (f32(3), f32(3), f32(3), f32(3) ** 2)),
      "training_mode = 1"),
     (Case("Conv", f32(1, 1, 3, 3, 3), {}, (f32(1, 1, 2, 2, 2),)), "3-D spatial input"),
-    (Case("Pad", f32(2, 3), {"mode": "wrap"}, (np.array([0, 1, 0, 1], np.int64),)), "mode = 'wrap'"),
+    (Case("Pad", f32(2, 3), {"mode": "wrap"}, (np.array([0, 4, 0, 1], np.int64),), opset=19),
+     "wrap pads 4, 1 on axis 1"),
     (Case("AveragePool", f32(1, 1, 5, 5), {"kernel_shape": [2, 2], "dilations": [2, 2]}), "dilations"),
     (Case("LRN", f32(1, 3, 2, 2)), "the required attribute 'size' is missing"),
     (Case("Pad", f32(2, 3), {}, (None,)), "the pads input is missing"),
@@ -175,3 +182,11 @@ def test_unsupported_forms_are_named(case: Case, reason: str) -> None:
     """The driver lists each node kiln cannot import with the reason (never a traceback or a wrong result)."""
     with pytest.raises(UnsupportedModel, match=reason):
         import_graph(model(case))
+
+
+def test_max_pool_of_integers_f32_cannot_hold_is_refused() -> None:
+    """MaxPool-12 takes int8 and uint8 (pooled as their exact f32 copies); wider integers are named, not rounded."""
+    m = onnx_cases.model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2])],
+                         {"x": (np.int32, [1, 1, 4, 4])}, ["y"], opset=12)
+    with pytest.raises(UnsupportedModel, match="max pooling i32; kiln pools floats and the integers f32 holds"):
+        import_graph(m)

@@ -69,3 +69,34 @@ def test_non_default_activations_are_refused() -> None:
     m, _ = model("GRU", "forward", True, False, activations=["Relu", "Tanh"])
     with pytest.raises(UnsupportedModel, match="activations"):
         import_graph(m)
+
+
+def _with_inputs(m, **inputs: np.ndarray):
+    """m with further LSTM/GRU inputs (by name: "sequence_lens" is input 4, "P" input 7) as initializers."""
+    node = m.graph.node[0]
+    names = list(node.input) + [""] * (8 - len(node.input))
+    for name, value in inputs.items():
+        names[{"sequence_lens": 4, "P": 7}[name]] = name
+        m.graph.initializer.append(numpy_helper.from_array(value, name))
+    del node.input[:]
+    node.input.extend(names[:max(i for i, n in enumerate(names) if n) + 1])
+    return m
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_lstm_peepholes_and_full_sequence_lens_match_onnxruntime(direction: str) -> None:
+    """"it = f(... + Pi (.) Ct-1 ...)", "ft = f(... + Pf (.) Ct-1 ...)", "ot = f(... + Po (.) Ct ...)"; P is
+    [num_directions, 3*hidden_size] "in the order of iof"; sequence_lens that cover the sequence change nothing."""
+    dirs = 2 if direction == "bidirectional" else 1
+    m, shape = model("LSTM", direction, True, True)
+    m = _with_inputs(m, sequence_lens=np.full(BATCH, SEQ, np.int32), P=f32(dirs, 3 * HIDDEN))
+    x = f32(*shape)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for g, w in zip(interpret(import_graph(m), [x]), want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_sequence_lens_shorter_than_the_sequence_are_refused() -> None:
+    m = _with_inputs(model("GRU", "forward", True, False)[0], sequence_lens=np.array([SEQ, SEQ - 1], np.int32))
+    with pytest.raises(UnsupportedModel, match=r"sequence_lens = \[4, 3\] ends sequences before step 4"):
+        import_graph(m)

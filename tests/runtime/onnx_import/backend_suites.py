@@ -1,0 +1,69 @@
+"""One group of the ONNX project's backend tests (`onnx.backend.test.BackendTest`) run through a kiln backend and
+checked against a file of expected failures, one test and reason key a line: shared by the node and model harnesses.
+
+Building a `BackendTest` generates every node case's data (~10 s of CPU), so one is built per backend and shared.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import unittest
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+
+import onnx.backend.test
+from onnx.backend.base import Backend
+
+
+@functools.cache
+def backend_test(backend: type[Backend]) -> onnx.backend.test.BackendTest:
+    """The ONNX backend tests over `backend`, built once per process."""
+    with warnings.catch_warnings():  # the onnx cases warn as they build their data (overflowing casts...)
+        warnings.simplefilter("ignore")
+        return onnx.backend.test.BackendTest(backend, __name__)
+
+
+def read_listed(listing: Path, reasons: Mapping[str, str]) -> dict[str, str]:
+    """Test name (without `_cpu`) -> reason key, as `listing` lists them; a key not in `reasons` is refused."""
+    out = {}
+    for line in listing.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, key, *_ = line.split()
+            assert key in reasons, f"{listing.name}: {name} has unknown reason {key!r}"
+            out[name] = key
+    return out
+
+
+def drop_listed(listing: Path, names: list[str]) -> None:
+    """Rewrite `listing` without the lines of `names` (tests that pass now), comments and order kept."""
+    gone = set(names)
+    lines = listing.read_text().splitlines(keepends=True)
+    listing.write_text("".join(line for line in lines if not line.split() or line.split()[0] not in gone))
+
+
+def check_groups(groups: Mapping[str, str], backend: type[Backend], listing: Path, reasons: Mapping[str, str]) -> None:
+    """Run every CPU case of the `groups` (group -> what it holds, for the printed counts), in one unittest pass
+    each (a pytest item per case would cost more than the cases), and assert that exactly the listed ones fail;
+    `KILN_ONNX_NODE_TESTS_UPDATE=1` drops the listed ones that pass."""
+    failed: dict[str, str] = {}
+    for group, what in groups.items():
+        result = unittest.TestResult()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            suite = unittest.defaultTestLoader.loadTestsFromTestCase(backend_test(backend).test_cases[group])
+            suite.run(result)
+        bad = {case.id().rsplit(".", 1)[-1].removesuffix("_cpu"): why for case, why in result.failures + result.errors}
+        run = result.testsRun - len(result.skipped)  # the CUDA twins are skipped: the backend runs on CPU
+        print(f"ONNX {what}: {run - len(bad)} of {run} pass, {len(bad)} fail")
+        failed |= bad
+    expected = read_listed(listing, reasons)
+    unexpected = sorted(set(failed) - set(expected))
+    now_passing = sorted(set(expected) - set(failed))
+    assert not unexpected, "unexpected failures:\n" + "\n".join(f"{n}: {failed[n].splitlines()[-1]}"
+                                                                  for n in unexpected)
+    if now_passing and os.environ.get("KILN_ONNX_NODE_TESTS_UPDATE") == "1":
+        drop_listed(listing, now_passing)
+        now_passing = []
+    assert not now_passing, f"listed in {listing.name} but passing now (remove them): {now_passing}"
