@@ -53,13 +53,10 @@ def reshape_dims(attrs, like: tuple | None) -> list:
 
 def _reshape_infer(ts, attrs):
     any_dtype("reshape", 0, ts[0])
-    shape = attrs["shape"]
-    if attrs["copy"]:
-        shape = tuple(-2 if c >= 0 else d for d, c in zip(shape, attrs["copy"]))
-    if shape.count(-1) > 1 or any(d < -1 for d in shape if d != -2):
+    dims = reshape_dims(attrs, ts[1].shape if len(ts) > 1 else None)  # copied dims are never negative
+    if dims.count(-1) > 1 or any(d is not None and d < -1 for d in dims):
         raise ShapeError(f"reshape: shape {list(attrs['shape'])} may hold one -1 (besides copied dims) and no "
                          "other negative dim")
-    dims = reshape_dims(attrs, ts[1].shape if len(ts) > 1 else None)
     if None in dims:  # a copied run-time dim: the inferred one is known only at run time too
         return (ts[0].with_shape(None if d == -1 else d for d in dims),)
     known = 1
