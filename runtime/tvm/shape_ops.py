@@ -35,7 +35,8 @@ def _reshape(call: OpCall) -> RelaxResult:
     if any(isinstance(d, int) and d == -1 for d in target):
         known = math.prod((d for d in target if not (isinstance(d, int) and d == -1)), start=tirx.const(1, "int64"))
         count = math.prod(call.shape(0), start=tirx.const(1, "int64"))
-        target = [tirx.floordiv(count, known) if isinstance(d, int) and d == -1 else d for d in target]
+        inferred = tvm.sym.Analyzer().simplify(tirx.floordiv(count, known))  # b * 8 // 8 -> b, so dims unify
+        target = [inferred if isinstance(d, int) and d == -1 else d for d in target]
     return R.reshape(call.args[0], list(target))
 
 
