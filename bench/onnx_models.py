@@ -7,7 +7,7 @@ weights), exported once by `torch.onnx.export` with a dynamic batch; every engin
 (and 8 for the CNNs) on the same inputs, with the same thread count, in interleaved rounds (`timing.interleaved`);
 ratios are medians of per-round ratios to kiln. OpenVINO runs where `import openvino` works, on its CPU plugin
 with `INFERENCE_PRECISION_HINT=f32`, so that it computes in f32 as the others do. Compiles start from an empty
-cache. A model kiln cannot import yet is listed with the reason and the others still run.
+cache. A model kiln cannot import or build yet is listed with the reason and the others still run.
 """
 
 from __future__ import annotations
@@ -73,7 +73,10 @@ def bench_model(name: str, opset: int, rounds: int, threads: int, folder: Path) 
     import_s = time.perf_counter() - start
     args = imported.graph.functions["forward"].args
     start = time.perf_counter()
-    exe = kiln.compile(imported, *(a.type for a in args))
+    try:
+        exe = kiln.compile(imported, *(a.type for a in args))
+    except kiln.KilnError as error:
+        return [], "imported, but the TVM build failed: " + str(error).splitlines()[0][:300]
     compile_s = time.perf_counter() - start
     rows = []
     for batch in (1, 8) if name in CNNS else (1,):
@@ -117,7 +120,7 @@ def main() -> None:
             rows, why = bench_model(name, args.opset, args.rounds, threads, Path(tmp))
             lines += rows
             if why is not None:
-                skipped.append(f"Note: {name} not imported: {why}")
+                skipped.append(f"Note: {name} not benchmarked: {why}")
     lines += [""] + skipped if skipped else []
     print("\n".join(lines))
     if args.markdown:

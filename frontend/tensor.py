@@ -107,14 +107,16 @@ class Tensor:
         return apply("transpose", self)
 
     def reshape(self, *shape: Any, **attrs: Any) -> Tensor:
-        """`x.reshape(3, 2)`, `x.reshape((3, 2))` or `x.reshape(shape=(3, 2))`; one -1 is inferred."""
+        """`x.reshape(3, 2)`, `x.reshape((3, 2))` or `x.reshape(shape=(3, 2))`; one -1 is inferred.
+        `x.reshape(-1, -1, 12, 64, like=h, copy=(0, 1, -1, -1))` takes dims 0 and 1 from `h` (a traced `?` dim too)."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         if shape:
             if "shape" in attrs:
                 raise TypeError("reshape: give the shape positionally or as shape=, not both")
             attrs["shape"] = shape
-        return apply("reshape", self, **attrs)
+        like = attrs.pop("like", None)
+        return apply("reshape", self, *([] if like is None else [like]), **attrs)
 
     def backward(self) -> Gradients:
         """The gradients of this scalar loss for every parameter that requires them, keyed by ParamId."""

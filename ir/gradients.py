@@ -138,7 +138,12 @@ def reshape_target(shape: Sequence[Dim]) -> tuple[int, ...] | None:
     return tuple(-1 if d is None else d for d in shape)
 
 
-def reshape_to(fb: Emitter, v: Operand, shape: Sequence[Dim], what: str) -> Value:
+def reshape_to(fb: Emitter, v: Operand, shape: Sequence[Dim], what: str, like: Value | None = None) -> Value:
+    """v reshaped to `shape`; with `like` (a value of that shape) its dynamic dims are copied from `like`, so any
+    number of them is fine."""
+    if like is not None and sum(d is None for d in shape) > 1:
+        copy = tuple(a if d is None else -1 for a, d in enumerate(shape))
+        return emit(fb, "reshape", v, like, shape=tuple(-1 if d is None else d for d in shape), copy=copy)
     target = reshape_target(shape)
     if target is None:
         raise PassError(f"{what}: the gradient needs a reshape to {TensorType(tuple(shape), v.type.dtype)}, which "

@@ -66,8 +66,9 @@ def _noop_reshape(rw: Rewriter, op: Op) -> Operand | None:
     if x.type == op.results[0].type and x.type.is_static:
         return x
     owner = getattr(x, "owner", None)
-    if owner is not None and owner.kind == "reshape":
-        return rw.emit("reshape", owner.operands[0], shape=op.attrs["shape"])
+    like = op.operands[1:]  # the outer reshape's dims come from its shape and `like`, never from the inner one
+    if owner is not None and owner.kind == "reshape" and all(v is not x for v in like):
+        return rw.emit("reshape", owner.operands[0], *like, shape=op.attrs["shape"], copy=op.attrs["copy"])
     return None
 
 

@@ -58,11 +58,11 @@ def _transpose(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
 
 @gradient("reshape")
 def _reshape(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
-    """Reshape back; an operand with several dynamic dims has no reshape target (an error)."""
+    """Reshape back, copying x's dynamic dims from x itself; `like` is read for its shape only."""
     g = _single(ctx, op, out_grads)
-    if g is None:
-        return (None,)
-    return (reshape_to(ctx, g, op.operands[0].type.shape, "reshape"),)
+    x = op.operands[0]
+    back = None if g is None else reshape_to(ctx, g, x.type.shape, "reshape", like=x)
+    return (back,) + (None,) * (len(op.operands) - 1)
 
 
 @gradient("broadcast_to")

@@ -29,27 +29,59 @@ define("transpose", ("x",), _transpose_infer, one(lambda x, perm: np.transpose(x
        {"perm": Attr(optional(INTS), None, "absent reverses the dims")}, traits=_MOVES)
 
 
+def reshape_dims(attrs, like: tuple | None) -> list:
+    """The reshape target with each `copy` dim replaced by that dim of `like` (an int, None or a run-time size):
+    the one place the `copy` attribute is read, so inference, reference and lowerings agree."""
+    shape, copy = attrs["shape"], attrs["copy"]
+    if not copy:
+        if like is not None:
+            raise ShapeError("reshape: operand `like` is given but `copy` is empty")
+        return list(shape)
+    if like is None:
+        raise ShapeError(f"reshape: copy {list(copy)} needs operand `like`")
+    if len(copy) != len(shape):
+        raise ShapeError(f"reshape: copy {list(copy)} needs one entry per dim of shape {list(shape)}")
+    out = []
+    for d, c in zip(shape, copy):
+        if c < -1 or c >= len(like):
+            raise ShapeError(f"reshape: copy axis {c} is out of range for `like` of rank {len(like)}")
+        if c >= 0 and d != -1:
+            raise ShapeError(f"reshape: a copied dim must be -1 in shape {list(shape)}, not {d}")
+        out.append(like[c] if c >= 0 else d)
+    return out
+
+
 def _reshape_infer(ts, attrs):
     any_dtype("reshape", 0, ts[0])
-    shape = attrs["shape"]
-    if shape.count(-1) > 1 or any(d < -1 for d in shape):
-        raise ShapeError(f"reshape: shape {list(shape)} may hold one -1 and no other negative dim")
+    dims = reshape_dims(attrs, ts[1].shape if len(ts) > 1 else None)  # copied dims are never negative
+    if dims.count(-1) > 1 or any(d is not None and d < -1 for d in dims):
+        raise ShapeError(f"reshape: shape {list(attrs['shape'])} may hold one -1 (besides copied dims) and no "
+                         "other negative dim")
+    if None in dims:  # a copied run-time dim: the inferred one is known only at run time too
+        return (ts[0].with_shape(None if d == -1 else d for d in dims),)
     known = 1
-    for d in shape:
+    for d in dims:
         known *= d if d >= 0 else 1
     if ts[0].is_static:
         n = ts[0].numel()
-        if -1 in shape:
+        if -1 in dims:
             if known == 0 or n % known:
-                raise ShapeError(f"reshape: cannot reshape {ts[0]} to {list(shape)}")
-            return (ts[0].with_shape(n // known if d == -1 else d for d in shape),)
+                raise ShapeError(f"reshape: cannot reshape {ts[0]} to {dims}")
+            return (ts[0].with_shape(n // known if d == -1 else d for d in dims),)
         if n != known:
-            raise ShapeError(f"reshape: {ts[0]} has {n} elements but shape {list(shape)} has {known}")
-    return (ts[0].with_shape(None if d == -1 else d for d in shape),)
+            raise ShapeError(f"reshape: {ts[0]} has {n} elements but shape {dims} has {known}")
+    return (ts[0].with_shape(None if d == -1 else d for d in dims),)
 
 
-define("reshape", ("x",), _reshape_infer, one(lambda x, shape: np.reshape(x, shape)),
-       {"shape": Attr(INTS, doc="target shape; one -1 is inferred")}, traits=_MOVES)
+def _reshape(xs, attrs):
+    return (np.reshape(xs[0], reshape_dims(attrs, xs[1].shape if len(xs) > 1 else None)),)
+
+
+define("reshape", ("x", "like?"), _reshape_infer, _reshape,
+       {"shape": Attr(INTS, doc="target shape; one -1 is inferred"),
+        "copy": Attr(INTS, (), "per target dim, the axis of `like` whose size it takes (-1: from shape), so a "
+                               "target may keep several run-time dims")},
+       traits=_MOVES)
 
 
 def _broadcast_target(x: tuple, shape: tuple[int, ...]) -> tuple:

@@ -25,8 +25,13 @@ def _transpose(call: OnnxCall) -> OnnxResult:
 
 @onnx_rule("reshape")
 def _reshape(call: OnnxCall) -> OnnxResult:
-    """numpy's reshape: -1 is inferred and 0 is a zero-length dim (`allowzero`), not ONNX's copied dim."""
-    return call.node("Reshape", call.inputs[0], call.ints(call.attrs["shape"]), allowzero=1)
+    """numpy's reshape: -1 is inferred and 0 is a zero-length dim (`allowzero`), not ONNX's copied dim; a `copy`
+    dim is read from `like` at run time (a Shape slice) and concatenated into the target."""
+    if not call.attrs["copy"]:
+        return call.node("Reshape", call.inputs[0], call.ints(call.attrs["shape"]), allowzero=1)
+    dims = [call.dim(1, c) if c >= 0 else d for d, c in zip(call.attrs["shape"], call.attrs["copy"])]
+    target = call.node("Concat", *(call.ints([d]) if isinstance(d, int) else d for d in dims), axis=0)
+    return call.node("Reshape", call.inputs[0], target, allowzero=1)
 
 
 @onnx_rule("broadcast_to")

@@ -12,7 +12,7 @@ from tvm.relax import op as R
 
 from kiln.ir import KilnError
 from kiln.ir.ops.common import norm_axis
-from kiln.ir.ops.shape import slice_cuts
+from kiln.ir.ops.shape import reshape_dims, slice_cuts
 
 from .rule import OpCall, RelaxResult, relax_rule
 
@@ -25,12 +25,18 @@ def _transpose(call: OpCall) -> RelaxResult:
 
 @relax_rule("reshape")
 def _reshape(call: OpCall) -> RelaxResult:
-    """The target shape with -1 resolved from the (possibly symbolic) element count."""
-    target = call.attrs["shape"]
-    if -1 in target:
-        known = math.prod(d for d in target if d != -1)
+    """The target with `copy` dims read from `like`'s (possibly symbolic) shape and -1 resolved from the element
+    count. Relax reads a 0 in a reshape target as "keep the input dim", where kiln's 0 is a zero-length dim, so a 0
+    is refused rather than lowered to a different reshape."""
+    target = reshape_dims(call.attrs, call.shape(1) if len(call.args) > 1 else None)
+    if any(isinstance(d, int) and d == 0 for d in target):
+        raise KilnError(f"reshape: target {list(call.attrs['shape'])} has a zero-length dim, which the TVM build "
+                        "cannot make (Relax reads a 0 as 'keep the input dim'; zero-extent loops do not build)")
+    if any(isinstance(d, int) and d == -1 for d in target):
+        known = math.prod((d for d in target if not (isinstance(d, int) and d == -1)), start=tirx.const(1, "int64"))
         count = math.prod(call.shape(0), start=tirx.const(1, "int64"))
-        target = [tirx.floordiv(count, known) if d == -1 else d for d in target]
+        inferred = tvm.sym.Analyzer().simplify(tirx.floordiv(count, known))  # b * 8 // 8 -> b, so dims unify
+        target = [inferred if isinstance(d, int) and d == -1 else d for d in target]
     return R.reshape(call.args[0], list(target))
 
 

@@ -543,6 +543,9 @@ for name, (src, dst) in {"flatten-lead": ((2, 3, 4), [6, 4]), "flat": ((2, 3, 4)
     case("reshape", name, [rand(src)], lambda x, s=dst: x.reshape(s), tol=EXACT, shape=dst)
 for dt in ("bool", "i32", "bf16"):
     case("reshape", dt, [rand((2, 3), dt, 0, 9)], lambda x: x.reshape(3, 2), tol=EXACT, shape=[3, 2])
+# `copy`: target dims taken from `like`'s axes (here [like.shape[1], like.shape[0], inferred])
+case("reshape", "copy", [rand((4, 6)), rand((3, 2, 5))], lambda x, like: x.reshape(like.shape[1], like.shape[0], -1),
+     tol=EXACT, shape=[-1, -1, -1], copy=[1, 0, -1])
 
 for name, (src, dst) in {"lead-and-size1": ((3, 1), [2, 3, 4]), "keep-dim": ((3, 1), [2, -1, 4]),
                          "keep-all": ((2, 3), [-1, -1]), "scalar": ((), [2, 3]), "row": ((1, 4), [3, 4]),

@@ -2,7 +2,7 @@
 Flatten, Transpose, Squeeze/Unsqueeze, Expand, ConstantOfShape, Range.
 
 Shapes of tensors with `?` dims travel as `ShapeVector`s (see `symbolic`); `reshape_to` is the one place a target
-with run-time dims becomes a kiln `reshape` (kiln's reshape infers one -1, so at most one dim may be unknown).
+with run-time dims becomes a kiln `reshape` (dims of one value copied from it at run time, one more inferred as -1).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kiln.ir import Value
+from kiln.ir import DType, Value
 
 from .call import NodeCall, Output
 from .registry import Unsupported, converts
@@ -20,14 +20,21 @@ from .symbolic import Computed, DimOf, Item, ShapeVector
 
 
 def reshape_to(call: NodeCall, x: Value, dims: Sequence[Item]) -> Value:
-    """`x` reshaped to `dims` (ints, -1, run-time dims): the one unknown becomes -1."""
+    """`x` reshaped to `dims` (ints, -1, run-time dims): the run-time dims of one value (the one most of them come
+    from) are copied from it at run time (the reshape's `like`), and one other unknown may remain, as -1."""
     unknown = [i for i, d in enumerate(dims) if not isinstance(d, int) or d == -1]
-    if len(unknown) > 1:
-        raise Unsupported(f"reshape of {x.type} to {len(unknown)} run-time dims; kiln's reshape infers only one")
+    sources = [d.value for d in dims if isinstance(d, DimOf)]
+    like = max(sources, key=lambda v: sum(s is v for s in sources)) if len(unknown) > 1 and sources else None
+    copy = [d.axis if isinstance(d, DimOf) and d.value is like else -1 for d in dims]
+    if len(unknown) - sum(c >= 0 for c in copy) > 1:
+        raise Unsupported(f"reshape of {x.type} to {len(unknown)} run-time dims, more than one of them not a dim "
+                          "of a single value")
     shape = [d if isinstance(d, int) else -1 for d in dims]
     if tuple(shape) == x.type.shape:
         return x
-    return call.emit("reshape", x, shape=shape)
+    if like is None:
+        return call.emit("reshape", x, shape=shape)
+    return call.emit("reshape", x, like, shape=shape, copy=copy)
 
 
 def _axes(call: NodeCall, input_index: int, since: int) -> tuple[int, ...] | None:
@@ -228,6 +235,24 @@ def _constant_of_shape(call: NodeCall) -> Output:
 
 @converts("Range", since=11)
 def _range(call: NodeCall) -> Output:
+    limit = call.vector(1)
+    if limit is not None and limit.scalar and isinstance(limit.items[0], DimOf):
+        return _range_of_dim(call, limit.items[0])
     start, limit, delta = (np.reshape(call.value(i, what), -1)[0]
                            for i, what in enumerate(("the start", "the limit", "the delta")))
     return np.arange(start, limit, delta, dtype=start.dtype)
+
+
+def _range_of_dim(call: NodeCall, n: DimOf) -> Value:
+    """`Range(0, n, 1)` for a run-time dim n (torch's `arange(x.shape[i])`): an exclusive cumsum of ones along that
+    dim of its value (one row of it, cast to bool and or-ed with its negation, so its contents never matter)."""
+    start, delta = (np.reshape(call.value(i, what), -1)[0] for i, what in ((0, "the start"), (2, "the delta")))
+    if start != 0 or delta != 1:
+        raise Unsupported(f"Range from {start} by {delta} to a run-time limit; kiln makes only 0, 1, ..., n - 1")
+    v, rank = n.value, n.value.type.rank
+    others = [a for a in range(rank) if a != n.axis]
+    row = call.emit("slice", v, starts=[0] * len(others), ends=[1] * len(others), axes=others) if others else v
+    true = call.emit("cast", call.emit("reshape", row, v, shape=[-1], copy=[n.axis]), dtype=DType.bool)
+    every = call.emit("logical_or", true, call.emit("logical_not", true))
+    ones = call.emit("cast", every, dtype=DType.from_numpy(start.dtype))
+    return call.emit("cumsum", ones, axis=0, exclusive=True)

@@ -3,7 +3,7 @@
 torch.onnx.export writes a dynamic batch's reshape as `Shape -> Gather -> Unsqueeze -> Concat -> Reshape`. Each
 element of such a vector is a known int, "dim `axis` of kiln value `value`", or a run-time product of such
 (`Computed`), so the vector survives those nodes (and arithmetic on them) and reaches the `Reshape` (or
-`Expand`) that consumes it, which turns the run-time elements into -1.
+`Expand`) that consumes it: a reshape copies run-time dims from their value, an expand turns them into -1.
 """
 
 from __future__ import annotations

@@ -212,7 +212,8 @@ def test_external_data_is_memory_mapped_and_must_stay_in_the_folder(tmp_path: Pa
 
 def test_arithmetic_on_run_time_dims_reaches_the_reshape(tmp_path: Path):
     """Shape sub-graphs "kept symbolic where not [static]": `batch * seq` of a [?, ?, 4] tensor is a run-time
-    element the Reshape makes -1; a target with two run-time dims is refused naming kiln's one-inferred-dim limit."""
+    element the Reshape makes -1; a target with two run-time dims of x copies them from x (`like`, `copy`); two
+    computed ones have no reshape kiln can make and are refused."""
     nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "i0"], ["b"]),
              helper.make_node("Gather", ["s", "i1"], ["t"]), helper.make_node("Mul", ["b", "t"], ["bt"]),
              helper.make_node("Unsqueeze", ["bt", "axes"], ["btu"]),
@@ -231,8 +232,16 @@ def test_arithmetic_on_run_time_dims_reaches_the_reshape(tmp_path: Path):
     two = model([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Concat", ["s", "last"], ["shape"], axis=0),
                  helper.make_node("Reshape", ["x", "shape"], ["y"])],
                 {"x": (F32, ["batch", "seq", 4])}, ["y"], initializers={"last": np.array([1], I64)})
-    with pytest.raises(UnsupportedModel, match=r"to 2 run-time dims; kiln's reshape infers only one"):
-        import_graph(two)
+    filecheck(str(import_graph(two)), """
+// CHECK-LABEL: func @forward(%x: tensor<?x?x4xf32>)
+// CHECK-NEXT: reshape %x, %x {shape = [-1, -1, 4, 1], copy = [0, 1, -1, -1]} : tensor<?x?x4x1xf32>
+// CHECK-NEXT: return
+""", tmp_path)
+    assert_matches_reference(import_graph(two), two, {"x": np.random.default_rng(1).random((2, 3, 4), F32)})
+    nodes[5] = helper.make_node("Concat", ["btu", "btu", "last"], ["shape"], axis=0)
+    computed = model(nodes, {"x": (F32, ["batch", "seq", 4])}, ["y"], initializers=initializers)
+    with pytest.raises(UnsupportedModel, match=r"to 2 run-time dims, more than one of them not a dim of a single"):
+        import_graph(computed)
 
 
 def test_external_data_past_2_gib_is_mapped_not_read(tmp_path: Path):
