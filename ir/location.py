@@ -62,14 +62,16 @@ Location = FileLoc | NameLoc | FusedLoc
 def fuse(locs: Iterable[Location | None]) -> Location | None:
     """One location standing for all of `locs`: None without any, the one when all are equal, else a flat
     `FusedLoc` keeping first occurrences in order."""
-    flat: list[FileLoc | NameLoc] = []
+    flat: dict[FileLoc | NameLoc, None] = {}  # an ordered set: cse may merge thousands of equal constants
     for loc in locs:
-        for part in (loc.locs if isinstance(loc, FusedLoc) else (loc,) if loc is not None else ()):
-            if part not in flat:
-                flat.append(part)
+        if isinstance(loc, FusedLoc):
+            flat.update(dict.fromkeys(loc.locs))
+        elif loc is not None:
+            flat[loc] = None
     if not flat:
         return None
-    return flat[0] if len(flat) == 1 else FusedLoc(tuple(flat))
+    parts = tuple(flat)
+    return parts[0] if len(parts) == 1 else FusedLoc(parts)
 
 
 def loc_text(loc: Location) -> str:
