@@ -12,25 +12,27 @@ from typing import Any, Protocol
 import numpy as np
 
 from kiln.ir import FunctionBuilder, TensorType
+from kiln.ir.location import Location
 
 
 class Node:
     """One DAG node: a leaf ("data", "input", "symbol") or an op over input nodes.
 
     A data leaf read from a parameter carries its `param_id`, so `backward` can key gradients by ParamId, and its
-    `autodiff_node`, the leaf's identity (a parameter and its fork share the ParamId, not the leaf).
+    `autodiff_node`, the leaf's identity (a parameter and its fork share the ParamId, not the leaf). An op
+    recorded while tracing carries its `loc` (the user's line and module path), which its IR op takes.
     """
 
     __slots__ = ("kind", "inputs", "attrs", "types", "data", "name", "autodiff", "require_grad", "param_id",
-                 "autodiff_node")
+                 "autodiff_node", "loc")
 
     def __init__(self, kind: str, inputs: tuple[tuple[Node, int], ...], attrs: dict[str, Any],
                  types: tuple[TensorType, ...], data: np.ndarray | None = None, name: str | None = None,
                  autodiff: bool = False, require_grad: bool = False, param_id: int | None = None,
-                 autodiff_node: int | None = None):
+                 autodiff_node: int | None = None, loc: Location | None = None):
         self.kind, self.inputs, self.attrs, self.types = kind, inputs, attrs, types
         self.data, self.name, self.autodiff, self.require_grad = data, name, autodiff, require_grad
-        self.param_id, self.autodiff_node = param_id, autodiff_node
+        self.param_id, self.autodiff_node, self.loc = param_id, autodiff_node, loc
 
 
 class Output(Protocol):
@@ -85,6 +87,6 @@ def lower(fb: FunctionBuilder, outputs: Sequence[Output], data_as_inputs: bool,
             values[id(node)] = (fb.sym(node.name),)  # type: ignore[arg-type]
         else:
             operands = tuple(values[id(i)][k] for i, k in node.inputs)
-            values[id(node)] = fb.append(node.kind, operands, node.attrs)
+            values[id(node)] = fb.append(node.kind, operands, node.attrs, loc=node.loc)
     results = [values[id(t.node)][t.index] for t in outputs]
     return [results, feeds]

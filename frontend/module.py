@@ -20,6 +20,7 @@ from .param import Flag, Param, Reparam, new_autodiff_node
 from .records import RecordMethods
 from .reparam import Adapter, Dora, Lora, QLora, Quantizer, Reparameterizer
 from .summary import SummaryMethods, counted
+from .tracing import current_trace
 
 Leaf = Param | Flag
 Transfer = Literal["fork", "to_device"]
@@ -84,6 +85,28 @@ def _rebuild(value: Any, prefix: str, name: str, fn: Callable[[str, Leaf], Leaf]
     return value
 
 
+def submodule_paths(value: Any, path: str = "") -> dict[int, str]:
+    """id(module) -> its path for `value` and every module below it (fields, lists, tuples, dicts), first path
+    kept for a module reached twice: what a trace names its ops' module paths by."""
+    found: dict[int, str] = {}
+    pending = [(path, value)]
+    while pending:
+        at, v = pending.pop()
+        if isinstance(v, Module):
+            if id(v) in found:
+                continue
+            found[id(v)] = at
+            items: Any = vars(v).items()
+        elif isinstance(v, list | tuple):
+            items = enumerate(v)
+        elif isinstance(v, dict):
+            items = v.items()
+        else:
+            continue
+        pending.extend((_join(at, str(k)), x) for k, x in reversed(list(items)))
+    return found
+
+
 def _node(name: str, p: Param) -> ParamNode:
     """A parameter's state as a graph node (its data if initialized, else its initializer)."""
     return ParamNode(name, p.type, p.id, p.state.init, p.state.value, p.grad, p.configured_grad, p.device.name,
@@ -142,7 +165,11 @@ class Module(RecordMethods, SummaryMethods):
         raise NotImplementedError(f"{type(self).__name__} does not define forward")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward(*args, **kwargs)
+        trace = current_trace()
+        if trace is None:
+            return self.forward(*args, **kwargs)
+        with trace.entered(self):  # ops it records are at its module path
+            return self.forward(*args, **kwargs)
 
     # traversal ------------------------------------------------------------------------------------
     def _map_leaves(self, fn: Callable[[str, Leaf], Leaf], hooks: Any = None, prefix: str = "",

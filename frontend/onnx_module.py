@@ -21,6 +21,7 @@ from .device import Device, as_device
 from .module import Module
 from .param import Param
 from .tensor import Tensor, apply, leaf, tensor
+from .tracing import current_trace
 
 
 class OnnxBlock(Module):
@@ -68,11 +69,18 @@ class OnnxModule(Module):
                     want is not None and want != got for want, got in zip(arg.type.shape, x.shape)):
                 raise ShapeError(f"{self.source}: input {arg.name} must be {arg.type}, got {x.type}")
             values[id(arg)] = x
+        trace = current_trace()
         for op in fn.ops:
             if op.kind == "constant":
                 out: Any = leaf(np.asarray(op.attrs["value"]), device)
             else:
-                out = apply(op.kind, *(self._operand(o, values) for o in op.operands), **op.attrs)
+                if trace is not None:  # a traced op is at the ONNX node it was imported from
+                    trace.replayed = op.loc
+                try:
+                    out = apply(op.kind, *(self._operand(o, values) for o in op.operands), **op.attrs)
+                finally:
+                    if trace is not None:
+                        trace.replayed = None
             for r, t in zip(op.results, out if isinstance(out, tuple) else (out,)):
                 values[id(r)] = t
         results = tuple(self._operand(r, values) for r in fn.results)

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from kiln.ir import DType, FunctionBuilder, Graph, KilnError, TensorType, Trait, registry
+from kiln.ir import DType, FunctionBuilder, Graph, KilnError, ShapeError, TensorType, Trait, registry
+from kiln.ir.location import FileLoc, located
 from kiln.runtime.backend import default_backend
 
 from . import indexing
@@ -20,7 +21,7 @@ from .autograd import backward
 from .dag import Node, lower, topological
 from .device import Device, as_device
 from .gradients import Gradients
-from .tracing import current_trace
+from .tracing import current_trace, user_frame
 
 _seeds = itertools.count(1)
 
@@ -234,15 +235,22 @@ def _operand(kind: str, o: Any, like: Tensor) -> np.ndarray:
 
 
 def apply(kind: str, *operands: Any, **attrs: Any) -> Tensor | tuple[Tensor, ...]:
-    """Record one op; type inference runs now so shape errors point at the user's line."""
+    """Record one op; type inference runs now so shape errors point at the user's line. While tracing, the op
+    carries that line and the module path as its location."""
     first = next(o for o in operands if isinstance(o, Tensor))
     inputs = [o if isinstance(o, Tensor) else leaf(_operand(kind, o, first), first.device) for o in operands]
+    trace = current_trace()
+    loc = trace.location() if trace is not None else None
     if registry.lookup(kind).has(Trait.STOCHASTIC) and "seed" not in attrs:
-        trace = current_trace()
         attrs["seed"] = next(_seeds if trace is None else trace.op_seeds)
-    full, types = registry.infer(kind, [t.type for t in inputs], attrs)
+    try:
+        full, types = registry.infer(kind, [t.type for t in inputs], attrs)
+    except ShapeError as e:
+        frame = user_frame() if loc is None else None
+        raise located(loc if frame is None else FileLoc(*frame), e) from None
     node = Node(kind, tuple((t.node, t.index) for t in inputs), full, types,
-                autodiff=any(t.node.autodiff for t in inputs), require_grad=any(t.node.require_grad for t in inputs))
+                autodiff=any(t.node.autodiff for t in inputs), require_grad=any(t.node.require_grad for t in inputs),
+                loc=loc)
     outs = tuple(Tensor(node, i, first.device) for i in range(len(types)))
     return outs[0] if len(outs) == 1 else outs
 

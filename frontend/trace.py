@@ -11,7 +11,7 @@ from kiln.ir import Graph as IRGraph
 
 from .dag import lower
 from .device import Device
-from .module import Module
+from .module import Module, submodule_paths
 from .tensor import Tensor, placeholder
 from .tracing import tracing
 
@@ -46,7 +46,7 @@ def trace_function(module: Module, fn: Callable[..., Any], *input_specs: InputSp
     device = next(iter(module.devices()), Device("cpu"))
     arg_names = list(names) + [f"x{i}" if i else "x" for i in range(len(names), len(input_specs))]
     inputs = [placeholder(n, as_type(s), device) for n, s in zip(arg_names, input_specs)]
-    with tracing(paths) as ctx:
+    with tracing(paths, submodule_paths(module)) as ctx:
         out = fn(*inputs)
     outputs = list(out) if isinstance(out, tuple | list) else [out]
     if not all(isinstance(o, Tensor) for o in outputs):

@@ -23,6 +23,7 @@ from .graph import FlagNode, Function, Graph, Init, Op, Operand, ParamNode, Repa
 from .hashing import structural_hash
 from .interpreter import Interpreter, evaluate_op, interpret
 from .layout import Layout
+from .location import FileLoc, FusedLoc, Location, NameLoc, fuse, located
 from .nx import to_dot, to_networkx
 from .param_id import ParamId, new_param_id, seed_param_ids
 from .parser import parse, parse_file
@@ -43,4 +44,5 @@ __all__ = [
     "lookup", "new_param_id", "ops_with", "parse", "parse_file", "print_graph", "prune", "registered", "rewrite",
     "seed_param_ids", "structural_hash", "to_dot", "to_networkx", "verify",
     "assert_structurally_equal", "canonical_text", "structurally_equal",
+    "FileLoc", "FusedLoc", "Location", "NameLoc", "fuse", "located",
 ]

@@ -19,6 +19,7 @@ from . import registry
 from .dtypes import DType
 from .errors import ShapeError, VerifyError
 from .graph import FlagNode, Function, Graph, Init, Node, Op, Operand, ParamNode, ReparamNode, SymRef, Value
+from .location import Location, located
 from .param_id import ParamId, new_param_id
 from .types import TensorType
 
@@ -26,13 +27,17 @@ Operandish = Operand | np.ndarray | float | int | bool
 
 
 class FunctionBuilder:
-    """Appends ops to one function under construction; `symbols` resolves `@name` operands."""
+    """Appends ops to one function under construction; `symbols` resolves `@name` operands.
+
+    `loc` is the location of ops made without one of their own: the rewriter sets it to the op being rewritten,
+    the ONNX importer to the node being converted, so everything emitted on their behalf inherits it."""
 
     def __init__(self, name: str, symbols: Callable[[str], Node | None]):
         self.name, self.symbols = name, symbols
         self.args: list[Value] = []
         self.ops: list[Op] = []
         self.taken: set[str] = set()
+        self.loc: Location | None = None
         self._counter = 0
 
     def fresh_name(self) -> str:
@@ -61,23 +66,28 @@ class FunctionBuilder:
             raise VerifyError(f"no parameter, flag or derived parameter named @{name}")
         return SymRef(name, node.type)
 
-    def emit(self, kind: str, *operands: Operandish, names: Sequence[str | None] = (), **attrs: Any
-             ) -> Value | tuple[Value, ...]:
+    def emit(self, kind: str, *operands: Operandish, names: Sequence[str | None] = (), loc: Location | None = None,
+             **attrs: Any) -> Value | tuple[Value, ...]:
         """Create an op, infer its result types, append it; one result comes back bare, several as a tuple."""
-        results = self.append(kind, self.operands(kind, operands), attrs, names)
+        results = self.append(kind, self.operands(kind, operands), attrs, names, loc)
         return results[0] if len(results) == 1 else results
 
     def make(self, kind: str, operands: tuple[Operand, ...], attrs: Mapping[str, Any],
-             names: Sequence[str | None] = ()) -> Op:
-        """An op with inferred result types, not yet appended."""
-        full, types = registry.infer(kind, [o.type for o in operands], attrs)
+             names: Sequence[str | None] = (), loc: Location | None = None) -> Op:
+        """An op with inferred result types, not yet appended; at `loc`, else at the builder's `loc`. A shape
+        error names the location."""
+        loc = loc if loc is not None else self.loc
+        try:
+            full, types = registry.infer(kind, [o.type for o in operands], attrs)
+        except ShapeError as e:
+            raise located(loc, e) from None
         names = list(names) + [None] * (len(types) - len(names))
         self.taken.update(n for n in names if n)
-        return Op(kind, operands, full, tuple(Value(t, n or self.fresh_name()) for t, n in zip(types, names)))
+        return Op(kind, operands, full, tuple(Value(t, n or self.fresh_name()) for t, n in zip(types, names)), loc)
 
     def append(self, kind: str, operands: tuple[Operand, ...], attrs: Mapping[str, Any],
-               names: Sequence[str | None] = ()) -> tuple[Value, ...]:
-        op = self.make(kind, operands, attrs, names)
+               names: Sequence[str | None] = (), loc: Location | None = None) -> tuple[Value, ...]:
+        op = self.make(kind, operands, attrs, names, loc)
         self.ops.append(op)
         return op.results
 

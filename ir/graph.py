@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Self
 import numpy as np
 
 from .layout import Layout
+from .location import Location
 from .types import DType, TensorType
 
 FLAG_TYPE = TensorType((), DType.bool)
@@ -47,13 +48,15 @@ Operand = Value | SymRef
 
 
 class Op:
-    """One operation: a registered kind applied to operands with attributes, defining result values."""
+    """One operation: a registered kind applied to operands with attributes, defining result values.
 
-    __slots__ = ("kind", "operands", "attrs", "results")
+    `loc` says where it came from (`kiln.ir.location`); metadata only, never compared or hashed."""
+
+    __slots__ = ("kind", "operands", "attrs", "results", "loc")
 
     def __init__(self, kind: str, operands: tuple[Operand, ...], attrs: dict[str, Any],
-                 results: tuple[Value, ...]):
-        self.kind, self.operands, self.attrs, self.results = kind, operands, attrs, results
+                 results: tuple[Value, ...], loc: Location | None = None):
+        self.kind, self.operands, self.attrs, self.results, self.loc = kind, operands, attrs, results, loc
         for r in results:
             r.owner = self
 

@@ -17,6 +17,7 @@ from .errors import IRParseError, KilnError, ShapeError
 from .gcpause import gc_paused
 from .graph import FlagNode, Graph, Init, Node, Operand, ParamNode, ReparamNode, SymRef, Value, untied_id_claims
 from .layout import Layout
+from .location import FileLoc, FusedLoc, Location, NameLoc
 from .param_id import ParamId
 from .registry import infer
 from .types import TensorType
@@ -484,15 +485,57 @@ class Parser:
         types = [self.parse_type()]
         while self.accept(","):
             types.append(self.parse_type())
+        loc = self.parse_loc() if self.peek()[:2] == ("ident", "loc") else None
         try:
             results = fb.append(kind_tok[1], tuple(operands), attrs, [self.name_of(t) for t in result_toks])
         except (KilnError, ValueError) as e:
             raise self.error(str(e), kind_tok) from None
+        head = result_toks[0]
+        results[0].owner.loc = loc if loc is not None else FileLoc(self.source, head[2], head[3])  # type: ignore[union-attr]
         if len(results) != len(result_toks) or [r.type for r in results] != types:
             raise self.error(f"{kind_tok[1]} gives ({', '.join(str(r.type) for r in results)}) but the text "
                              f"declares ({', '.join(map(str, types))})", kind_tok)
         for tok, r in zip(result_toks, results):
             self.define(env, tok, r)
+
+
+    def parse_loc(self) -> Location:
+        """`loc(...)` as the printer writes it: a file position, a name (over a child), or `fused[...]`."""
+        self.next()
+        self.expect("(")
+        if self.peek()[:2] == ("ident", "fused"):
+            self.next()
+            self.expect("[")
+            parts = [self.parse_single_loc()]
+            while self.accept(","):
+                parts.append(self.parse_single_loc())
+            self.expect("]")
+            loc: Location = FusedLoc(tuple(parts))
+        else:
+            loc = self.parse_single_loc()
+        self.expect(")")
+        return loc
+
+    def parse_single_loc(self) -> FileLoc | NameLoc:
+        tok = self.expect_kind("str", "a quoted file or name in a location")
+        try:
+            text = json.loads(tok[1])
+        except ValueError:
+            raise self.error("malformed string escape", tok) from None
+        if self.accept(":"):
+            line = self.parse_loc_number()
+            return FileLoc(text, line, self.parse_loc_number() if self.accept(":") else None)
+        if self.accept("("):
+            child = self.parse_single_loc()
+            self.expect(")")
+            return NameLoc(text, child)
+        return NameLoc(text)
+
+    def parse_loc_number(self) -> int:
+        tok = self.expect_kind("num", "a line or column number")
+        if not tok[1].isdigit():
+            raise self.error("expected a non-negative integer line or column", tok)
+        return int(tok[1])
 
 
 def parse(text: str, source: str = "<kir>") -> Graph:

@@ -13,6 +13,7 @@ from . import init as initializers
 from . import registry
 from .dtypes import DType
 from .graph import FlagNode, Function, Graph, Init, Op, Operand, ParamNode, ReparamNode, SymRef
+from .location import loc_text
 from .types import TensorType
 
 _BARE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.$\-]*\Z")
@@ -132,31 +133,34 @@ def reparam_text(r: ReparamNode) -> str:
     return f"reparam @{name_text(r.name)} : {r.type} = {r.kind}({args}){op_attrs_text(r.kind, dict(r.attrs))}"
 
 
-def op_text(op: Op) -> str:
+def op_text(op: Op, locations: bool = False) -> str:
+    """One op's line; `locations` appends its `loc(...)` where it has one."""
     results = ", ".join(f"%{name_text(r.name)}" for r in op.results)
     operands = ", ".join(operand_text(o) for o in op.operands)
     types = ", ".join(str(r.type) for r in op.results)
-    return f"{results} = {op.kind}{' ' + operands if operands else ''}{op_attrs_text(op.kind, op.attrs)} : {types}"
+    at = f" {loc_text(op.loc)}" if locations and op.loc is not None else ""
+    return f"{results} = {op.kind}{' ' + operands if operands else ''}{op_attrs_text(op.kind, op.attrs)} : {types}{at}"
 
 
-def function_lines(fn: Function, indent: str = "  ") -> list[str]:
+def function_lines(fn: Function, indent: str = "  ", locations: bool = False) -> list[str]:
     args = ", ".join(f"%{name_text(a.name)}: {a.type}" for a in fn.args)
     rets = ", ".join(str(t) for t in fn.result_types)
     lines = [f"{indent}func @{name_text(fn.name)}({args}) -> ({rets}) {{"]
-    lines.extend(f"{indent}  {op_text(op)}" for op in fn.ops)
+    lines.extend(f"{indent}  {op_text(op, locations)}" for op in fn.ops)
     lines.append(f"{indent}  return {', '.join(operand_text(r) for r in fn.results)}")
     lines.append(f"{indent}}}")
     return lines
 
 
-def print_graph(graph: Graph, elide_data: bool = False) -> str:
-    """The whole graph as `.kir` text; `elide_data` replaces parameter data by `elided`."""
+def print_graph(graph: Graph, elide_data: bool = False, locations: bool = False) -> str:
+    """The whole graph as `.kir` text; `elide_data` replaces parameter data by `elided`, `locations` writes each
+    op's location (MLIR's `loc(...)`, which the parser reads back)."""
     lines = [f"module @{name_text(graph.name)} {{"]
     lines.extend("  " + param_text(p, elide_data) for p in graph.params.values())
     lines.extend("  " + flag_text(f) for f in graph.flags.values())
     lines.extend("  " + reparam_text(r) for r in graph.reparams.values())
     for fn in graph.functions.values():
-        lines.extend(function_lines(fn))
+        lines.extend(function_lines(fn, locations=locations))
     lines.append("}")
     return "\n".join(lines) + "\n"
 

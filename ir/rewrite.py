@@ -6,6 +6,10 @@ operands for its results, or None to keep it. Ops a rule emits are offered to th
 reused, so a pass that changes nothing costs one walk and no allocation. The same driver rewrites a function in
 place (canonicalize, cse, fold-constants), copies one into another (autodiff's forward, the captured step) and
 recomputes ops (checkpoint). `prune` removes ops nothing uses.
+
+Locations are kept here, so passes need not think of them: a replayed op keeps its location, ops a rule emits
+take the location of the op it rewrites, and when a rule replaces an op by all results of an earlier op of the
+same kind (cse merging equal ops) the survivor's location becomes the fusion of both.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from .builder import FunctionBuilder, Operandish
 from .errors import PassError
 from .gcpause import gc_paused
 from .graph import Function, Graph, Op, Operand, SymRef, Value
+from .location import Location, fuse, located
 from .tracking import RewriteHook, active_hook
 
 _MAX_DEPTH = 32
@@ -34,6 +39,7 @@ class Rewriter:
         self.hook = hook
         self.changed = False
         self._depth = 0
+        self._fused: dict[int, tuple[Op, list[Location]]] = {}  # id(survivor) -> it, the locations merged into it
 
     @classmethod
     def in_place(cls, graph: Graph, fn: Function, rules: Sequence[Rule] = (), hook: RewriteHook | None = None
@@ -55,17 +61,26 @@ class Rewriter:
         self._depth += 1
         try:
             if self._depth > _MAX_DEPTH:
-                raise PassError(f"rewrite rules recursed more than {_MAX_DEPTH} levels on {op.kind}")
-            for rule in self.rules:
-                mark = len(self.builder.ops)
-                replacement = rule(self, op)
-                if replacement is not None:
-                    if self.hook is not None and not self.hook.allow_rewrite(op):
-                        del self.builder.ops[mark:]  # what the rule emitted for the vetoed replacement
-                        continue
-                    self._check(rule, op, tuple(replacement))
-                    self.changed = True
-                    return tuple(replacement)
+                raise located(op.loc, PassError(f"rewrite rules recursed more than {_MAX_DEPTH} levels on {op.kind}"))
+            if not self.rules:
+                self.builder.ops.append(op)
+                return op.results
+            outer, self.builder.loc = self.builder.loc, op.loc  # what the rules emit for op is at op's location
+            try:
+                for rule in self.rules:
+                    mark = len(self.builder.ops)
+                    replacement = rule(self, op)
+                    if replacement is not None:
+                        if self.hook is not None and not self.hook.allow_rewrite(op):
+                            del self.builder.ops[mark:]  # what the rule emitted for the vetoed replacement
+                            continue
+                        replacement = tuple(replacement)
+                        self._check(rule, op, replacement)
+                        self._merge(op, replacement)
+                        self.changed = True
+                        return replacement
+            finally:
+                self.builder.loc = outer
             self.builder.ops.append(op)
             return op.results
         finally:
@@ -75,8 +90,37 @@ class Rewriter:
         got = [r.type for r in replacement]
         want = [r.type for r in op.results]
         if got != want:
-            raise PassError(f"rule {getattr(rule, '__name__', rule)} replaced {op.kind} results of types "
-                            f"{list(map(str, want))} with {list(map(str, got))}")
+            raise located(op.loc, PassError(f"rule {getattr(rule, '__name__', rule)} replaced {op.kind} results of "
+                                            f"types {list(map(str, want))} with {list(map(str, got))}"))
+
+    def _merge(self, op: Op, replacement: tuple[Operand, ...]) -> None:
+        """Note `op`'s location on the op it merges into: an earlier op of its kind giving all the replacement."""
+        first = replacement[0] if replacement else None
+        survivor = first.owner if isinstance(first, Value) else None
+        if (op.loc is None or survivor is None or survivor.kind != op.kind or survivor.loc == op.loc
+                or survivor.results != replacement):
+            return
+        self._fused.setdefault(id(survivor), (survivor, []))[1].append(op.loc)
+
+    def _with_fused_locations(self, ops: list[Op], results: tuple[Operand, ...]
+                              ) -> tuple[tuple[Op, ...], tuple[Operand, ...]]:
+        """`ops` with merged locations fused into their survivors. A survivor is copied rather than changed, as it
+        may be an op of the input function; its users are copied to use the copy's results."""
+        if not self._fused:
+            return tuple(ops), results
+        values: dict[int, Operand] = {}
+        out = []
+        for op in ops:
+            merged = self._fused.get(id(op))
+            operands = tuple([values.get(id(o), o) for o in op.operands])
+            if merged is None and operands == op.operands:
+                out.append(op)
+                continue
+            loc = fuse([op.loc, *merged[1]]) if merged is not None else op.loc
+            new = Op(op.kind, operands, op.attrs, tuple(Value(r.type, r.name) for r in op.results), loc)
+            values.update((id(a), b) for a, b in zip(op.results, new.results))
+            out.append(new)
+        return tuple(out), tuple(values.get(id(r), r) for r in results)
 
     def mapped(self, o: Operand, values: Mapping[int, Operand]) -> Operand:
         """What operand `o` of a replayed op becomes: a symbol through `symbols`, a value through `values`."""
@@ -96,7 +140,8 @@ class Rewriter:
             else:
                 names = [rename(r.name) if rename is not None else r.name for r in op.results]
                 self.builder.taken.update(names)
-                candidate = Op(op.kind, operands, op.attrs, tuple(Value(r.type, n) for r, n in zip(op.results, names)))
+                candidate = Op(op.kind, operands, op.attrs, tuple(Value(r.type, n) for r, n in zip(op.results, names)),
+                               op.loc)
             for old, new in zip(op.results, self.process(candidate)):
                 if new is not old:
                     values[id(old)] = new
@@ -113,7 +158,8 @@ class Rewriter:
         results = self.inline(fn, fn.args)
         if not self.changed and all(a is b for a, b in zip(results, fn.results)):
             return fn
-        return Function(fn.name, fn.args, tuple(self.builder.ops), results)
+        ops, results = self._with_fused_locations(self.builder.ops, results)
+        return Function(fn.name, fn.args, ops, results)
 
 
 Rule = Callable[[Rewriter, Op], Sequence[Operand] | None]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from . import init as initializers
 from . import registry
 from .errors import KilnError, VerifyError
-from .graph import Function, Graph, ParamNode, ReparamNode, SymRef, Value, untied_id_claims
+from .graph import Function, Graph, Op, ParamNode, ReparamNode, SymRef, Value, untied_id_claims
+from .location import located
 from .param_id import ParamId
 
 DEQUANTIZE = "dequantize"  # the one derivation another derivation may take as an operand
@@ -109,19 +112,27 @@ def verify_function(graph: Graph, fn: Function) -> None:
     for a in fn.args:
         define(a, f"@{fn.name} arguments")
     for i, op in enumerate(fn.ops):
-        where = f"@{fn.name} op #{i} ({', '.join('%' + r.name for r in op.results)} = {op.kind})"
-        for o in op.operands:
-            check_operand(o, where)
         try:
-            attrs, types = registry.infer(op.kind, [o.type for o in op.operands], op.attrs)
-        except (KilnError, ValueError) as e:
-            raise VerifyError(f"{where}: {e}") from None
-        if tuple(r.type for r in op.results) != types:
-            raise VerifyError(f"{where}: results are typed ({', '.join(str(r.type) for r in op.results)}) "
-                              f"but the op infers ({', '.join(map(str, types))})")
-        for r in op.results:
-            if r.owner is not op:
-                raise VerifyError(f"{where}: result %{r.name} belongs to another op")
-            define(r, where)
+            _verify_op(op, f"@{fn.name} op #{i} ({', '.join('%' + r.name for r in op.results)} = {op.kind})",
+                       check_operand, define)
+        except VerifyError as e:
+            raise located(op.loc, e) from None
     for r in fn.results:
         check_operand(r, f"@{fn.name} return")
+
+
+def _verify_op(op: Op, where: str, check_operand: Callable[[object, str], None],
+               define: Callable[[Value, str], None]) -> None:
+    for o in op.operands:
+        check_operand(o, where)
+    try:
+        attrs, types = registry.infer(op.kind, [o.type for o in op.operands], op.attrs)
+    except (KilnError, ValueError) as e:
+        raise VerifyError(f"{where}: {e}") from None
+    if tuple(r.type for r in op.results) != types:
+        raise VerifyError(f"{where}: results are typed ({', '.join(str(r.type) for r in op.results)}) "
+                          f"but the op infers ({', '.join(map(str, types))})")
+    for r in op.results:
+        if r.owner is not op:
+            raise VerifyError(f"{where}: result %{r.name} belongs to another op")
+        define(r, where)

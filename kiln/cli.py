@@ -74,6 +74,7 @@ def cmd_opt(args: argparse.Namespace) -> int:
         print_after_all=args.print_ir_after_all, print_after_change=args.print_ir_after_change,
         print_before=_names(args.print_ir_before), print_after=_names(args.print_ir_after),
         print_function=args.print_function, print_module_scope=args.print_module_scope,
+        print_locations=args.print_locations,
         timing=args.timing, statistics=args.statistics, bisect_limit=args.bisect_limit,
         check_equivalence=args.check_equivalence, strict=args.strict)
     with warnings.catch_warnings(record=True) as caught:
@@ -88,7 +89,7 @@ def cmd_opt(args: argparse.Namespace) -> int:
             return EXIT_CRASH
     for warning in caught:  # one line each, like errors
         print(f"kiln opt: warning: {warning.message}", file=sys.stderr)
-    write_text(args.output, print_graph(result))
+    write_text(args.output, print_graph(result, locations=args.print_locations))
     return EXIT_OK
 
 
@@ -368,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--print-function", metavar="NAME", help="dumps show only this function")
     opt.add_argument("--print-module-scope", action="store_true",
                      help="with --print-function, dump the module's params, flags and derivations around it")
+    opt.add_argument("--print-locations", action="store_true",
+                     help="print each op's location (file:line:col, traced line and module path, ONNX node)")
     opt.add_argument("--statistics", action="store_true", help="report each pass's counters (ops removed...)")
     opt.add_argument("--bisect-limit", type=int, metavar="N",
                      help="run only the first N pass applications and rewrites; report the ones skipped")

@@ -96,7 +96,11 @@ def differentiate(graph: Graph, fn: Function, name: str = "forward_backward") ->
         rule = rule_for(op.kind)
         if rule is None:
             raise PassError(f"autodiff: op {op.kind!r} has no gradient rule")
-        got = tuple(rule(GradContext(fb, wants), op, out))
+        fb.loc = op.loc  # an op's backward ops are at its location
+        try:
+            got = tuple(rule(GradContext(fb, wants), op, out))
+        finally:
+            fb.loc = None
         if len(got) != len(op.operands):
             raise PassError(f"autodiff: the {op.kind} gradient rule returned {len(got)} gradients for "
                             f"{len(op.operands)} operands")

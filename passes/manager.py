@@ -42,7 +42,8 @@ class PassManager:
     `strict` turns a ParamGroupWarning (a group option selecting nothing) into a PassError. `print_before` and
     `print_after` name passes to dump around; `print_after_change="diff"` dumps a unified diff instead of the
     whole IR; `print_function` restricts dumps to one function, printed alone unless `print_module_scope` adds
-    the module's nodes around it. `statistics` prints the statistics table after the run."""
+    the module's nodes around it, `print_locations` with each op's location. `statistics` prints the statistics
+    table after the run."""
 
     passes: Sequence[Pass]
     verify_each: bool = False
@@ -53,6 +54,7 @@ class PassManager:
     print_after: Sequence[str] = ()
     print_function: str | None = None
     print_module_scope: bool = False
+    print_locations: bool = False
     timing: bool = False
     statistics: bool = False
     bisect_limit: int | None = None
@@ -164,14 +166,16 @@ class PassManager:
 
     def _text(self, graph: Graph) -> str:
         """The IR a dump shows: the whole module, or the `print_function` alone or in its module scope."""
+        locations = self.print_locations
         if self.print_function is None:
-            return print_graph(graph, elide_data=True)
+            return print_graph(graph, elide_data=True, locations=locations)
         fn = graph.functions.get(self.print_function)
         if self.print_module_scope:
-            return print_graph(graph.replace(functions={fn.name: fn} if fn else {}), elide_data=True)
+            return print_graph(graph.replace(functions={fn.name: fn} if fn else {}), elide_data=True,
+                               locations=locations)
         if fn is None:
             return f"// no function @{self.print_function}\n"
-        return "\n".join(function_lines(fn, indent="")) + "\n"
+        return "\n".join(function_lines(fn, indent="", locations=locations)) + "\n"
 
     def _dump(self, title: str, graph: Graph) -> None:
         self.out.write(f"// ----- IR dump {title} ----- //\n{self._text(graph)}\n")

@@ -35,6 +35,7 @@ from kiln.ir import (
     registry,
 )
 from kiln.ir.interpreter import param_value
+from kiln.ir.location import located
 from kiln.ir.symbols import SymbolResolver
 
 from . import nn_ops, ops, quant_ops, random_ops, shape_ops, spatial_ops  # noqa: F401  (register rules)
@@ -136,8 +137,11 @@ class _FunctionLowering:
             with bb.dataflow():
                 for op in self.fn.ops:
                     operands = [self._operand(o, env) for o in op.operands]
-                    outs = self.apply(bb, op.kind, operands, [o.type for o in op.operands], op.attrs,
-                                      [r.type for r in op.results])
+                    try:
+                        outs = self.apply(bb, op.kind, operands, [o.type for o in op.operands], op.attrs,
+                                          [r.type for r in op.results])
+                    except KilnError as e:  # names the user's line and layer
+                        raise located(op.loc, e) from None
                     known = op.attrs["value"] if op.kind == "constant" else None
                     env.update((id(r), (e, known)) for r, e in zip(op.results, outs))
                 results = [self._operand(r, env)[0] for r in self.fn.results]

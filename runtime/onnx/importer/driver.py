@@ -31,6 +31,7 @@ import onnx
 from onnx import GraphProto, ModelProto, NodeProto, numpy_helper
 
 from kiln.ir import Builder, DType, FunctionBuilder, Graph, KilnError, ShapeError, TensorType, Value, evaluate_op
+from kiln.ir.location import onnx_loc
 from kiln.runtime.records.record import RecordEntry
 
 from ..tensors import kiln_dtype, load_model, model_initializers, param_id_of
@@ -251,7 +252,12 @@ class _Importer:
         if foldable:
             return self.fold(node, fn, known, vectors, attrs)
         call = NodeCall(node, self.opset, _Operands(self, names), known, attrs, self.b.fn, vectors, self.inline)
-        out = fn(call)
+        fb = self.b.fn
+        outer, fb.loc = fb.loc, onnx_loc(node.name, node.op_type)  # every op the converter emits names the node
+        try:
+            out = fn(call)
+        finally:
+            fb.loc = outer
         return (out,) if not isinstance(out, tuple | list) else out
 
     def fold(self, node: NodeProto, fn, known, vectors, attrs) -> list[np.ndarray | ShapeVector | None]:
