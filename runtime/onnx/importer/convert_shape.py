@@ -141,12 +141,18 @@ def _slice(call: NodeCall) -> Output:
     return call.emit("slice", call.input(0), starts=starts, ends=ends, axes=axes, steps=steps)
 
 
-@converts("Reshape", since=5)
-def _reshape(call: NodeCall) -> Output:
-    x = call.input(0)
+def _target_shape(call: NodeCall) -> ShapeVector:
+    """Input 1 of Reshape and Expand, the target shape: known at import, at least as a vector of run-time dims."""
     target = call.vector(1)
     if target is None:
         raise Unsupported("the shape (input 1) is computed at run time; kiln needs it at compile time")
+    return target
+
+
+@converts("Reshape", since=5)
+def _reshape(call: NodeCall) -> Output:
+    x = call.input(0)
+    target = _target_shape(call)
     copy = not call.attr("allowzero", 0)
     dims = [(_dims(x)[i] if i < x.type.rank else 0) if copy and d == 0 else d for i, d in enumerate(target.items)]
     return reshape_to(call, x, dims)
@@ -202,9 +208,7 @@ def _unsqueeze(call: NodeCall) -> Output:
 @converts("Expand", since=8)
 def _expand(call: NodeCall) -> Output:
     x = call.input(0)
-    target = call.vector(1)
-    if target is None:
-        raise Unsupported("the shape (input 1) is computed at run time; kiln needs it at compile time")
+    target = _target_shape(call)
     rank = max(len(target.items), x.type.rank)
     have = [1] * (rank - x.type.rank) + list(x.type.shape)
     want = [1] * (rank - len(target.items)) + list(target.items)
