@@ -9,21 +9,12 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from onnx_mlp import MLP
 
 import kiln
-from kiln import nn
 from kiln.cli import main
 from kiln.ir import interpret, parse_file
 from kiln.runtime.records.record import ModuleRecord
-
-
-class MLP(kiln.Module):
-    def __init__(self):
-        self.fc1 = nn.Linear(6, 5)
-        self.fc2 = nn.Linear(5, 3)
-
-    def forward(self, x):
-        return self.fc2(nn.functional.relu(self.fc1(x)))
 
 
 @pytest.fixture

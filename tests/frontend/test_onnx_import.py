@@ -13,22 +13,14 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
+from onnx_mlp import MLP
 
 import kiln
-from kiln import Lora, ParamGroup, nn
+from kiln import Lora, ParamGroup
 from kiln.ir import RecordError, ShapeError, interpret
 
 RNG = np.random.default_rng(12)
 AD = kiln.Device("cpu").autodiff()
-
-
-class MLP(kiln.Module):
-    def __init__(self):
-        self.fc1 = nn.Linear(6, 5)
-        self.fc2 = nn.Linear(5, 3)
-
-    def forward(self, x):
-        return self.fc2(nn.functional.relu(self.fc1(x)))
 
 
 def floats(*shape: int) -> np.ndarray:
