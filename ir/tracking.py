@@ -4,11 +4,11 @@ rewrites and bisection can number and skip them, without the driver knowing abou
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Protocol
 
 from .graph import Op
+from .scoped import scoped
 
 
 class RewriteHook(Protocol):
@@ -24,14 +24,9 @@ class RewriteHook(Protocol):
 _ACTIVE: ContextVar[RewriteHook | None] = ContextVar("kiln_rewrite_hook", default=None)
 
 
-@contextlib.contextmanager
-def tracking(hook: RewriteHook) -> Iterator[None]:
+def tracking(hook: RewriteHook) -> contextlib.AbstractContextManager[None]:
     """Route the rewrites and statistics of the code run inside to `hook`."""
-    token = _ACTIVE.set(hook)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
+    return scoped(_ACTIVE, hook)
 
 
 def active_hook() -> RewriteHook | None:

@@ -5,27 +5,22 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
 
 import numpy as np
 
 from ..attrs import FLOAT, INT, Attr
 from ..dtypes import DType
 from ..errors import ShapeError
+from ..scoped import scoped
 from ..traits import Trait
 from .common import define, floating
 
 _run_seed: contextvars.ContextVar[int] = contextvars.ContextVar("kiln_run_seed", default=0)
 
 
-@contextlib.contextmanager
-def run_seed(seed: int) -> Iterator[None]:
+def run_seed(seed: int) -> contextlib.AbstractContextManager[None]:
     """Evaluate stochastic ops under this run seed."""
-    token = _run_seed.set(seed)
-    try:
-        yield
-    finally:
-        _run_seed.reset(token)
+    return scoped(_run_seed, seed)
 
 
 def _dropout_infer(ts, attrs):
