@@ -5,6 +5,7 @@ from kiln.ir.param_id import ParamId
 from kiln.ir.param_id import seed_param_ids as seed
 from kiln.passes.group import ParamGroup
 from kiln.runtime.records.record import DTypePolicy, ModuleRecord
+from kiln.runtime.tvm.aligned import aligned, aligned_empty
 
 from . import nn, optim, train
 from .compile import compile
@@ -47,6 +48,8 @@ __all__ = [
     "Reparameterizer",
     "Tensor",
     "TrainStep",
+    "aligned",
+    "aligned_empty",
     "compile",
     "compile_step",
     "export_onnx",
