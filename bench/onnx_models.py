@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
-from roofline import cpu_model, peak_gflops  # bench/ is the script's directory
+from peers import onnxruntime_runner, openvino_runner  # bench/ is the script's directory
+from roofline import cpu_model, peak_gflops
 from timing import interleaved
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "frontend"))
@@ -40,24 +40,6 @@ Runner = Callable[[], object]
 
 def inputs_at(example: tuple, batch: int) -> list[np.ndarray]:
     return [np.resize(t.numpy(), (batch, *t.shape[1:])) for t in example]
-
-
-def onnxruntime_runner(path: Path, feeds: dict[str, np.ndarray], threads: int) -> Runner:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.log_severity_level = threads, 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return lambda: session.run(None, feeds)
-
-
-def openvino_runner(path: Path, feeds: dict[str, np.ndarray], threads: int) -> Runner | None:
-    try:
-        import openvino as ov
-    except ImportError:
-        return None
-    compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                                          "INFERENCE_NUM_THREADS": threads})
-    request = compiled.create_infer_request()
-    return lambda: request.infer(feeds)
 
 
 def bench_model(name: str, opset: int, rounds: int, threads: int, folder: Path) -> tuple[list[str], str | None]:

@@ -62,11 +62,9 @@ class _Plan:
         self.seeded, self.outputs = seeded, outputs
 
 
-def _exportable(x: np.ndarray) -> np.ndarray | None:
-    """`x`, or for a read-only view (as `run(copy=False)` hands out) its writeable base over the same memory: DLPack
+def _writeable_base(x: np.ndarray) -> np.ndarray | None:
+    """For a read-only view (as `run(copy=False)` hands out), its writeable base over the same memory: DLPack
     cannot export read-only arrays, and the VM only reads its inputs. None when there is no such base."""
-    if x.flags.writeable:
-        return x
     base = x.base
     same = (isinstance(base, np.ndarray) and base.flags.writeable and base.ctypes.data == x.ctypes.data
             and base.shape == x.shape and base.strides == x.strides and base.dtype == x.dtype)
@@ -83,7 +81,8 @@ def _device_input(function: str, spec: _InputSpec, x: Any, plan: _Plan) -> Any:
                          f"dtype {x.dtype}")
     if not (spec.dlpack and plan.cpu):
         return tvm.runtime.tensor(to_storage(x, spec.type.dtype), plan.device)
-    exportable = _exportable(x) if x.flags.c_contiguous else None
+    flags = x.flags  # one flags object: each `x.flags` makes a new one
+    exportable = (x if flags.writeable else _writeable_base(x)) if flags.c_contiguous else None
     if exportable is not None:
         view = tvm_ffi.from_dlpack(exportable)  # ~1 us; its data_ptr() is far cheaper to read than numpy's ctypes
         if view.data_ptr() % ALIGNMENT == 0:
