@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from peers import onnxruntime_runner, openvino_runner  # bench/ is the script's directory
 from roofline import cpu_model
-from timing import Runner, interleaved
+from timing import SETTLE_S, Runner, interleaved
 
 import kiln
 from kiln import nn
@@ -68,7 +68,8 @@ def main() -> None:
              "|---|---|---:|---:|---:|"]
     with tempfile.TemporaryDirectory(prefix="kiln-call-") as tmp:
         for width in (4, 256):
-            per_round = interleaved(runners(width, Path(tmp), threads), args.rounds, quiet=False)
+            runs = runners(width, Path(tmp), threads)
+            per_round = interleaved(runs, args.rounds, quiet=False, settle_s=SETTLE_S)
             for name, ms in per_round.items():
                 ratio = statistics.median(t / o for t, o in zip(ms, per_round["onnxruntime"], strict=True))
                 lines.append(f"| {width}x{width} | {name} | {1e3 * statistics.median(ms):.1f} | {1e3 * min(ms):.1f} "

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 Runner = Callable[[], object]
+SETTLE_S = 0.3  # a pause longer than the spin-wait of OpenMP (200 ms by default), TBB and TVM's thread pool
 
 
 def _busy_ticks() -> tuple[int, int]:
@@ -41,10 +42,14 @@ def wait_quiet(limit: float = 0.05, patience_s: float = 5.0) -> None:
             return
 
 
-def time_block(run: Runner, warmup: int = 5, min_runs: int = 20, min_s: float = 0.2, quiet: bool = True) -> float:
-    """Median ms per call of one block; `quiet` waits for a quiet host first and redoes a block that was disturbed."""
+def time_block(run: Runner, warmup: int = 5, min_runs: int = 20, min_s: float = 0.2, quiet: bool = True,
+               settle_s: float = 0.0) -> float:
+    """Median ms per call of one block; `quiet` waits for a quiet host first and redoes a block that was disturbed;
+    `settle_s` sleeps first, so the worker threads the previous engine left spinning (OpenMP, TBB, TVM's pool) go
+    idle instead of competing with this one."""
     times: list[float] = []
     for _attempt in range(3 if quiet else 1):
+        time.sleep(settle_s)
         if quiet:
             wait_quiet()
         for _ in range(warmup):
@@ -60,12 +65,13 @@ def time_block(run: Runner, warmup: int = 5, min_runs: int = 20, min_s: float = 
     return statistics.median(times)
 
 
-def interleaved(runners: dict[str, Runner], rounds: int, quiet: bool = True) -> dict[str, list[float]]:
+def interleaved(runners: dict[str, Runner], rounds: int, quiet: bool = True, settle_s: float = 0.0
+                ) -> dict[str, list[float]]:
     """Per-round median ms of every runner, rounds in rotated and alternately reversed order."""
     names = list(runners)
     per_round: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order if r % 2 == 0 else order[::-1]:
-            per_round[name].append(time_block(runners[name], quiet=quiet))
+            per_round[name].append(time_block(runners[name], quiet=quiet, settle_s=settle_s))
     return per_round
