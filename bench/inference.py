@@ -94,7 +94,7 @@ def _t(w: Weights, device: str = "cpu") -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(v).to(device) for k, v in w.items()}
 
 
-def _torch_mlp(w: Weights, device: str) -> TorchFn:
+def torch_mlp(w: Weights, device: str) -> TorchFn:
     p = _t(w, device)
 
     def run(x: torch.Tensor) -> torch.Tensor:
@@ -110,9 +110,14 @@ def _numpy_mlp(w: Weights, x: np.ndarray) -> np.ndarray:
     return x @ w["layers.4.weight"] + w["layers.4.bias"]
 
 
-def _torch_transformer(w: Weights, device: str) -> TorchFn:
-    """torch's own TransformerEncoderLayer (eval + inference_mode takes its fused fast path) with kiln's weights."""
-    layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, activation="gelu", batch_first=True).eval()
+def torch_encoder(d: int, heads: int, ff: int) -> Callable[[Weights, str], TorchFn]:
+    """torch's own TransformerEncoderLayer (eval + inference_mode takes its fused fast path) of these widths, loaded
+    with a kiln `nn.TransformerEncoderLayer(d, heads, ff)`'s weights."""
+    return lambda w, device: _torch_transformer(w, device, d, heads, ff)
+
+
+def _torch_transformer(w: Weights, device: str, d: int, heads: int, ff: int) -> TorchFn:
+    layer = torch.nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, activation="gelu", batch_first=True).eval()
     p = _t(w)
     with torch.no_grad():
         a = "attention."
@@ -163,9 +168,9 @@ def _torch_cnn(w: Weights, device: str) -> TorchFn:
 def workloads() -> list[Workload]:
     mlp = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
     return [
-        Workload("mlp 64x784-512-512-10", mlp, (64, 784), _torch_mlp, _numpy_mlp),
+        Workload("mlp 64x784-512-512-10", mlp, (64, 784), torch_mlp, _numpy_mlp),
         Workload("transformer b8 s128 d256 h4", nn.TransformerEncoderLayer(256, 4, 1024), (8, 128, 256),
-                 _torch_transformer),
+                 torch_encoder(256, 4, 1024)),
         Workload("conv2d 3x3 8x64x32x32->64", nn.Conv2d(64, 64, 3, padding=1, bias=False), (8, 64, 32, 32),
                  _torch_conv, _numpy_conv),
         Workload("small cnn 8x3x32x32", SmallCNN(), (8, 3, 32, 32), _torch_cnn),
