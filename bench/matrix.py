@@ -125,6 +125,7 @@ def main() -> None:
             best = [min(per_round[p][r] for p in F32_PEERS if p in per_round) for r in range(args.rounds)]
             ratio = statistics.median(k / b for k, b in zip(per_round["kiln f32"], best, strict=True))
             lines.append(f"| {wl.name} | {' | '.join(cells)} | {ratio:.2f} |")
+            print(lines[-1], flush=True)  # a row as soon as it is measured: an interrupted run keeps its rows
     print("\n".join(lines))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(lines) + "\n", encoding="utf-8")
