@@ -1,0 +1,88 @@
+"""Run-time errors of a compiled executable name the kiln ops behind them (issue 17, "Locations": every location
+is "named in every error a pass, the verifier, shape inference, lowering or an executable raises, so an error
+points at the user's line and layer")."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import nn
+from kiln.ir import KilnError, ShapeError
+from kiln.runtime import load_executable
+from kiln.runtime.tvm import compile_cache
+from kiln.runtime.tvm.op_map import OpSources, ops_named
+
+HERE = __file__
+
+
+def line_of(marker: str) -> int:
+    with open(HERE) as f:
+        return next(i for i, text in enumerate(f, 1) if marker in text and "line_of" not in text)
+
+
+class Residual(kiln.Module):
+    def forward(self, x, skip):
+        return nn.functional.relu(x + skip)  # @residual-add
+
+
+class Model(kiln.Module):
+    def __init__(self):
+        self.fc = nn.Linear(4, 4)
+        self.res = Residual()
+
+    def forward(self, x, skip):
+        return self.res(self.fc(x), skip)  # @model-forward
+
+
+@pytest.fixture(scope="module")
+def exe():
+    return kiln.compile(Model().valid(), ((None, 4), "f32"), ((None, 4), "f32"))
+
+
+def _where(marker: str, path: str) -> str:
+    return f"{path} ({HERE}:{line_of(marker)})"
+
+
+def test_a_shared_dim_disagreeing_at_run_time_names_the_broadcast_that_joined_it(exe):
+    """The add joins the batch dims of `x` (through the Linear) and `skip` into one symbolic var; TVM's check
+    that `skip` matches it names that var, which maps back to the add at the user's line in module `res`."""
+    x, skip = np.ones((2, 4), np.float32), np.ones((3, 4), np.float32)
+    with pytest.raises(KilnError, match="failed at run time") as info:
+        exe(x, skip)
+    message = str(info.value)
+    assert message.startswith(f"add at {_where('@residual-add', 'res')}"), message
+    assert "\n" not in message
+    assert exe(x, x).shape == (2, 4)  # the executable still runs after the error
+
+
+def test_a_wrong_input_names_the_ops_reading_it(exe):
+    with pytest.raises(ShapeError, match="input %x1 expects") as info:
+        exe(np.ones((2, 4), np.float32), np.ones((2, 4), np.float64))
+    assert str(info.value).startswith(f"add at {_where('@residual-add', 'res')}: @forward input %x1")
+    with pytest.raises(ShapeError) as info:
+        exe(np.ones((2, 5), np.float32), np.ones((2, 4), np.float32))
+    assert str(info.value).startswith(f"linear at {_where('@model-forward', 'fc')}: @forward input %x")
+
+
+def test_an_exported_library_keeps_the_map(exe, tmp_path):
+    """A loaded `.so` has no graph: the map and the op descriptions come from its sidecar."""
+    exe.export_library(str(tmp_path / "m.so"))
+    compile_cache.clear_memory()
+    loaded = load_executable(str(tmp_path / "m.so"))
+    with pytest.raises(KilnError, match=f"^add at {re.escape(_where('@residual-add', 'res'))}.*failed at run time"):
+        loaded(np.ones((2, 4), np.float32), np.ones((3, 4), np.float32))
+
+
+def test_a_fused_kernel_name_splits_into_its_parts():
+    """FuseTIR names a fused PrimFunc by concatenating its parts (`fused_add1_relu`): each part's op is named."""
+    src = OpSources()
+    src.add("add1", [3])
+    src.add("relu", [4])
+    src.add("layer_norm", [1])
+    assert ops_named("Assert fail: fused_add1_relu.A has an unsatisfied constraint", src.names) == [3, 4]
+    assert ops_named("in fused_layer_norm_add1", src.names) == [1, 3]
+    assert ops_named("in fused_unknown_relu", src.names) == [4]
