@@ -31,6 +31,8 @@ class OpSources:
         self.bindings: dict[str, int] = {}  # an op's result var (by name) -> its op
 
     def add(self, name: str, ops: Sequence[int]) -> None:
+        if not ops:
+            return
         known = self.names.setdefault(name, [])
         known.extend(op for op in ops if op not in known)
 

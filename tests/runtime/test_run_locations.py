@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+from tvm import relax
 
 import kiln
 from kiln import nn
@@ -25,22 +26,32 @@ def line_of(marker: str) -> int:
 
 
 class Residual(kiln.Module):
+    def __init__(self, moved: bool = False):
+        self.moved = moved  # a plain constant: the same graph, traced at another line
+
     def forward(self, x, skip):
+        if self.moved:
+            return nn.functional.relu(x + skip)  # @moved-add
         return nn.functional.relu(x + skip)  # @residual-add
 
 
 class Model(kiln.Module):
-    def __init__(self):
+    def __init__(self, moved: bool = False):
         self.fc = nn.Linear(4, 4)
-        self.res = Residual()
+        self.res = Residual(moved)
 
     def forward(self, x, skip):
         return self.res(self.fc(x), skip)  # @model-forward
 
 
+def build(moved: bool = False):
+    kiln.seed(5)  # the same weights, so the same cache key
+    return kiln.compile(Model(moved).valid(), ((None, 4), "f32"), ((None, 4), "f32"))
+
+
 @pytest.fixture(scope="module")
 def exe():
-    return kiln.compile(Model().valid(), ((None, 4), "f32"), ((None, 4), "f32"))
+    return build()
 
 
 def _where(marker: str, path: str) -> str:
@@ -59,6 +70,15 @@ def test_a_shared_dim_disagreeing_at_run_time_names_the_broadcast_that_joined_it
     assert exe(x, x).shape == (2, 4)  # the executable still runs after the error
 
 
+def test_a_cached_build_names_the_lines_of_the_graph_compiled(exe):
+    """Locations are not in cache keys: a build cached for one graph, reused for an equal one traced at other
+    lines, names the new lines."""
+    moved = build(moved=True)
+    assert moved.program is exe.program  # the one build, from the in-memory cache
+    with pytest.raises(KilnError, match=f"^add at {re.escape(_where('@moved-add', 'res'))}: "):
+        moved(np.ones((2, 4), np.float32), np.ones((3, 4), np.float32))
+
+
 def test_a_wrong_input_names_the_ops_reading_it(exe):
     with pytest.raises(ShapeError, match="input %x1 expects") as info:
         exe(np.ones((2, 4), np.float32), np.ones((2, 4), np.float64))
@@ -75,6 +95,14 @@ def test_an_exported_library_keeps_the_map(exe, tmp_path):
     loaded = load_executable(str(tmp_path / "m.so"))
     with pytest.raises(KilnError, match=f"^add at {re.escape(_where('@residual-add', 'res'))}.*failed at run time"):
         loaded(np.ones((2, 4), np.float32), np.ones((3, 4), np.float32))
+
+
+def test_the_kernels_tvm_fused_name_their_ops(exe):
+    """The build's fused PrimFuncs (LegalizeOps' names joined by FuseTIR) map back to the Linear, add and relu."""
+    lib = exe.program.library
+    text = lib.as_text() if isinstance(lib, relax.VMExecutable) else relax.VMExecutable(lib).as_text()
+    kernels = set(re.findall(r"fused_\w+", text))
+    assert kernels and {i for k in kernels for i in ops_named(k, exe.program.op_map["forward"])} == {0, 1, 2}
 
 
 def test_a_fused_kernel_name_splits_into_its_parts():
