@@ -15,7 +15,7 @@ import json
 import os
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -70,7 +70,7 @@ class Program:
     target: str
     device: str  # "cpu" or "cuda"
     params: str  # "bound" or "inputs"
-    op_map: OpMap = field(default_factory=dict)  # what run-time errors name -> kiln op indices (`op_map.py`)
+    op_map: OpMap  # what run-time errors name -> kiln op indices (`op_map.py`)
 
     def meta(self) -> dict[str, Any]:
         return {"format": FORMAT, "target": self.target, "device": self.device, "params": self.params,

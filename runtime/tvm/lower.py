@@ -56,7 +56,7 @@ class Lowered:
 
     module: tvm.IRModule
     signatures: dict[str, FunctionSignature]
-    sources: dict[str, OpSources] = field(default_factory=dict)  # per function: which kiln ops made what
+    sources: dict[str, OpSources]  # per function: which kiln ops made what (for `op_map.build_map`)
 
 
 class _Unify(Exception):

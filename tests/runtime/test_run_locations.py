@@ -4,7 +4,9 @@ points at the user's line and layer")."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ import kiln
 from kiln import nn
 from kiln.ir import KilnError, ShapeError
 from kiln.runtime import load_executable
-from kiln.runtime.tvm import compile_cache
+from kiln.runtime.tvm import artifact, compile_cache
 from kiln.runtime.tvm.op_map import OpSources, ops_named
 
 HERE = __file__
@@ -95,6 +97,20 @@ def test_an_exported_library_keeps_the_map(exe, tmp_path):
     loaded = load_executable(str(tmp_path / "m.so"))
     with pytest.raises(KilnError, match=f"^add at {re.escape(_where('@residual-add', 'res'))}.*failed at run time"):
         loaded(np.ones((2, 4), np.float32), np.ones((3, 4), np.float32))
+
+
+@pytest.mark.parametrize(("field", "value", "error"), [("op_map", {"forward": {"x": "0"}}, "malformed op map"),
+                                                      ("ops", {"forward": [3]}, "malformed op descriptions")])
+def test_a_malformed_map_in_a_sidecar_is_refused(exe, tmp_path, field, value, error):
+    path = str(tmp_path / "m.so")
+    exe.export_library(path)
+    payload = json.loads(Path(path + artifact.SIDECAR).read_text())
+    payload.pop("sidecar_sha256")
+    payload[field] = value
+    payload["sidecar_sha256"] = artifact._payload_digest(payload)  # well signed, badly formed
+    Path(path + artifact.SIDECAR).write_text(json.dumps(payload))
+    with pytest.raises(artifact.CorruptArtifact, match=error):
+        load_executable(path)
 
 
 def test_the_kernels_tvm_fused_name_their_ops(exe):
