@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from kiln.ir import Function, FunctionBuilder, Graph, Op, Operand, PassError, Rewriter, SymRef, Value, prune
 from kiln.ir.grad_rules import rule_for
 from kiln.ir.gradients import GradContext, conform, emit
+from kiln.ir.location import fuse
 
 from .base import Pass
 
@@ -85,7 +86,12 @@ def differentiate(graph: Graph, fn: Function, name: str = "forward_backward") ->
 
     def add_grad(o: Operand, g: Value) -> None:
         k = _key(o)
-        grads[k] = g if k not in grads else emit(fb, "add", grads[k], g)
+        if k not in grads:
+            grads[k] = g
+            return
+        fb.loc = fuse(v.owner.loc if v.owner is not None else None for v in (grads[k], g))  # of its contributions
+        grads[k] = emit(fb, "add", grads[k], g)
+        fb.loc = None
 
     def backward(op: Op, out: tuple[Value | None, ...] | None = None) -> None:
         if out is None:

@@ -1,10 +1,11 @@
 """Batches for the Learner: indexable datasets (numpy arrays or anything with `__len__` and `__getitem__`) batched
 with seeded shuffling, per-sample transforms and drop_last, or any re-iterable of ready batches; a background
-thread prefetches. Epoch e's order is a function of (seed, e) alone, so a run, or a resumed one that starts at a
-batch position, sees the same batches."""
+thread prefetches. Epoch e's order is a function of (seed, e) alone, and a random transform's generator one of
+(seed, e, sample index), so a run, or a resumed one that starts at a batch position, sees the same batches."""
 
 from __future__ import annotations
 
+import inspect
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -55,11 +56,13 @@ def _collate(samples: Sequence[Sample]) -> Batch:
 class DataLoader:
     """With a `batch_size`, `data` is a Dataset (a tuple of arrays is an ArrayDataset) cut into batches, in a fresh
     seeded order each epoch when `shuffle`, each sample mapped by `transform`; without one, `data` is a re-iterable
-    of batches taken as they come. `prefetch` batches are made ahead on a background thread (0: none)."""
+    of batches taken as they come. A transform with an `rng` parameter is random: it gets `rng=`, a numpy Generator
+    seeded by (seed, epoch, sample index), so its draws repeat exactly in any run and on resume. `prefetch`
+    batches are made ahead on a background thread (0: none)."""
 
     def __init__(self, data: Dataset | tuple[np.ndarray, ...] | Iterable[Batch], batch_size: int | None = None, *,
                  shuffle: bool = False, seed: int = 0, drop_last: bool = False,
-                 transform: Callable[[Sample], Sample] | None = None, prefetch: int = 2):
+                 transform: Callable[..., Sample] | None = None, prefetch: int = 2):
         self.indexed = batch_size is not None
         if self.indexed and isinstance(data, tuple) and all(isinstance(a, np.ndarray) for a in data):
             data = ArrayDataset(*data)
@@ -72,6 +75,7 @@ class DataLoader:
             raise ValueError(f"prefetch must be 0 or more, got {prefetch}")
         self.data, self.batch_size, self.shuffle, self.seed = data, batch_size, shuffle, seed
         self.drop_last, self.transform, self.prefetch = drop_last, transform, prefetch
+        self.random_transform = transform is not None and "rng" in inspect.signature(transform).parameters
 
     def __len__(self) -> int:
         """Batches per epoch (an iterable of batches without a length raises TypeError)."""
@@ -100,8 +104,16 @@ class DataLoader:
             if self.transform is None and isinstance(data, ArrayDataset):
                 yield data.take(indices)
             else:
-                samples = [data[int(i)] for i in indices]  # type: ignore[index]
-                yield _collate([self.transform(s) for s in samples] if self.transform else samples)
+                yield _collate([self._sample(int(i), epoch) for i in indices])
+
+    def _sample(self, index: int, epoch: int) -> Sample:
+        """Sample `index`, transformed; a random transform draws from the generator of (seed, epoch, index)."""
+        sample = self.data[index]  # type: ignore[index]
+        if self.transform is None:
+            return sample
+        if self.random_transform:
+            return self.transform(sample, rng=np.random.default_rng([self.seed, epoch, index]))
+        return self.transform(sample)
 
     def _iterated(self, start: int) -> Iterator[Batch]:
         for b, batch in enumerate(self.data):  # type: ignore[arg-type]

@@ -9,7 +9,6 @@ and the log's length (a resumed run cuts the log back to it), so the resumed run
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -32,6 +31,7 @@ from . import checkpoint
 from .checkpoint import Checkpointing
 from .data import Batch, DataLoader
 from .metrics import Metric, StepOutput, default_metrics, measure, summarize
+from .metrics_log import LogFormat, MetricsLog, columns, pick_format
 from .progress import ProgressBar
 
 
@@ -93,18 +93,21 @@ def _input_specs(batch: Batch) -> tuple[TensorType, ...]:
 class Learner:
     """Trains `model` with `loss_fn(model, *batch) -> loss | (loss, predictions, ...)` (the targets are the batch's
     last array), `optimizer` and `lr_schedule` (advanced once per optimizer step). `accumulation=k` sums k batches'
-    gradients per update; `log` is a JSON-lines file of every step and epoch; `stream` shows progress."""
+    gradients per update; `log` is a file of every step and epoch, CSV for a `.csv` name (or `log_format="csv"`),
+    else JSON lines; `stream` shows progress."""
 
     def __init__(self, model: Module, optimizer: Optimizer, loss_fn: LossFn, lr_schedule: LrScheduler,
                  metrics: Sequence[Metric] | None = None, *, accumulation: int = 1,
                  checkpointing: Checkpointing | None = None, early_stopping: EarlyStopping | None = None,
-                 log: str | os.PathLike[str] | None = None, stream: TextIO | None = None, seed: int = 0):
+                 log: str | os.PathLike[str] | None = None, log_format: LogFormat | None = None,
+                 stream: TextIO | None = None, seed: int = 0):
         self.model, self.loss_fn, self.lr_schedule = model, loss_fn, lr_schedule
         self.optimizer = optimizer if accumulation == 1 else GradientAccumulation(optimizer, accumulation)
         self.accumulation = accumulation
         self.metrics = tuple(default_metrics() if metrics is None else metrics)
         self.checkpointing, self.early_stopping = checkpointing, early_stopping
         self.log_path = None if log is None else Path(log)
+        self.log_format = None if log is None else pick_format(log, log_format)
         self.stream = stream if stream is not None else sys.stdout
         self.seed = seed
         self.position = Position()
@@ -207,16 +210,14 @@ class Learner:
 
     def _open_log(self) -> None:
         self._log = None
-        if self.log_path is not None:
-            self._log = open(self.log_path, "r+b" if self.log_path.exists() else "wb")
-            self._log.truncate(self.position.log_offset)  # a resumed run drops what came after its checkpoint
-            self._log.seek(self.position.log_offset)
+        if self.log_path is not None and self.log_format is not None:  # a resumed run drops what came after
+            self._log = MetricsLog(self.log_path, self.log_format, columns([m.name for m in self.metrics]),
+                                   self.position.log_offset)
+            self.position.log_offset = self._log.file.tell()  # after a new CSV log's header
 
     def _write(self, record: dict[str, Any]) -> None:
         if self._log is not None:
-            self._log.write((json.dumps(record) + "\n").encode())
-            self._log.flush()
-            self.position.log_offset = self._log.tell()
+            self.position.log_offset = self._log.write(record)
 
     def _close_log(self) -> None:
         if self._log is not None:

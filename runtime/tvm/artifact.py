@@ -28,6 +28,7 @@ from kiln.runtime.records.burnpack_io import BurnpackFile, write_burnpack
 from kiln.runtime.records.record import burn_dtype
 
 from .dtypes import storage_numpy
+from .op_map import OpMap, read_map
 from .signature import FunctionSignature
 
 FORMAT = "kiln-executable/2"  # /2: weights in a burnpack (/1 used .params.npz)
@@ -69,10 +70,11 @@ class Program:
     target: str
     device: str  # "cpu" or "cuda"
     params: str  # "bound" or "inputs"
+    op_map: OpMap  # what run-time errors name -> kiln op indices (`op_map.py`)
 
     def meta(self) -> dict[str, Any]:
         return {"format": FORMAT, "target": self.target, "device": self.device, "params": self.params,
-                "functions": [s.to_json() for s in self.signatures.values()]}
+                "functions": [s.to_json() for s in self.signatures.values()], "op_map": self.op_map}
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
@@ -194,9 +196,13 @@ def load_program(path: str) -> tuple[Program, dict[str, Any]]:
         signatures = {d["name"]: FunctionSignature.from_json(d) for d in payload["functions"]}
     except (KeyError, TypeError, ValueError, KilnError) as e:
         raise CorruptArtifact(f"{path}{SIDECAR}: malformed function signature ({type(e).__name__}: {e})") from None
+    try:
+        op_map = read_map(payload.get("op_map", {}))
+    except ValueError as e:
+        raise CorruptArtifact(f"{path}{SIDECAR}: malformed op map ({e})") from None
     check_trusted(path)
     try:
         library = tvm.runtime.load_module(path)
     except RuntimeError as e:  # e.g. a CUDA library on a host whose TVM runtime has no CUDA loader
         raise KilnError(f"{path}: TVM cannot load this library here: {str(e).strip().splitlines()[-1]}") from e
-    return Program(library, signatures, payload["target"], payload["device"], payload["params"]), payload
+    return Program(library, signatures, payload["target"], payload["device"], payload["params"], op_map), payload

@@ -30,6 +30,7 @@ from . import compile_cache
 from .artifact import Program
 from .executable import Executable
 from .lower import LOWERING_VERSION, PARAM_MODES, lower, used_params
+from .op_map import build_map, describe
 from .pipeline import cpu_pipeline, cuda_pipeline
 from .target import TargetLike, resolve_target
 from .tune import apply_database_pass, database_digest, find_database
@@ -54,12 +55,16 @@ def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: st
     return h.hexdigest()
 
 
+def lowering_input(graph: Graph) -> Graph:
+    """The graph as lowering sees it: a (Q)LoRA weight is never formed dense."""
+    return run_with_reproducer(PassManager([FactorLora()]), graph)
+
+
 def build(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool,
           tuning_dir: Path | None = None) -> Program:
     """Lower and build without the cache, applying the tuning database in `tuning_dir` (CPU only) if given."""
     with stage(f"lowering @{graph.name} to Relax"):
-        factored = run_with_reproducer(PassManager([FactorLora()]), graph)  # a (Q)LoRA weight is never formed dense
-        lowered = lower(factored, params, functions)
+        lowered = lower(lowering_input(graph), params, functions)
     if _device(target) == "cuda":
         pipeline = cuda_pipeline(target)
     else:
@@ -71,7 +76,8 @@ def build(graph: Graph, functions: Sequence[str], target: Target, params: str, f
     except (RuntimeError, TypeError, ValueError) as e:  # what TVM raises on a failed build
         first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise KilnError(f"TVM could not build module @{graph.name} for {target.kind.name}: {first}") from e
-    return Program(library, lowered.signatures, str(target), _device(target), params)
+    return Program(library, lowered.signatures, str(target), _device(target), params,
+                   build_map(lowered.module, lowered.sources))
 
 
 def compile_graph(graph: Graph, *, target: TargetLike = "llvm", params: str = "bound", fast_math: bool = True,
@@ -100,4 +106,5 @@ def compile_graph(graph: Graph, *, target: TargetLike = "llvm", params: str = "b
     values = None
     if params == "inputs":
         values = {p.name: param_value(p) for name in names for p in used_params(graph, name)}
-    return Executable(program, values, library_path=path)
+    return Executable(program, values, library_path=path,
+                      ops=lambda: {n: describe(f) for n, f in lowering_input(graph).functions.items()})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -14,8 +14,9 @@ from tvm import relax
 from kiln.ir import KilnError, ShapeError, TensorType
 
 from .aligned import ALIGNMENT
-from .artifact import Program, load_program, read_params, write_artifact
+from .artifact import SIDECAR, CorruptArtifact, Program, load_program, read_params, write_artifact
 from .dtypes import from_storage, storage_numpy, to_storage
+from .op_map import explain, read_ops
 from .signature import FunctionSignature
 from .target import configure_threads
 
@@ -112,12 +113,14 @@ class Executable:
     """A compiled program: `exe(*arrays)` runs its `forward` (or only) function and returns numpy arrays.
 
     With `params="inputs"` builds, the stored parameters' values travel with the executable (taken from the
-    graph it was compiled from) and `params={name: array}` overrides them per call.
+    graph it was compiled from) and `params={name: array}` overrides them per call. `ops` gives each function's
+    op descriptions (`op_map.describe`), read only when a call fails, so its error names the ops at fault.
     """
 
     def __init__(self, program: Program, param_values: Mapping[str, np.ndarray] | None = None,
-                 library_path: str | None = None):
+                 library_path: str | None = None, ops: Callable[[], Mapping[str, list[str]]] | None = None):
         self.program = program
+        self._ops = ops
         self._params = {name: np.asarray(v) for name, v in (param_values or {}).items()}
         self._library_path = library_path  # the file the library was loaded from, if any
         self._vm: relax.VirtualMachine | None = None
@@ -162,12 +165,15 @@ class Executable:
         plan = self._plans.get(function) or self._plan(function)
         if len(inputs) != len(plan.inputs):
             raise KilnError(f"@{function} takes {len(plan.inputs)} inputs, got {len(inputs)}")
-        args = [_device_input(function, spec, x, plan) for spec, x in zip(plan.inputs, inputs)]
-        if plan.params:
-            args += [self._param(name, t, params) for name, t in plan.params]
-        if plan.seeded:
-            args.append(_seed_input(seed, plan))
-        outs = plan.entry(*args)
+        try:
+            args = [_device_input(function, spec, x, plan) for spec, x in zip(plan.inputs, inputs)]
+            if plan.params:
+                args += [self._param(name, t, params) for name, t in plan.params]
+            if plan.seeded:
+                args.append(_seed_input(seed, plan))
+            outs = plan.entry(*args)
+        except (ShapeError, RuntimeError) as e:  # a TVM run-time check: name the kiln ops behind it
+            raise explain(function, e, self.program.op_map, self._descriptions().get(function)) from e
         # `np.from_dlpack(o).copy()` is `o.numpy()` without its Python overhead (~1 us instead of ~6). The copy is
         # the default on purpose: an output can alias an input (a reshape view), a stored parameter or a constant
         # the VM hands back on every call, and the caller owns (and may write) what it gets back. Without it the
@@ -204,6 +210,9 @@ class Executable:
             self._device_params[name] = tvm.runtime.tensor(to_storage(self._params[name], t.dtype), self._device())
         return self._device_params[name]
 
+    def _descriptions(self) -> Mapping[str, list[str]]:
+        return self._ops() if self._ops is not None else {}
+
     def export_library(self, path: str) -> None:
         """Write a shared library loadable by `load_executable` in a fresh process (no tracing, no graph), with
         its sidecar; a `params="inputs"` build also stores its current parameter values in the burnpack
@@ -216,13 +225,18 @@ class Executable:
 
         types = {n: t for s in self.signatures.values() for n, t in s.params}
         values = {n: to_storage(self._params[n], t.dtype) for n, t in types.items() if n in self._params}
-        write_artifact(path, self.program, export, values if self.program.params == "inputs" else None)
+        write_artifact(path, self.program, export, values if self.program.params == "inputs" else None,
+                       ops=dict(self._descriptions()))
 
 
 def load_executable(path: str) -> Executable:
     """Load a library written by `Executable.export_library` (checksums verified before loading)."""
     program, payload = load_program(path)
+    try:
+        ops = read_ops(payload.get("ops"))
+    except ValueError as e:
+        raise CorruptArtifact(f"{path}{SIDECAR}: malformed op descriptions ({e})") from None
     values = read_params(path, payload, program.signatures)
     sig_types = {n: t for s in program.signatures.values() for n, t in s.params}
     params = {n: from_storage(v, sig_types[n].dtype) for n, v in (values or {}).items()}
-    return Executable(program, params, library_path=path)
+    return Executable(program, params, library_path=path, ops=(lambda: ops) if ops is not None else None)

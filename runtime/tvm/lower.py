@@ -40,10 +40,11 @@ from kiln.ir.symbols import SymbolResolver
 
 from . import nn_ops, ops, quant_ops, random_ops, shape_ops, spatial_ops  # noqa: F401  (register rules)
 from .dtypes import to_storage, tvm_dtype
+from .op_map import OpSources
 from .rule import NeedsSeed, OpCall
 from .signature import FunctionSignature
 
-LOWERING_VERSION = "9"  # bump when lowering or pipelines change what a compile-cache key builds
+LOWERING_VERSION = "10"  # bump when lowering or pipelines change what a compile-cache key builds
 PARAM_MODES = ("bound", "inputs")
 
 DimKey = tuple[int, int]  # (input index, axis)
@@ -55,6 +56,7 @@ class Lowered:
 
     module: tvm.IRModule
     signatures: dict[str, FunctionSignature]
+    sources: dict[str, OpSources]  # per function: which kiln ops made what (for `op_map.build_map`)
 
 
 class _Unify(Exception):
@@ -63,6 +65,7 @@ class _Unify(Exception):
     def __init__(self, a: DimKey, b: DimKey):
         super().__init__(a, b)
         self.pair = (a, b)
+        self.op: int | None = None  # the index of the kiln op whose lowering met them
 
 
 @dataclass
@@ -71,6 +74,7 @@ class _Plan:
 
     parent: dict[DimKey, DimKey] = field(default_factory=dict)
     seeded: bool = False
+    unifiers: dict[DimKey, list[int]] = field(default_factory=dict)  # a dim -> the ops that met it in a broadcast
 
     def find(self, key: DimKey) -> DimKey:
         while self.parent.get(key, key) != key:
@@ -81,6 +85,7 @@ class _Plan:
         a, b = self.find(a), self.find(b)
         if a != b:
             self.parent[max(a, b)] = min(a, b)
+            self.unifiers.setdefault(min(a, b), []).extend(self.unifiers.pop(max(a, b), []))
 
 
 def _identifier(name: str) -> str:
@@ -105,6 +110,7 @@ class _FunctionLowering:
         self.run_seed: relax.Var | None = None
         self.made: dict[int, tuple[relax.Expr, OpCall]] = {}  # id(emitted expr) -> (it, the call that made it)
         self.opened = False  # whether the builder holds this function's (unfinished) scope
+        self.sources = OpSources()
 
     def _input_var(self, index: int, name: str, t: TensorType) -> relax.Var:
         shape = []
@@ -135,19 +141,27 @@ class _FunctionLowering:
         with bb.function(self.fn.name, [*inputs, *extra]):
             self.opened = True
             with bb.dataflow():
-                for op in self.fn.ops:
+                for index, op in enumerate(self.fn.ops):
                     operands = [self._operand(o, env) for o in op.operands]
                     try:
                         outs = self.apply(bb, op.kind, operands, [o.type for o in op.operands], op.attrs,
                                           [r.type for r in op.results])
                     except KilnError as e:  # names the user's line and layer
                         raise located(op.loc, e) from None
+                    except _Unify as e:
+                        e.op = index
+                        raise
+                    self.sources.made(index, [o.name for o in outs if isinstance(o, relax.Var)],
+                                      [_identifier(a.name or f"x{i}") for i, a in enumerate(self.fn.args)
+                                       if any(o is a for o in op.operands)])
                     known = op.attrs["value"] if op.kind == "constant" else None
                     env.update((id(r), (e, known)) for r, e in zip(op.results, outs))
                 results = [self._operand(r, env)[0] for r in self.fn.results]
                 output = bb.emit_output(relax.Tuple(results))
             bb.emit_func_output(output)
         self.opened = False
+        for var, key in self.dims.items():
+            self.sources.add(var.name, self.plan.unifiers.get(self.plan.find(key), ()))
         return FunctionSignature(self.fn.name, tuple((a.name or f"x{i}", a.type) for i, a in enumerate(self.fn.args)),
                                  tuple((p.name, p.type) for p in stored), self.fn.result_types, self.plan.seeded)
 
@@ -221,11 +235,12 @@ class _FunctionLowering:
         raise KilnError(f"{kind}: Relax cannot infer the result shape (type {want}) from operand shapes {shapes}")
 
 
-def _emit(graph: Graph, name: str, params: str, plan: _Plan, bb: relax.BlockBuilder) -> FunctionSignature:
+def _emit(graph: Graph, name: str, params: str, plan: _Plan, bb: relax.BlockBuilder
+          ) -> tuple[FunctionSignature, OpSources]:
     """Lower one function into `bb`; on failure close the builder's open scope (it is not reused)."""
     lowering = _FunctionLowering(graph, name, params, plan)
     try:
-        return lowering.emit(bb)
+        return lowering.emit(bb), lowering.sources
     except Exception:
         if lowering.opened:
             bb._end_block()
@@ -233,7 +248,8 @@ def _emit(graph: Graph, name: str, params: str, plan: _Plan, bb: relax.BlockBuil
         raise
 
 
-def _lower_function(graph: Graph, name: str, params: str, bb: relax.BlockBuilder) -> FunctionSignature:
+def _lower_function(graph: Graph, name: str, params: str, bb: relax.BlockBuilder
+                    ) -> tuple[FunctionSignature, OpSources]:
     """Find the dim unification and seed the function needs with trial lowerings, then emit it into `bb`."""
     plan = _Plan()
     fn = graph.functions[name]
@@ -243,6 +259,8 @@ def _lower_function(graph: Graph, name: str, params: str, bb: relax.BlockBuilder
             break
         except _Unify as e:
             plan.merge(*e.pair)
+            if e.op is not None:
+                plan.unifiers.setdefault(plan.find(e.pair[0]), []).append(e.op)
         except NeedsSeed:
             plan.seeded = True
     return _emit(graph, name, params, plan, bb)
@@ -257,5 +275,5 @@ def lower(graph: Graph, params: str = "bound", functions: Sequence[str] | None =
         if name not in graph.functions:
             raise KilnError(f"module @{graph.name} has no function @{name}")
     bb = relax.BlockBuilder()
-    signatures = {name: _lower_function(graph, name, params, bb) for name in names}
-    return Lowered(bb.get(), signatures)
+    done = {name: _lower_function(graph, name, params, bb) for name in names}
+    return Lowered(bb.get(), {n: sig for n, (sig, _) in done.items()}, {n: src for n, (_, src) in done.items()})

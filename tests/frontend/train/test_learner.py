@@ -90,3 +90,22 @@ def test_progress_redraws_on_a_terminal_and_prints_lines_elsewhere():
     lines = plain.getvalue().splitlines()
     assert len(lines) == 2 and lines[0].startswith("epoch 1/2 train_loss")
     assert tty.getvalue().count("\r") > 12 and "ETA 0:0" in tty.getvalue() and "[####" in tty.getvalue()
+
+
+def test_the_terminal_bar_is_tqdm_and_a_pipe_gets_no_bar():
+    """Issue 14's bar through tqdm; not a terminal: no bar at all, only the epoch's closing line."""
+    from tqdm import tqdm
+
+    from kiln.frontend.train.progress import ProgressBar
+
+    tty, plain = Terminal(), io.StringIO()
+    drawn, quiet = ProgressBar("epoch 1/1", 4, tty), ProgressBar("epoch 1/1", 4, plain)
+    for done in (3, 4):  # a resumed epoch starts at batch 3
+        drawn.update(done, "loss 1")
+        quiet.update(done, "loss 1")
+    assert isinstance(drawn.bar, tqdm) and drawn.bar.n == 4 and drawn.bar.initial == 2
+    assert "[##################......] 3/4, loss 1 ETA" in tty.getvalue()
+    assert quiet.bar is None and plain.getvalue() == ""
+    drawn.close("done")
+    quiet.close("done")
+    assert plain.getvalue().startswith("epoch 1/1 done (") and tty.getvalue().endswith("s)\x1b[K\n")
