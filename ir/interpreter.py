@@ -20,7 +20,6 @@ from .ops.random import run_seed
 from .symbols import SymbolResolver
 from .types import TensorType
 
-
 # numpy dtypes whose arithmetic runs wider (DType.compute), looked up per operand of every op
 _WIDER = {d.numpy: d.compute.numpy for d in DType if d.compute is not d}
 
