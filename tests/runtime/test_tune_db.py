@@ -33,33 +33,42 @@ def records(path: Path) -> list[str]:
     return (path / RECORD_FILE).read_text().splitlines()
 
 
-def kill_a_writer(path: Path, seconds: float) -> None:
-    """Fork a copy of this process that rewrites the database at `path` in a loop, SIGKILL it after `seconds`."""
+def kill_a_writer(path: Path, rng: random.Random, run_seconds: float) -> None:
+    """Fork a copy of this process that rewrites the database at `path` in a loop; once it has finished one run,
+    SIGKILL it at a random point within about two runs' time."""
+    done_reader, done_writer = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child never returns
         try:
+            os.close(done_reader)
             run = 0
             while True:
                 tune_once(path, run)
+                os.write(done_writer, b".")
                 run += 1
         finally:
             os._exit(0)
-    time.sleep(seconds)
+    os.close(done_writer)
+    assert os.read(done_reader, 1) == b"."  # it wrote a whole run (the machine's load does not matter)
+    time.sleep(rng.uniform(0.0, 2.0 * run_seconds))
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
+    os.close(done_reader)
 
 
 def test_a_killed_tuning_run_leaves_the_previous_or_the_new_database(tmp_path: Path) -> None:
     path = tmp_path / "tuning" / "key"
+    start = time.monotonic()
     tune_once(path, 0)
+    run_seconds = time.monotonic() - start
     rng = random.Random(3)
     counts = [record_count(path)]
     for _ in range(6):
-        kill_a_writer(path, rng.uniform(0.0, 0.3))
+        kill_a_writer(path, rng, run_seconds)
         assert damage(path) is None  # whole: every record indexes a workload and matches the done mark
         counts.append(record_count(path))
         assert counts[-1] % BATCH == 0 and counts[-1] >= counts[-2], counts  # whole runs only, none lost
-    assert counts[-1] > counts[0], counts  # the killed writers did write
+    assert counts[-1] >= counts[0] + 6 * BATCH, counts  # each killed writer finished a run first
     tune_once(path, 1)
     assert [p.name for p in path.parent.iterdir()] == ["key"]  # the next write removed them
     assert sorted(p.name for p in path.iterdir()) == sorted([WORKLOAD_FILE, RECORD_FILE, DONE_FILE])
