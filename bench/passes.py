@@ -10,6 +10,7 @@ and cse under equivalence checking), also per op of the forward function.
     .venv/bin/python bench/passes.py                     # 1k, 10k, 100k and 1M ops
     .venv/bin/python bench/passes.py --sizes 1000,10000  # a quick run
     .venv/bin/python bench/passes.py --passes --sizes 10000,100000,1000000
+    .venv/bin/python bench/passes.py --passes --sizes 10000 --only autodiff --only "cse, checked"
     .venv/bin/python bench/passes.py --no-gc             # without Python's cyclic GC, to see its share
 """
 
@@ -89,12 +90,12 @@ def trainable(n_ops: int) -> Graph:
     return graph.with_function(b.fn.finish([loss]))
 
 
-def measure_passes(n_ops: int) -> dict[str, Any]:
-    """CPU µs per forward op of each PASS_STAGES pipeline (its preparation untimed), one run each."""
+def measure_passes(n_ops: int, stages: list[tuple[str, str, str]]) -> dict[str, Any]:
+    """CPU µs per forward op of each of `stages` (PASS_STAGES rows; preparation untimed), one run each."""
     base = trainable(n_ops)
     ops = len(base.functions["forward"].ops)
     row: dict[str, Any] = {"ops": ops, "us_per_op": {}}
-    for column, before, pipeline in PASS_STAGES:
+    for column, before, pipeline in stages:
         prepared = PassManager.parse(before).run(base) if before else base
         manager = PassManager.parse(pipeline, check_equivalence=column.endswith("checked"))
         gc.collect()
@@ -104,11 +105,11 @@ def measure_passes(n_ops: int) -> dict[str, Any]:
     return row
 
 
-def passes_table(rows: list[dict[str, Any]]) -> str:
-    head = ["forward ops", *(f"{c} µs/op" for c, _, _ in PASS_STAGES), "peak RSS MiB"]
+def passes_table(rows: list[dict[str, Any]], stages: list[tuple[str, str, str]]) -> str:
+    head = ["forward ops", *(f"{c} µs/op" for c, _, _ in stages), "peak RSS MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in rows:
-        cells = [f"{r['ops']:,}", *(f"{r['us_per_op'][c]:.2f}" for c, _, _ in PASS_STAGES), f"{r['rss_mib']:,.0f}"]
+        cells = [f"{r['ops']:,}", *(f"{r['us_per_op'][c]:.2f}" for c, _, _ in stages), f"{r['rss_mib']:,.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -163,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None,
                         help="runs per size, best taken (default: 5 up to 10k ops, 3 up to 100k, then 1)")
     parser.add_argument("--passes", action="store_true", help="also time every other pass (a second table)")
+    parser.add_argument("--only", action="append", choices=[c for c, _, _ in PASS_STAGES], metavar="COLUMN",
+                        help="with --passes, time only this column (repeatable), e.g. --only autodiff")
     parser.add_argument("--no-gc", action="store_true",
                         help="disable Python's cyclic garbage collector while timing, to see what it costs")
     args = parser.parse_args(argv)
@@ -179,11 +182,12 @@ def main(argv: list[str] | None = None) -> int:
           f"maximum so far (sizes run smallest first).\n")
     print(table(rows))
     if args.passes:
+        stages = [s for s in PASS_STAGES if not args.only or s[0] in args.only]
         pass_rows = []
         for n in sizes:
-            pass_rows.append(measure_passes(n))
+            pass_rows.append(measure_passes(n, stages))
             print(f"{n:>9,} ops: every pass timed", file=sys.stderr, flush=True)
-        print("\n" + passes_table(pass_rows))
+        print("\n" + passes_table(pass_rows, stages))
     return 0
 
 

@@ -20,14 +20,23 @@ from .ops.random import run_seed
 from .symbols import SymbolResolver
 from .types import TensorType
 
+# numpy dtypes whose arithmetic runs wider (DType.compute), looked up per operand of every op
+_WIDER = {d.numpy: d.compute.numpy for d in DType if d.compute is not d}
+
 
 def evaluate_op(kind: str, arrays: Sequence[np.ndarray], attrs: Mapping[str, Any],
                 result_types: Sequence[TensorType]) -> tuple[np.ndarray, ...]:
     """One op's numpy semantics, with results cast to and checked against their declared types."""
-    widened = [a.astype(DType.from_numpy(a.dtype).compute.numpy, copy=False) for a in arrays]
+    with np.errstate(all="ignore"):
+        return _evaluate(kind, arrays, attrs, result_types)
+
+
+def _evaluate(kind: str, arrays: Sequence[np.ndarray], attrs: Mapping[str, Any],
+              result_types: Sequence[TensorType]) -> tuple[np.ndarray, ...]:
+    """`evaluate_op` under the caller's `np.errstate(all="ignore")`, which a run enters once, not per op."""
+    widened = [a.astype(_WIDER[a.dtype]) if a.dtype in _WIDER else a for a in arrays]
     try:
-        with np.errstate(all="ignore"):
-            outs = registry.lookup(kind).reference(widened, attrs)
+        outs = registry.lookup(kind).reference(widened, attrs)
     except (IndexError, ValueError) as e:
         raise ShapeError(f"{kind}: {e}") from None
     results = []
@@ -78,9 +87,9 @@ class Interpreter:
         def value(o) -> np.ndarray:
             return self.symbol(o.name) if isinstance(o, SymRef) else env[id(o)]
 
-        with run_seed(seed):
+        with run_seed(seed), np.errstate(all="ignore"):
             for op in fn.ops:
-                outs = evaluate_op(op.kind, [value(o) for o in op.operands], op.attrs, [r.type for r in op.results])
+                outs = _evaluate(op.kind, [value(o) for o in op.operands], op.attrs, [r.type for r in op.results])
                 for r, out in zip(op.results, outs):
                     env[id(r)] = out
         return tuple(value(r) for r in fn.results)

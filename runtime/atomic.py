@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_file", "atomic_folder", "atomic_path", "install"]
+__all__ = ["atomic_file", "atomic_folder", "atomic_path", "install", "staging_folder", "temporary_sibling"]
 
 
 @contextlib.contextmanager
@@ -30,7 +30,7 @@ def atomic_path(destination: str | os.PathLike[str], suffix: str = "") -> Iterat
     destination = Path(destination)
     _check_destination(destination)
     remove_orphans(destination)
-    temporary = destination.with_name(f".{destination.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp{suffix}")
+    temporary = temporary_sibling(destination, suffix)
     os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666))
     try:
         yield temporary
@@ -58,7 +58,7 @@ def atomic_folder(destination: str | os.PathLike[str]) -> Iterator[Path]:
         raise FileExistsError(errno.EEXIST, "already exists", str(destination))
     _check_destination(destination)
     remove_orphans(destination)
-    temporary = destination.with_name(f".{destination.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    temporary = temporary_sibling(destination)
     temporary.mkdir()
     try:
         yield temporary
@@ -67,6 +67,27 @@ def atomic_folder(destination: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
+
+
+def temporary_sibling(destination: Path, suffix: str = "") -> Path:
+    """The hidden name of one writer's temporary beside `destination`, carrying the writer's pid so that
+    `remove_orphans` can tell a dead writer's leftovers from a live one's."""
+    return destination.with_name(f".{destination.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp{suffix}")
+
+
+@contextlib.contextmanager
+def staging_folder(destination: str | os.PathLike[str]) -> Iterator[Path]:
+    """A fresh temporary sibling folder of `destination` (which may exist) for a writer that replaces several
+    files of `destination` one by one with `install`, in an order readers tolerate; always removed afterwards.
+    Dead writers' staging folders are removed first."""
+    destination = Path(destination)
+    remove_orphans(destination)
+    temporary = temporary_sibling(destination)
+    temporary.mkdir()
+    try:
+        yield temporary
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 def _check_destination(destination: Path) -> None:

@@ -10,7 +10,8 @@ What is tuned is the *fused* Relax module: the same pass prefix as `cpu_pipeline
 kernels' structural hashes, MetaSchedule's workload keys, match those of the compile pipeline. Kernels the
 database does not cover (a changed pass, an untuned kernel, or one where kiln's rules were at least as fast
 as the tuned schedule: `tune_prune` drops those records after every run) fall back to kiln's schedule rules.
-A finished run writes `kiln_tuned.json` (budget and what was kept) last.
+A finished run writes `kiln_tuned.json` (budget, what was kept, the records' digest). A run tunes a staging copy
+that replaces the database when it finishes, and a damaged database is never applied (`tune_db`).
 
 MetaSchedule needs `psutil`, `cloudpickle` and `xgboost` (the `xgboost-cpu` wheel), imported only here.
 Gotchas avoided (see the TVM CPU research notes): the default LocalBuilder imports `tvm.s_tir.tensor_intrin` in
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import sys
 import threading
@@ -35,19 +35,16 @@ import tvm
 from tvm.target import Target
 
 from kiln.ir import Graph, KilnError, structural_hash
-from kiln.runtime.atomic import atomic_file
 from kiln.runtime.progress import is_terminal
 
 from . import compile_cache
 from .lower import LOWERING_VERSION, PARAM_MODES, lower
 from .pipeline import cpu_fusion_passes
 from .target import resolve_target
+from .tune_db import DONE_FILE, RECORD_FILE, WORKLOAD_FILE, damage, mark_done, rewrite_database
 from .tune_prune import prune_database
 
 TUNING_VERSION = "2"  # bump when the fused prefix or the database layout changes (2: pruned, marked done)
-WORKLOAD_FILE = "database_workload.json"
-RECORD_FILE = "database_tuning_record.json"
-DONE_FILE = "kiln_tuned.json"  # written last by a finished run: its budget and what pruning kept
 
 _log = logging.getLogger(__name__)
 _MS_LOGGER = "tvm.s_tir.meta_schedule"
@@ -67,20 +64,26 @@ def tuning_dir(graph: Graph, target: Target, params: str = "bound", fast_math: b
 
 
 def find_database(graph: Graph, target: Target, params: str = "bound", fast_math: bool = True) -> Path | None:
-    """The tuning database directory for this build if one with at least one record exists, else None."""
+    """The tuning database directory for this build if a whole one with at least one record exists, else None (a
+    damaged one is reported and left to `kiln tune` to rebuild)."""
     if target.kind.name != "llvm":
         return None
     path = tuning_dir(graph, target, params, fast_math)
     records = path / RECORD_FILE
-    if (path / WORKLOAD_FILE).is_file() and records.is_file() and records.stat().st_size > 0:
-        return path
-    return None
+    if not ((path / WORKLOAD_FILE).exists() and records.exists()):
+        return None
+    reason = damage(path)
+    if reason is not None:
+        _log.warning("%s; building with kiln's schedule rules (kiln tune rebuilds it)", reason)
+        return None
+    return path if records.stat().st_size > 0 else None
 
 
 def was_tuned(graph: Graph, target: Target, params: str = "bound", fast_math: bool = True) -> bool:
     """Whether a tuning run for this build finished, even one whose database kept no records (kiln's rules were
     as fast everywhere), so `kiln.compile(tune=N)` does not tune again."""
-    return (tuning_dir(graph, target, params, fast_math) / DONE_FILE).is_file()
+    path = tuning_dir(graph, target, params, fast_math)
+    return (path / DONE_FILE).is_file() and damage(path) is None
 
 
 def database_digest(path: Path) -> str:
@@ -235,7 +238,6 @@ def tune_graph(graph: Graph, target: str | Target | None = None, trials: int = 6
         raise KilnError(f"module @{graph.name} has no kernels to tune")
     per_task = trials_per_task or max(1, trials // len(tasks))
     path = tuning_dir(graph, tgt, params, fast_math)
-    path.mkdir(parents=True, exist_ok=True)
     _log.info("kiln tuning: %d kernels, %d trials (%d per kernel) into %s", len(tasks), trials, per_task, path)
 
     ms_logger = logging.getLogger(_MS_LOGGER)
@@ -244,36 +246,31 @@ def tune_graph(graph: Graph, target: str | Target | None = None, trials: int = 6
     ms_logger.setLevel(logging.ERROR)  # its console handler takes this level; the file log keeps DEBUG
     workers = max(1, cpu_count())
     started = time.monotonic()
-    try:
-        bar = _Progress(path, trials) if progress else None
-        with bar if bar is not None else contextlib.nullcontext():
-            ms.relax_integration.tune_relax(
-                mod=fused, params={}, target=tgt, work_dir=str(path), max_trials_global=trials,
-                max_trials_per_task=per_task, num_trials_per_iter=min(64, per_task),
-                builder=ms.builder.LocalBuilder(f_build=fast_build, timeout_sec=120, max_workers=workers),
-                runner=ms.runner.LocalRunner(
-                    evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=50)),
-                cost_model="xgb", strategy="evolutionary", seed=0)
-    except (RuntimeError, TypeError, ValueError) as e:
-        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise KilnError(f"tuning module @{graph.name} failed: {first}") from e
-    finally:
-        ms_logger.setLevel(old_level)
-        _drop_ms_handlers()  # close its log files in `path`
-    kept, dropped = prune_database(path, tgt, WORKLOAD_FILE, RECORD_FILE)
-    mark_done(path, {"trials": trials, "kept": kept, "dropped": dropped})
+    with rewrite_database(path) as stage:
+        try:
+            bar = _Progress(stage, trials) if progress else None
+            with bar if bar is not None else contextlib.nullcontext():
+                ms.relax_integration.tune_relax(
+                    mod=fused, params={}, target=tgt, work_dir=str(stage), max_trials_global=trials,
+                    max_trials_per_task=per_task, num_trials_per_iter=min(64, per_task),
+                    builder=ms.builder.LocalBuilder(f_build=fast_build, timeout_sec=120, max_workers=workers),
+                    runner=ms.runner.LocalRunner(
+                        evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=50)),
+                    cost_model="xgb", strategy="evolutionary", seed=0)
+        except (RuntimeError, TypeError, ValueError) as e:
+            first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise KilnError(f"tuning module @{graph.name} failed: {first}") from e
+        finally:
+            ms_logger.setLevel(old_level)
+            _drop_ms_handlers()  # close its log files in the staging folder
+        kept, dropped = prune_database(stage, tgt, WORKLOAD_FILE, RECORD_FILE)
+        mark_done(stage, {"trials": trials, "kept": kept, "dropped": dropped})
     _log.info("kiln tuning: %d records in %.1fs; tuned schedules kept for %d kernels, %d left to kiln's rules "
               "(as fast or faster)", _count_records(path), time.monotonic() - started, kept, dropped)
     if progress:
         print(f"kiln tune: kept tuned schedules for {kept} of {kept + dropped} kernels; kiln's rules are as fast "
               "on the rest", file=sys.stderr)
     return path
-
-
-def mark_done(path: Path, summary: dict[str, int]) -> None:
-    """Write `DONE_FILE`, the mark of a finished run, atomically: an interrupted write leaves the run unmarked."""
-    with atomic_file(path / DONE_FILE) as f:
-        f.write(json.dumps(summary).encode("utf-8"))
 
 
 def record_count(path: Path) -> int:

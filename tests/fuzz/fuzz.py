@@ -1,6 +1,7 @@
 """Seeded mutation fuzzing of kiln's readers (issue 15), run as `python fuzz.py TARGET SEED SECONDS ITERATIONS`.
 
-Targets: `kir`, `burnpack`, `onnx`, `sidecar` (a compiled library's sidecar, loaded with `load_program`),
+Targets: `kir`, `burnpack`, `onnx` (initializers), `onnx_import` (`kiln.import_onnx` of mutated and structurally
+edited models, then the interpreter), `sidecar` (a compiled library's sidecar, loaded with `load_program`),
 `safetensors` (byte noise and re-encoded header edits) and `pytorch` (`torch.save` files; noise on the archive or on
 its pickle inside an intact zip).
 Each target builds a small corpus of valid inputs, then mutates them (bit flips, byte overwrites, truncation,
@@ -14,6 +15,7 @@ line printed is a JSON summary.
 from __future__ import annotations
 
 import json
+import math
 import random
 import resource
 import signal
@@ -139,6 +141,102 @@ def onnx_read(data: bytes, folder: Path) -> None:
         np.asarray(entry.array())
 
 
+def onnx_import_corpus(folder: Path) -> list[bytes]:
+    """Small models covering the importer's paths: weights as initializers, a shape computation the importer
+    folds, spatial attributes, a dynamic batch dim."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    f32 = TensorProto.FLOAT
+    mlp = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("Softmax", ["r"], ["y"], axis=-1)], "mlp",
+        [helper.make_tensor_value_info("x", f32, ["batch", 4])], [helper.make_tensor_value_info("y", f32, None)],
+        initializer=[numpy_helper.from_array(rng.standard_normal((3, 4)).astype(np.float32), "w"),
+                     numpy_helper.from_array(np.zeros(3, np.float32), "b")])
+    cnn = helper.make_graph(
+        [helper.make_node("Conv", ["x", "k"], ["c"], pads=[1, 1, 1, 1], strides=[1, 1]),
+         helper.make_node("MaxPool", ["c"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+         helper.make_node("Shape", ["p"], ["s"]),
+         helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+         helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+         helper.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
+         helper.make_node("Reshape", ["p", "shape"], ["flat"]),
+         helper.make_node("ReduceMean", ["flat"], ["y"], axes=[1], keepdims=0)], "cnn",
+        [helper.make_tensor_value_info("x", f32, [1, 2, 6, 6])], [helper.make_tensor_value_info("y", f32, None)],
+        initializer=[numpy_helper.from_array(rng.standard_normal((3, 2, 3, 3)).astype(np.float32), "k"),
+                     numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                     numpy_helper.from_array(np.array([0], np.int64), "axes"),
+                     numpy_helper.from_array(np.array([-1], np.int64), "minus1")])
+    return [helper.make_model(mlp, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString(),
+            helper.make_model(cnn, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()]
+
+
+def onnx_import_mutate(data: bytes, rng: random.Random) -> bytes:
+    """Byte noise, or a structural edit a careless exporter or a hostile file would make, re-serialized."""
+    from onnx import AttributeProto, ModelProto, helper
+
+    if rng.random() < 0.3:
+        return mutate(data, rng)
+    model = ModelProto.FromString(data)
+    graph = model.graph
+    nodes = list(graph.node)
+    node = rng.choice(nodes)
+    kind = rng.randrange(9)
+    if kind == 0 and node.attribute:  # an attribute of the wrong type
+        attr = rng.choice(list(node.attribute))
+        attr.type = rng.choice([AttributeProto.FLOAT, AttributeProto.STRING, AttributeProto.INTS,
+                                AttributeProto.TENSOR, AttributeProto.GRAPH])
+        if rng.random() < 0.5:
+            attr.ClearField(rng.choice(["i", "f", "ints", "s"]))
+    elif kind == 1 and node.input:  # a missing or dangling input
+        del node.input[rng.randrange(len(node.input))]
+        if rng.random() < 0.5:
+            node.input.append(rng.choice(["", "nowhere"]))
+    elif kind == 2:  # an opset outside the importer's range, or another domain
+        model.opset_import[0].version = rng.choice([0, 1, 6, 29, 10**6, -1])
+        if rng.random() < 0.3:
+            model.opset_import[0].domain = rng.choice(["ai.onnx.ml", "com.example"])
+    elif kind == 3:  # a cycle: a node reading its own output or a later one's
+        later = nodes[rng.randrange(nodes.index(node), len(nodes))]
+        node.input.append(later.output[0]) if not node.input else node.input.__setitem__(0, later.output[0])
+    elif kind == 4:  # huge, zero or negative input dims
+        dims = graph.input[0].type.tensor_type.shape.dim
+        dim = dims[rng.randrange(len(dims))]
+        dim.dim_value = rng.choice([0, -1, 2**31, 2**62, 10**12])
+    elif kind == 5 and graph.initializer:  # initializer values that break shape inference (reshape targets, axes)
+        init = rng.choice(list(graph.initializer))
+        if init.data_type == 7:  # int64
+            init.ClearField("raw_data")
+            init.ClearField("int64_data")
+            count = max(1, int(np.prod(init.dims)) if init.dims else 1)
+            init.int64_data.extend(rng.choice([0, -1, -2, 5, 2**40, -(2**63)]) for _ in range(count))
+        else:
+            init.dims[:] = [rng.choice([0, 1, 7, 2**33]) for _ in init.dims]
+    elif kind == 6:  # an unknown op type, or a known one with another's attributes
+        node.op_type = rng.choice(["NoSuchOp", "Loop", "Einsum", "Conv", "Gemm", "If", "Scan"])
+    elif kind == 7:  # duplicate or empty output names
+        node.output[0] = rng.choice(["", nodes[0].output[0], graph.input[0].name])
+    else:  # a new attribute with an extreme value
+        node.attribute.append(helper.make_attribute(rng.choice(["axis", "perm", "pads", "kernel_shape", "group"]),
+                                                    rng.choice([2**62, -(2**62), [2**40], [-5, 3], 0])))
+    return model.SerializeToString()
+
+
+def onnx_import_read(data: bytes, folder: Path) -> None:
+    """Import the model, then run it through the interpreter on inputs of its declared shapes (a `?` dim as 2)."""
+    import kiln
+    from kiln.ir import interpret
+
+    path = folder / "fuzz.onnx"
+    path.write_bytes(data)
+    graph = kiln.import_onnx(path).graph
+    args = graph.functions["forward"].args
+    shapes = [tuple(d if isinstance(d, int) else 2 for d in arg.type.shape) for arg in args]
+    if all(math.prod(shape) <= 1 << 20 for shape in shapes):  # inputs the importer accepts but no test could feed
+        interpret(graph, [np.ones(shape, arg.type.dtype.numpy) for shape, arg in zip(shapes, args, strict=True)])
+
+
 def sidecar_corpus(folder: Path) -> list[bytes]:
     from kiln.ir import parse
     from kiln.runtime.tvm.artifact import SIDECAR
@@ -256,6 +354,7 @@ TARGETS: dict[str, tuple[Callable[[Path], list[bytes]], Callable[[bytes, random.
             kir_read),
     "burnpack": (burnpack_corpus, mutate, burnpack_read),
     "onnx": (onnx_corpus, mutate, onnx_read),
+    "onnx_import": (onnx_import_corpus, onnx_import_mutate, onnx_import_read),
     "sidecar": (sidecar_corpus, sidecar_mutate, sidecar_read),
     "safetensors": (safetensors_corpus, safetensors_mutate, safetensors_read),
     "pytorch": (pytorch_corpus, pytorch_mutate, pytorch_read),

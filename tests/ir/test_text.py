@@ -5,6 +5,7 @@ their exact locations, a mutation fuzzer over the parser, the verifier's invaria
 from __future__ import annotations
 
 import math
+import os
 import re
 import zlib
 from pathlib import Path
@@ -356,7 +357,7 @@ def graphs(draw) -> Graph:
     return b.build()
 
 
-RANDOM_GRAPHS = settings(max_examples=250, deadline=None,
+RANDOM_GRAPHS = settings(max_examples=int(os.environ.get("KILN_FUZZ_ITERATIONS", 80)), deadline=None,
                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -800,7 +801,8 @@ def parses_or_fails_cleanly(text: str) -> None:
     structural_hash(graph, include_data=True)
 
 
-@settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("KILN_FUZZ_ITERATIONS", 600)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_texts())
 def test_fuzz_mutated_texts(text: str) -> None:
     parses_or_fails_cleanly(text)

@@ -4,6 +4,7 @@ exactly as Burn writes them, layout, and hostile input refused with a RecordErro
 from __future__ import annotations
 
 import math
+import os
 import struct
 from pathlib import Path
 
@@ -322,7 +323,7 @@ def check_mutant(data: bytes) -> None:
 BASES = [BASE, RICH, EMPTY]
 
 
-@settings(max_examples=2500, deadline=None, database=None)
+@settings(max_examples=int(os.environ.get("KILN_FUZZ_ITERATIONS", 600)), deadline=None, database=None)
 @given(
     base=st.sampled_from(BASES),
     edits=st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), min_size=1, max_size=4),
@@ -337,7 +338,7 @@ def test_fuzz_byte_mutations(base: bytes, edits: list, in_metadata: bool, cut: i
     check_mutant(bytes(data[: None if cut is None else cut % (len(data) + 1)]))
 
 
-@settings(max_examples=1500, deadline=None, database=None)
+@settings(max_examples=int(os.environ.get("KILN_FUZZ_ITERATIONS", 400)), deadline=None, database=None)
 @given(
     base=st.sampled_from(BASES),
     start=st.integers(0, 2**16),

@@ -107,3 +107,18 @@ def test_sound_external_and_inline_data_read_back(tmp_path: Path) -> None:
     np.testing.assert_array_equal(record["ext"].array(), values)
     np.testing.assert_array_equal(record["in"].array(), values)
     assert int(record["in"].param_id) == 9
+
+
+def test_a_graph_output_no_node_computes_is_a_refusal_naming_it(tmp_path: Path) -> None:
+    """Found by the `onnx_import` fuzz target (a node's output renamed to ""): the output was a KeyError traceback
+    from the importer; issue 15: "only kiln's errors escape"."""
+    import kiln
+    from kiln.ir import KilnError
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], [""])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    with pytest.raises(KilnError, match="'y' is computed by no node"):
+        kiln.import_onnx(path)

@@ -287,7 +287,9 @@ class _Importer:
 
     def operand(self, name: str) -> Value:
         """The kiln value of ONNX value `name`, bringing a compile-time value into the graph on first use."""
-        slot = self.slots[name]
+        slot = self.slots.get(name)
+        if slot is None:  # a graph output no node computes
+            raise Unsupported(f"{name!r} is computed by no node and is no graph input or initializer")
         if slot.value is not None:
             return slot.value
         array = slot.array()
