@@ -43,7 +43,7 @@ from .dtypes import to_storage, tvm_dtype
 from .rule import NeedsSeed, OpCall
 from .signature import FunctionSignature
 
-LOWERING_VERSION = "9"  # bump when lowering or pipelines change what a compile-cache key builds
+LOWERING_VERSION = "10"  # bump when lowering or pipelines change what a compile-cache key builds
 PARAM_MODES = ("bound", "inputs")
 
 DimKey = tuple[int, int]  # (input index, axis)
