@@ -49,10 +49,15 @@ def uses_var(expr: tirx.Expr, var: tirx.Var) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
+def stride(expr: tirx.Expr, var: tirx.Var) -> int | None:
+    """s where `expr` is `s * var + c` with a constant s and c independent of `var`, else None."""
+    coeffs = sym.detect_linear_equation(expr, [var])
+    return int(coeffs[0].value) if len(coeffs) == 2 and isinstance(coeffs[0], tirx.IntImm) else None
+
+
 def unit_stride(expr: tirx.Expr, var: tirx.Var) -> bool:
     """Whether `expr` is `var + c` with c independent of `var`."""
-    coeffs = sym.detect_linear_equation(expr, [var])
-    return len(coeffs) == 2 and isinstance(coeffs[0], tirx.IntImm) and int(coeffs[0].value) == 1
+    return stride(expr, var) == 1
 
 
 def _worth_parallel(sch: s_tir.Schedule, loops: list[s_tir.schedule.LoopRV]) -> bool:

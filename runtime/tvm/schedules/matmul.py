@@ -14,12 +14,13 @@ from .injective import (
     schedule_elementwise,
     split_factor,
     static_extent,
-    unit_stride,
+    stride,
     uses_var,
 )
 
 TILE_VECTORS = 2  # vectors across a register tile's columns: the rows then hold `CPUModel.accumulators / 2` sums
 PANEL_SHARE = 8  # a panel of the vector operand takes 1/8 of L2 (128 KiB of Zen 4's 1 MiB), leaving room for the rest
+MAX_STRIDE = 4  # the largest stride of the vector operand along C's last index the rule still vectorizes
 MIN_PANEL_ROWS = 256  # fewer rows than this stream the vector operand whole (see `CPUMatmul._column_panels`)
 
 
@@ -116,11 +117,14 @@ def _match(sch: s_tir.Schedule, info: dl.SBlockInfo) -> _Contraction | None:
     vec = next((it for it in spatial if it.var.same_as(store.indices[-1])), None)
     if vec is None:
         return None
-    for vec_op, other in ((lhs, rhs), (rhs, lhs)):
-        if unit_stride(vec_op[-1], vec.var) and not any(uses_var(e, vec.var) for e in other):
-            break
-    else:
+    # the vector operand walks C's last index with stride 1 (matmul, conv), else with a small constant stride (a
+    # strided conv: its loads become strided gathers, still far faster than the scalar fallback)
+    pairs = [(s, vec_op, other) for vec_op, other in ((lhs, rhs), (rhs, lhs))
+             if not any(uses_var(e, vec.var) for e in other)
+             and (s := stride(vec_op[-1], vec.var)) is not None and 1 <= s <= MAX_STRIDE]
+    if not pairs:
         return None
+    _, vec_op, other = min(pairs, key=lambda p: p[0])
     row = next(
         (
             it
@@ -148,8 +152,9 @@ class CPUMatmul(dl.ScheduleRule):
     """Block an `mr x nr` tile of C in registers, unroll K by `k_unroll`, fuse epilogues into the store.
 
     Applies to PrimFuncs with exactly one reduction block of the form `C[..] += A[..] * B[..]` whose
-    last output index walks one factor with stride 1 (the "vector" operand): matmul, batch matmul with
-    broadcasting, matmuls reading A transposed (as in backward passes) and stride-1 NCHW conv2d. Tile
+    last output index walks one factor with stride 1 (the "vector" operand), or up to `MAX_STRIDE`: matmul, batch
+    matmul with broadcasting, matmuls reading A transposed (as in backward passes) and NCHW conv2d, strided,
+    dilated and depthwise ones too. Tile
     sizes fall back to divisors or whole extents for odd shapes and to predicated tails for symbolic
     ones. Inputs computed in the same kernel (conv padding) are materialized and scheduled separately.
 
