@@ -1,5 +1,6 @@
 /* Peak float32 FMA throughput of this CPU: every thread runs 16 independent chains of vector FMAs that stay in
- * registers, so nothing but the FMA units limits it. Built and run by bench/roofline.py with -march=native.
+ * registers, so nothing but the FMA units limits it. Built and run by bench/roofline.py with -march=native
+ * (or -mavx2 -mfma, `--isa avx2`: the AVX2 peak on any CPU).
  * Usage: peak THREADS -> prints GFLOP/s (best of 5 runs). */
 #include <immintrin.h>
 #include <omp.h>

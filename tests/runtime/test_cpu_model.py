@@ -236,3 +236,12 @@ def test_calibration_runs_only_on_opt_in(cache: Path, monkeypatch: pytest.Monkey
 def test_default_candidates_start_with_the_model_tile() -> None:
     tiles = candidates(cpu_model(HASWELL))
     assert tiles[0] == {"mr": 4, "nr": 16} and len(tiles) == len({repr(t) for t in tiles}) <= 4
+
+
+def test_kiln_calibrate_show_prints_the_model_and_times_nothing(cache: Path, capsys: pytest.CaptureFixture) -> None:
+    from kiln.cli import main
+
+    assert main(["calibrate", "--show"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"cpu: {cpu_model(cpu_target()).describe()}\n") and "none (the model decides)" in out
+    assert not (cache / "calibration").exists()
