@@ -54,6 +54,7 @@ class CPUModel:
     caches: CacheSizes
     cores: int
     host: bool  # caches read from this machine's sysfs rather than CLASS_DEFAULTS
+    features: frozenset[str] = frozenset()  # LLVM's feature names ("avx512bf16", "avxvnni", "amx-int8", ...)
 
     def lanes(self, bits: int = 32) -> int:
         """Elements of `bits` bits in one vector register (8 float32 on AVX2, 16 on AVX-512)."""
@@ -144,7 +145,7 @@ def _model(text: str) -> CPUModel:
     caches = host_caches(default=CLASS_DEFAULTS[bits]) if host else CLASS_DEFAULTS[bits]
     cores = int(target.attrs.get("num-cores", 0) or 0) or cpu_count()
     return CPUModel(str(target.attrs.get("mcpu", "") or "generic"), bits, registers, fma,
-                    FMA_UNITS if fma else 1, caches, cores, host)
+                    FMA_UNITS if fma else 1, caches, cores, host, frozenset(features))
 
 
 def cpu_model(target: Target) -> CPUModel:

@@ -62,6 +62,7 @@ def test_isa_comes_from_the_named_cpu(target: Target, bits: int, registers: int,
 def test_mattr_changes_the_isa() -> None:
     model = cpu_model(Target({"kind": "llvm", "mcpu": "haswell", "mattr": ["+avx512f"]}))
     assert model.vector_bits == 512 and model.key != cpu_model(HASWELL).key
+    assert "avx512f" in model.features and "avx512f" not in cpu_model(HASWELL).features
 
 
 def test_host_model_matches_proc_cpuinfo_and_glibc() -> None:
