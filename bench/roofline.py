@@ -25,9 +25,9 @@ _CONTRACTIONS = {"matmul", "linear", "conv1d", "conv2d"}
 ISA_FLAGS = {"native": ["-march=native"], "avx2": ["-mavx2", "-mfma"]}  # what peak.c is built for
 
 
-def peak_gflops(threads: int, isa: str = "native") -> float | None:
+def peak_gflops(threads: int, isa: str = "native", cpu_time: bool = False) -> float | None:
     """The FMA peak in GFLOP/s on `threads` cores, measured by bench/peak.c built for `isa` (this CPU's widest, or
-    AVX2); None without a C compiler or AVX2."""
+    AVX2), per second of wall time or, with `cpu_time`, of CPU time (x threads); None without a C compiler or AVX2."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         return None
@@ -37,7 +37,8 @@ def peak_gflops(threads: int, isa: str = "native") -> float | None:
                                capture_output=True, text=True)
         if build.returncode != 0:
             return None
-        run = subprocess.run([binary, str(threads)], capture_output=True, text=True, check=True)
+        run = subprocess.run([binary, str(threads), *(["cpu"] if cpu_time else [])], capture_output=True, text=True,
+                             check=True)
     return float(run.stdout)
 
 
