@@ -110,7 +110,7 @@ def _sysfs_size(text: str) -> int | None:
 def host_caches(root: Path = SYSFS_CACHE, default: CacheSizes = CLASS_DEFAULTS[256]) -> CacheSizes:
     """This machine's data caches from sysfs (`index*/level`, `type`, `size`, `coherency_line_size`); a level
     sysfs does not give keeps its value in `default`."""
-    found: dict[str, int] = {}
+    fields: dict[str, int] = {}
     for index in sorted(root.glob("index*")):
         try:
             level, kind = (index / "level").read_text().strip(), (index / "type").read_text().strip()
@@ -118,14 +118,12 @@ def host_caches(root: Path = SYSFS_CACHE, default: CacheSizes = CLASS_DEFAULTS[2
             line = (index / "coherency_line_size").read_text().strip()
         except OSError:
             continue
-        if kind == "Instruction" or size is None:
+        name = {"1": "l1d", "2": "l2", "3": "l3"}.get(level)
+        if kind == "Instruction" or name is None or size is None:
             continue
-        found.setdefault(f"l{level}" if level in "123" else "", size)
-        if line.isdigit() and level == "1":
-            found["line"] = int(line)
-    fields = {k: v for k, v in found.items() if k in ("l1d", "l1", "l2", "l3", "line")}
-    if "l1" in fields:
-        fields["l1d"] = fields.pop("l1")
+        fields.setdefault(name, size)
+        if name == "l1d" and line.isdigit():
+            fields["line"] = int(line)
     return CacheSizes(**{**asdict(default), **fields})
 
 

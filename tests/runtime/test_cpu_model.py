@@ -105,7 +105,8 @@ def test_sysfs_caches_and_defaults_for_what_it_omits(tmp_path: Path) -> None:
 
 def test_contraction_tile_from_the_model() -> None:
     """AVX-512 (32 registers x 16 lanes) keeps the 8x32 tile and 128 KiB panels tuned on Zen 4; AVX2 (16 x 8) gets
-    4x16 and an eighth of its L2 - not the AVX-512 constants, which were 1.7x slower on this AVX2 EPYC."""
+    4x16 and an eighth of its L2, not the AVX-512 constants (on an AVX2 Zen 3 those ran a 3x3 conv 2.2x and a K=64
+    attention matmul 1.7x slower; bench/RESULTS.md)."""
     avx512, avx2 = CPUMatmul().for_cpu(cpu_model(AVX512)), CPUMatmul().for_cpu(cpu_model(HASWELL))
     assert (avx512.mr, avx512.nr, avx512.panel_bytes, avx512.accumulators, avx512.lanes) == (8, 32, 128 << 10, 16, 16)
     assert (avx2.mr, avx2.nr, avx2.panel_bytes, avx2.accumulators, avx2.lanes) == (4, 16, 32 << 10, 8, 8)
