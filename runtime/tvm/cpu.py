@@ -69,7 +69,8 @@ class CPUModel:
     @property
     def key(self) -> str:
         """A short digest of every field: the compile-cache key and the calibration file name use it."""
-        return hashlib.blake2b(repr(sorted(asdict(self).items())).encode(), digest_size=8).hexdigest()
+        fields = {**asdict(self), "features": sorted(self.features)}  # a set's order differs between processes
+        return hashlib.blake2b(repr(sorted(fields.items())).encode(), digest_size=8).hexdigest()
 
     def describe(self) -> str:
         """One line for logs and `kiln calibrate`."""
