@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench peak-avx2 clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -28,6 +28,9 @@ bench: $(STAMP)
 	$(PY) bench/passes.py
 	$(PY) bench/gradient_pipeline.py --layers 2
 	$(PY) bench/train_step.py
+
+peak-avx2: $(STAMP)
+	$(PY) bench/roofline.py --isa avx2
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

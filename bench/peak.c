@@ -1,10 +1,14 @@
 /* Peak float32 FMA throughput of this CPU: every thread runs 16 independent chains of vector FMAs that stay in
- * registers, so nothing but the FMA units limits it. Built and run by bench/roofline.py with -march=native.
- * Usage: peak THREADS -> prints GFLOP/s (best of 5 runs). */
+ * registers, so nothing but the FMA units limits it. Built and run by bench/roofline.py with -march=native
+ * (or -mavx2 -mfma, `--isa avx2`: the AVX2 peak on any CPU).
+ * Usage: peak THREADS [cpu] -> prints GFLOP/s (best of 5 runs); with `cpu`, per second of process CPU time rather
+ * than of wall time (on a shared host the wall clock measures the share of a core this process got). */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #if defined(__AVX512F__)
 typedef __m512 vec;
@@ -23,14 +27,18 @@ typedef __m256 vec;
 #endif
 #define CHAINS 16
 
+static int cpu_clock;
+static double now(void) { return cpu_clock ? (double)clock() / CLOCKS_PER_SEC : omp_get_wtime(); }
+
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1;
+    cpu_clock = argc > 2 && strcmp(argv[2], "cpu") == 0;
     long iters = 50000000;
     double best = 0;
     float sink = 0;
     omp_set_num_threads(threads);
     for (int run = 0; run < 5; run++) {
-        double start = omp_get_wtime();
+        double start = now();
 #pragma omp parallel reduction(+ : sink)
         {
             vec acc[CHAINS], b = SET1(0.999999f), c = SET1(1e-7f);
@@ -45,7 +53,7 @@ int main(int argc, char **argv) {
                 for (int l = 0; l < LANES; l++) sink += lanes[l];
             }
         }
-        double gflops = (double)iters * threads * CHAINS * LANES * 2 / (omp_get_wtime() - start) / 1e9;
+        double gflops = (double)iters * threads * CHAINS * LANES * 2 / (now() - start) / 1e9;
         if (gflops > best) best = gflops;
     }
     printf("%.1f\n", best + 0 * sink);

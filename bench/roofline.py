@@ -3,11 +3,15 @@
 A time is only as good as the work it does: `GFLOP/s = graph_flops / time`, and against the peak it says how much
 any runtime could still gain. Run alone it prints the peak for 1 and all cores:
 
-    .venv/bin/python bench/roofline.py
+    .venv/bin/python bench/roofline.py [--isa avx2]
+
+`--isa avx2` (`make peak-avx2`) builds peak.c with `-mavx2 -mfma` instead of `-march=native`: the ceiling of an AVX2
+build (`KILN_CPU=haswell`) on any CPU, AVX-512 ones included.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import shutil
@@ -18,20 +22,23 @@ from kiln.ir import Graph
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peak.c")
 _CONTRACTIONS = {"matmul", "linear", "conv1d", "conv2d"}
+ISA_FLAGS = {"native": ["-march=native"], "avx2": ["-mavx2", "-mfma"]}  # what peak.c is built for
 
 
-def peak_gflops(threads: int) -> float | None:
-    """The FMA peak in GFLOP/s on `threads` cores, measured by bench/peak.c; None without a C compiler or AVX2."""
+def peak_gflops(threads: int, isa: str = "native", cpu_time: bool = False) -> float | None:
+    """The FMA peak in GFLOP/s on `threads` cores, measured by bench/peak.c built for `isa` (this CPU's widest, or
+    AVX2), per second of wall time or, with `cpu_time`, of CPU time (x threads); None without a C compiler or AVX2."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         return None
     with tempfile.TemporaryDirectory(prefix="kiln-peak-") as tmp:
         binary = os.path.join(tmp, "peak")
-        build = subprocess.run([compiler, "-O2", "-march=native", "-fopenmp", _SOURCE, "-o", binary],
+        build = subprocess.run([compiler, "-O2", *ISA_FLAGS[isa], "-fopenmp", _SOURCE, "-o", binary],
                                capture_output=True, text=True)
         if build.returncode != 0:
             return None
-        run = subprocess.run([binary, str(threads)], capture_output=True, text=True, check=True)
+        run = subprocess.run([binary, str(threads), *(["cpu"] if cpu_time else [])], capture_output=True, text=True,
+                             check=True)
     return float(run.stdout)
 
 
@@ -48,8 +55,11 @@ def graph_flops(graph: Graph, function: str = "forward") -> int:
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="this CPU's float32 FMA peak (bench/peak.c)")
+    parser.add_argument("--isa", choices=sorted(ISA_FLAGS), default="native", help="build peak.c for this ISA")
+    isa = parser.parse_args().isa
     for n in sorted({1, os.cpu_count() or 1}):
-        print(f"{n} thread(s): {peak_gflops(n)} GFLOP/s")
+        print(f"{n} thread(s), {isa}: {peak_gflops(n, isa)} GFLOP/s")
 
 
 def cpu_model() -> str:

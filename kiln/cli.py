@@ -23,7 +23,7 @@ import sys
 import warnings
 from collections.abc import Iterator, Sequence
 
-from kiln import cli_run
+from kiln import cli_calibrate, cli_run
 from kiln.ir import Graph, KilnError, ParamGroupWarning, RecordError, parse, parse_file, print_graph, to_dot
 from kiln.passes import PassCrash, PassManager, get_pass, parse_pipeline, pass_names
 from kiln.passes.listing import describe, list_passes
@@ -450,6 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     import_onnx.add_argument("--record", help="with a .kir output: write the parameters to this .bpk instead")
     import_onnx.set_defaults(run=cmd_import_onnx)
     cli_run.add_parser(sub)
+    cli_calibrate.add_parser(sub)
     cache = sub.add_parser("cache", help="report, prune or clear the compile cache on disk")
     cache.add_argument("action", choices=("info", "prune", "clear"),
                        help="info: entries and bytes; prune: drop least recently used entries down to the bound; "

@@ -1,8 +1,9 @@
 """Compile a kiln graph to an `Executable`: lower to Relax, build with kiln's CPU or CUDA pipeline, and cache.
 
 The cache key is `structural_hash(graph, include_data=<params bound>)` plus the target, the options, and the
-versions of this lowering and of TVM. Bound builds also key on the seed (ParamId) and initializer of every
-parameter that has no data yet, since those decide the constants baked into the library.
+versions of this lowering and of TVM, and the CPU model the schedules were sized for (with its calibration, if
+one is stored: `KILN_CALIBRATE=1` makes one on a CPU's first build). Bound builds also key on the seed (ParamId)
+and initializer of every parameter that has no data yet, since those decide the constants baked into the library.
 
 A CPU build whose graph, target and options have a tuning database (`kiln tune`, `tune.py`) applies it before
 kiln's schedule rules, which stay the fallback; the database's digest joins the key, so tuned and untuned builds
@@ -28,6 +29,9 @@ from kiln.runtime.progress import log, stage
 
 from . import compile_cache
 from .artifact import Program
+from .calibrate import calibrate_on_first_use
+from .calibration import stored_tile
+from .cpu import cpu_model
 from .executable import Executable
 from .lower import LOWERING_VERSION, PARAM_MODES, lower, used_params
 from .op_map import build_map, describe
@@ -44,8 +48,9 @@ def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: st
               tuning: str | None = None) -> str:
     """The compile-cache key of one build; `tuning` is the digest of the tuning database it applies, if any."""
     h = hashlib.blake2b(digest_size=20)
+    model = cpu_model(target)  # the schedules' sizes: sysfs caches and a calibration are not in str(target)
     parts = [structural_hash(graph, include_data=params == "bound"), tuple(functions), str(target), params,
-             fast_math, LOWERING_VERSION, tvm.__version__]
+             fast_math, LOWERING_VERSION, tvm.__version__, model.key, stored_tile(model)]
     if params == "bound":
         parts += [(p.name, int(p.id), initializers.identity(p.init, p.type, p.id)) for p in graph.params.values()
                   if p.data is None and p.init is not None]
@@ -91,6 +96,7 @@ def compile_graph(graph: Graph, *, target: TargetLike = "llvm", params: str = "b
         raise KilnError(f"params must be one of {', '.join(PARAM_MODES)}, not {params!r}")
     names = tuple(functions) if functions is not None else tuple(graph.functions)
     tgt = resolve_target(target)
+    calibrate_on_first_use(tgt)
     tuned = find_database(graph, tgt, params, fast_math)
     key = cache_key(graph, names, tgt, params, fast_math, database_digest(tuned) if tuned is not None else None)
     hit = compile_cache.lookup(key) if cache else None

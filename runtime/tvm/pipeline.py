@@ -79,7 +79,7 @@ def cpu_pipeline(
     passes = [
         *cpu_fusion_passes(target, fast_math),
         *extra_schedule_passes,
-        dl.ApplyDefaultSchedule(*default_cpu_rules()),
+        dl.ApplyDefaultSchedule(*default_cpu_rules(target)),
         *cpu_passes.dataflow_lower_passes(target),
         *cpu_passes.finalize_passes(target),
         _noalias_shape_funcs,

@@ -11,20 +11,53 @@ from tvm.target import Target, codegen
 from kiln.ir import KilnError
 
 DEFAULT_CUDA_ARCH = "sm_80"  # used when no GPU is visible to detect the real one
+CPU_ENV = "KILN_CPU"  # an LLVM CPU name ("haswell", "skylake-avx512") that "llvm" builds target instead of the host
 
 _threads: int | None = None
-TargetLike = str | Target
+TargetLike = str | dict | Target
 
 
 def resolve_target(target: TargetLike) -> Target:
-    """"llvm"/"cpu" -> this host's LLVM target, "cuda" -> CUDA (GPU 0's arch, else sm_80); a Target as is."""
+    """"llvm"/"cpu" -> the LLVM target of `KILN_CPU` or this host, "llvm -mcpu=NAME [-mattr=+f,-g]" -> that CPU,
+    "cuda" -> CUDA (GPU 0's arch, else sm_80); a dict -> its Target; a Target as is. An LLVM CPU name LLVM does
+    not know is a KilnError naming it."""
+    if isinstance(target, dict):
+        target = Target(target)
     if isinstance(target, Target):
+        if target.kind.name == "llvm" and "mcpu" in target.attrs:
+            _check_cpu(str(target.attrs["mcpu"]))
         return target
+    kind, *options = target.split()
+    if kind in ("llvm", "cpu") and options:
+        return Target({"kind": "llvm", **_cli_options(target, options)})
     if target in ("llvm", "cpu"):
         return cpu_target()
     if target == "cuda":
         return cuda_target()
-    raise KilnError(f"unknown target {target!r}: use 'llvm' or 'cuda' (or a tvm.target.Target)")
+    raise KilnError(f"unknown target {target!r}: use 'llvm', 'llvm -mcpu=NAME' or 'cuda' (or a tvm.target.Target)")
+
+
+def _cli_options(text: str, options: list[str]) -> dict:
+    """The `-mcpu=`, `-mattr=` and `-num-cores=` options of an LLVM target string as Target dict fields."""
+    fields: dict = {}
+    for option in options:
+        key, _, value = option.lstrip("-").partition("=")
+        if key not in ("mcpu", "mattr", "num-cores") or not value:
+            raise KilnError(f"target {text!r}: option {option!r} is not one of -mcpu=NAME, -mattr=+F,-G, -num-cores=N")
+        if key == "num-cores" and not value.isdigit():
+            raise KilnError(f"target {text!r}: -num-cores={value!r} is not a whole number")
+        fields[key] = value.split(",") if key == "mattr" else int(value) if key == "num-cores" else value
+    if "mcpu" in fields:
+        _check_cpu(fields["mcpu"])
+    fields.setdefault("num-cores", cpu_count())
+    return fields
+
+
+def _check_cpu(name: str) -> None:
+    """Refuse a CPU name LLVM does not know for this host's triple (LLVM itself would warn and build `generic`)."""
+    if name != "generic" and not codegen.llvm_is_valid_cpu(name, codegen.llvm_get_system_triple()):
+        raise KilnError(f"unknown LLVM CPU {name!r} (from a target or {CPU_ENV}): name one LLVM knows, such as "
+                        f"haswell, skylake-avx512, znver4 or {codegen.llvm_get_system_cpu()} (this host)")
 
 
 
@@ -42,8 +75,12 @@ def cpu_count() -> int:
 
 
 def cpu_target() -> Target:
-    """LLVM target for this host: dict form (0.27 rejects CLI strings), mcpu from LLVM's host detection."""
-    return Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": cpu_count()})
+    """LLVM target for this host, or for the CPU `KILN_CPU` names (a cross-compile): dict form (0.27 rejects CLI
+    strings), mcpu from LLVM's host detection otherwise."""
+    name = os.environ.get(CPU_ENV, "").strip()
+    if name:
+        _check_cpu(name)
+    return Target({"kind": "llvm", "mcpu": name or codegen.llvm_get_system_cpu(), "num-cores": cpu_count()})
 
 
 def cuda_target(arch: str | None = None) -> Target:

@@ -1,7 +1,10 @@
 """kiln's CPU schedule rules for TVM's dlight `ApplyDefaultSchedule`, in the order they are tried."""
 
 from tvm.s_tir import dlight as dl
+from tvm.target import Target
 
+from ..calibration import stored_tile
+from ..cpu import cpu_model
 from .injective import CPUInjective
 from .matmul import CPUMatmul
 from .reduction import CPUReductionFallback
@@ -20,11 +23,13 @@ __all__ = [
 ]
 
 
-def default_cpu_rules() -> list[dl.ScheduleRule]:
+def default_cpu_rules(target: Target | None = None) -> list[dl.ScheduleRule]:
     """Matmul/conv first, pooling windows, row reductions (kiln's, then dlight's stock rule), injective, then the
-    reduction fallback."""
+    reduction fallback. Every rule takes its sizes from the CPU model of the target it is applied for; with a
+    `target` whose CPU has a stored calibration, the matmul/conv tile is the calibrated one."""
+    tile = stored_tile(cpu_model(target)) if target is not None and target.kind.name == "llvm" else None
     return [
-        Safe(CPUMatmul()),
+        Safe(CPUMatmul(**(tile or {}))),
         Safe(CPUWindowReduction()),
         Safe(CPURowReduction()),
         Safe(dl.cpu.Reduction()),

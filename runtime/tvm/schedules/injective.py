@@ -4,8 +4,8 @@ from tvm import s_tir, sym, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-VECTOR_LANES = 16  # one AVX-512 register of float32
-TILE = 16  # side of the square tile used for transposes
+from ..cpu import cpu_model
+
 _MIN_PARALLEL_ELEMS = 4096  # below this, waking the thread pool costs more than it saves
 
 
@@ -49,10 +49,15 @@ def uses_var(expr: tirx.Expr, var: tirx.Var) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
+def stride(expr: tirx.Expr, var: tirx.Var) -> int | None:
+    """s where `expr` is `s * var + c` with a constant s and c independent of `var`, else None."""
+    coeffs = sym.detect_linear_equation(expr, [var])
+    return int(coeffs[0].value) if len(coeffs) == 2 and isinstance(coeffs[0], tirx.IntImm) else None
+
+
 def unit_stride(expr: tirx.Expr, var: tirx.Var) -> bool:
     """Whether `expr` is `var + c` with c independent of `var`."""
-    coeffs = sym.detect_linear_equation(expr, [var])
-    return len(coeffs) == 2 and isinstance(coeffs[0], tirx.IntImm) and int(coeffs[0].value) == 1
+    return stride(expr, var) == 1
 
 
 def _worth_parallel(sch: s_tir.Schedule, loops: list[s_tir.schedule.LoopRV]) -> bool:
@@ -66,7 +71,7 @@ def _worth_parallel(sch: s_tir.Schedule, loops: list[s_tir.schedule.LoopRV]) -> 
     return total >= _MIN_PARALLEL_ELEMS
 
 
-def vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int = VECTOR_LANES
+def vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int
                     ) -> list[s_tir.schedule.LoopRV]:
     """Vectorize the block's innermost loop (split to a divisor near `lanes`); returns the loops outside it."""
     *outer, inner = sch.get_loops(block)
@@ -78,10 +83,8 @@ def vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: 
     return outer
 
 
-def schedule_elementwise(
-    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int = VECTOR_LANES
-) -> None:
-    """Parallelize the outer loops of a spatial block and vectorize its innermost loop."""
+def schedule_elementwise(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
+    """Parallelize the outer loops of a spatial block and vectorize its innermost loop in steps of `lanes`."""
     loops = sch.get_loops(block)
     if not loops:
         return
@@ -111,14 +114,15 @@ def _transposed_axis(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int
     return None
 
 
-def schedule_transpose(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, axis: int) -> None:
-    """Tile the transposed loop pair 16x16 so both the read and the write stay cache-resident."""
+def schedule_transpose(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, axis: int, tile: int) -> None:
+    """Tile the transposed loop pair `tile` x `tile` (a cache line of elements a side) so both the read and the
+    write stay cache-resident."""
     loops = sch.get_loops(block)
     parallel = _worth_parallel(sch, loops)
     row, col = loops[axis], loops[-1]
     others = [lp for i, lp in enumerate(loops[:-1]) if i != axis]
-    row_o, row_i = sch.split(row, [None, split_factor(loop_extent(sch, row), TILE, minimum=4)])
-    col_o, col_i = sch.split(col, [None, split_factor(loop_extent(sch, col), TILE, minimum=4)])
+    row_o, row_i = sch.split(row, [None, split_factor(loop_extent(sch, row), tile, minimum=4)])
+    col_o, col_i = sch.split(col, [None, split_factor(loop_extent(sch, col), tile, minimum=4)])
     sch.reorder(*others, row_o, col_o, row_i, col_i)
     if parallel:
         sch.parallel(sch.fuse(*others, row_o, col_o))
@@ -126,16 +130,18 @@ def schedule_transpose(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, axis
 
 
 class CPUInjective(dl.ScheduleRule):
-    """Inline chains of spatial blocks, then parallelize and vectorize (or 16x16-tile) what remains."""
+    """Inline chains of spatial blocks, then parallelize and vectorize (or tile, when transposing) what remains;
+    vectors are the target CPU's (`kiln.runtime.tvm.cpu`), transpose tiles a cache line of float32 a side."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         sch, infos = cpu_blocks(func, target)
         if infos is None or not all(info.is_injective() for info in infos):
             return None
+        model = cpu_model(target)
         for info in dl.try_inline(sch, infos):
             axis = _transposed_axis(sch, info.block_rv)
             if axis is None:
-                schedule_elementwise(sch, info.block_rv)
+                schedule_elementwise(sch, info.block_rv, model.lanes())
             else:
-                schedule_transpose(sch, info.block_rv, axis)
+                schedule_transpose(sch, info.block_rv, axis, model.caches.line // 4)
         return sch

@@ -7,18 +7,20 @@ from tvm import ir, s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from ..cpu import CPUModel, cpu_model
 from .injective import (
-    VECTOR_LANES,
     cpu_blocks,
     loop_extent,
     schedule_elementwise,
     split_factor,
     static_extent,
-    unit_stride,
+    stride,
     uses_var,
 )
 
-ACCUMULATORS = 16  # vector registers a register tile may hold (of 32), leaving room for operands
+TILE_VECTORS = 2  # vectors across a register tile's columns: the rows then hold `CPUModel.accumulators / 2` sums
+PANEL_SHARE = 8  # a panel of the vector operand takes 1/8 of L2 (128 KiB of Zen 4's 1 MiB), leaving room for the rest
+MAX_STRIDE = 4  # the largest stride of the vector operand along C's last index the rule still vectorizes
 MIN_PANEL_ROWS = 256  # fewer rows than this stream the vector operand whole (see `CPUMatmul._column_panels`)
 
 
@@ -115,11 +117,14 @@ def _match(sch: s_tir.Schedule, info: dl.SBlockInfo) -> _Contraction | None:
     vec = next((it for it in spatial if it.var.same_as(store.indices[-1])), None)
     if vec is None:
         return None
-    for vec_op, other in ((lhs, rhs), (rhs, lhs)):
-        if unit_stride(vec_op[-1], vec.var) and not any(uses_var(e, vec.var) for e in other):
-            break
-    else:
+    # the vector operand walks C's last index with stride 1 (matmul, conv), else with a small constant stride (a
+    # strided conv: its loads become strided gathers, still far faster than the scalar fallback)
+    pairs = [(s, vec_op, other) for vec_op, other in ((lhs, rhs), (rhs, lhs))
+             if not any(uses_var(e, vec.var) for e in other)
+             and (s := stride(vec_op[-1], vec.var)) is not None and 1 <= s <= MAX_STRIDE]
+    if not pairs:
         return None
+    _, vec_op, other = min(pairs, key=lambda p: p[0])
     row = next(
         (
             it
@@ -147,16 +152,32 @@ class CPUMatmul(dl.ScheduleRule):
     """Block an `mr x nr` tile of C in registers, unroll K by `k_unroll`, fuse epilogues into the store.
 
     Applies to PrimFuncs with exactly one reduction block of the form `C[..] += A[..] * B[..]` whose
-    last output index walks one factor with stride 1 (the "vector" operand): matmul, batch matmul with
-    broadcasting, matmuls reading A transposed (as in backward passes) and stride-1 NCHW conv2d. Tile
+    last output index walks one factor with stride 1 (the "vector" operand), or up to `MAX_STRIDE`: matmul, batch
+    matmul with broadcasting, matmuls reading A transposed (as in backward passes) and NCHW conv2d, strided,
+    dilated and depthwise ones too. Tile
     sizes fall back to divisors or whole extents for odd shapes and to predicated tails for symbolic
     ones. Inputs computed in the same kernel (conv padding) are materialized and scheduled separately.
+
+    A parameter left None comes from the target CPU's model (`for_cpu`): on AVX-512 (32 x 16 lanes) an 8 x 32
+    tile and 128 KiB panels of a 1 MiB L2, on AVX2 (16 x 8 lanes) 4 x 16 and an eighth of its L2.
     """
 
-    def __init__(self, mr: int = 8, nr: int = 32, k_unroll: int = 4, panel_bytes: int = 128 * 1024) -> None:
+    def __init__(self, mr: int | None = None, nr: int | None = None, k_unroll: int = 4,
+                 panel_bytes: int | None = None, accumulators: int | None = None, lanes: int | None = None) -> None:
         self.mr, self.nr, self.k_unroll, self.panel_bytes = mr, nr, k_unroll, panel_bytes
+        self.accumulators, self.lanes = accumulators, lanes
+
+    def for_cpu(self, model: CPUModel) -> "CPUMatmul":
+        """This rule with every parameter it leaves None taken from `model`: `TILE_VECTORS` vectors wide, as many
+        rows as `model.accumulators` allows, panels of `1 / PANEL_SHARE` of L2."""
+        accumulators = self.accumulators or model.accumulators
+        return CPUMatmul(self.mr or max(1, accumulators // TILE_VECTORS), self.nr or TILE_VECTORS * model.lanes(),
+                         self.k_unroll, self.panel_bytes or model.caches.l2 // PANEL_SHARE, accumulators,
+                         self.lanes or model.lanes())
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if None in (self.mr, self.nr, self.panel_bytes, self.accumulators, self.lanes):
+            return self.for_cpu(cpu_model(target)).apply(func, target, tunable)
         sch, infos = cpu_blocks(func, target)
         if infos is None:
             return None
@@ -178,7 +199,7 @@ class CPUMatmul(dl.ScheduleRule):
         epilogue = self._inline_side_blocks(sch, infos, main, producers)
         self._block_contraction(sch, main, roles, epilogue, padded)
         for block in producers:
-            schedule_elementwise(sch, block)
+            schedule_elementwise(sch, block, self.lanes)
         return sch
 
     def _pad_symbolic_rows(self, sch: s_tir.Schedule, info: dl.SBlockInfo, roles: _Contraction) -> bool:
@@ -263,14 +284,14 @@ class CPUMatmul(dl.ScheduleRule):
             # and let it read the accumulator directly, so the padded result is never materialized.
             *others, last = epilogue
             for block in others:
-                schedule_elementwise(sch, block)
+                schedule_elementwise(sch, block, self.lanes)
             sch.reverse_compute_at(last, vec_o, preserve_unit_loops=True)
             sch.compute_inline(store)
             store = last
         else:
             for block in epilogue:
                 if not _fuse_into_store(sch, block, result):
-                    schedule_elementwise(sch, block)
+                    schedule_elementwise(sch, block, self.lanes)
 
         sch.parallel(sch.fuse(*panel, *spatial, *row_tile, vec_o))
         for loop in [k_i, *row_inner, *line_inner]:
@@ -285,19 +306,19 @@ class CPUMatmul(dl.ScheduleRule):
         tile, times a few output rows of the vector operand where it has a `line` loop (a conv's output rows).
 
         Every k step loads one broadcast per row and one vector per line and vector tile, for rows x lines x
-        vectors FMAs, so of the shapes that fit `ACCUMULATORS` registers the one with the fewest loads per FMA
-        wins: 4 channels x 2 lines of a 32-wide conv map, 4 x 4 on 16- and 8-wide maps. On the benchmark CNN's
-        8-wide conv that ran at 214-220 GFLOP/s, against 178 with 8 channels x 2 lines.
+        vectors FMAs, so of the shapes that fit `accumulators` registers the one with the fewest loads per FMA
+        wins (with AVX-512's 16): 4 channels x 2 lines of a 32-wide conv map, 4 x 4 on 16- and 8-wide maps. On the
+        benchmark CNN's 8-wide conv that ran at 214-220 GFLOP/s, against 178 with 8 channels x 2 lines.
         """
         def rows_of(mr: int) -> int:
             return 1 if roles.row is None else split_factor(loop_extent(sch, roles.row), mr, 4)
 
         if roles.line is None or width is None:
             return rows_of(self.mr), 1
-        vectors = -(-width // VECTOR_LANES)
+        vectors = -(-width // self.lanes)
         shapes = []
         for rows in {rows_of(self.mr), rows_of(max(1, self.mr // 2))}:
-            room = max(1, ACCUMULATORS // (rows * vectors))
+            room = max(1, self.accumulators // (rows * vectors))
             lines = split_factor(loop_extent(sch, roles.line), room)
             shapes.append(((rows + lines * vectors) / (rows * lines * vectors), rows, lines))
         _, rows, lines = min(shapes)

@@ -11,7 +11,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .injective import VECTOR_LANES, cpu_blocks, static_extent, uses_var, vectorize_inner
+from ..cpu import cpu_model
+from .injective import cpu_blocks, static_extent, uses_var, vectorize_inner
 
 
 def _leading_spatial(dom_kind: str) -> int:
@@ -19,9 +20,10 @@ def _leading_spatial(dom_kind: str) -> int:
 
 
 class CPURowReduction(dl.ScheduleRule):
-    """Reductions over the trailing axes that share leading spatial (row) axes with an injective last block."""
+    """Reductions over the trailing axes that share leading spatial (row) axes with an injective last block; partial
+    sums of `lanes` (default: one register of the target CPU)."""
 
-    def __init__(self, lanes: int = VECTOR_LANES) -> None:
+    def __init__(self, lanes: int | None = None) -> None:
         self.lanes = lanes
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
@@ -32,7 +34,8 @@ class CPURowReduction(dl.ScheduleRule):
         rows = min(_leading_spatial(k) for k in kinds)
         if rows == 0 or any(not k.endswith("R") for k, i in zip(kinds, infos) if not i.is_injective()):
             return None
-        partial = {self._split_partial(sch, i.block_rv) for i in infos if not i.is_injective()} - {None}
+        lanes = self.lanes or cpu_model(target).lanes()
+        partial = {self._split_partial(sch, i.block_rv, lanes) for i in infos if not i.is_injective()} - {None}
         row = sch.fuse(*sch.get_loops(infos[-1].block_rv)[:rows])
         sch.parallel(row)
         producers = sch.get_child_blocks(sch.get_sblock("root"))[:-1]
@@ -45,27 +48,28 @@ class CPURowReduction(dl.ScheduleRule):
             elif all(iv.iter_type == tirx.IterVar.DataPar for iv in stmt.iter_vars):
                 loops = sch.get_loops(block)
                 if len(loops) > 1 and static_extent(sch.get(loops[-1]).extent) != 1:  # not the row loop itself
-                    vectorize_inner(sch, block, self.lanes)
+                    vectorize_inner(sch, block, lanes)
             else:  # a reduction left whole, or the final sum of the partial results: unroll its reduction loop
                 reduce_at = next(i for i, iv in enumerate(stmt.iter_vars) if iv.iter_type != tirx.IterVar.DataPar)
                 loop = sch.get_loops(block)[reduce_at - len(stmt.iter_vars)]
-                sch.annotate(loop, "pragma_auto_unroll_max_step", self.lanes)
+                sch.annotate(loop, "pragma_auto_unroll_max_step", lanes)
                 sch.annotate(loop, "pragma_unroll_explicit", 1)
         return sch
 
-    def _split_partial(self, sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> str | None:
+    @staticmethod
+    def _split_partial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> str | None:
         """Split the innermost reduction into `lanes` partial results; the partial block's name, or None where
         the extent is symbolic, short or not a multiple of `lanes`, or the reduced axis is not contiguous in
         memory (the lanes would be a gather)."""
         inner = sch.get_loops(block)[-1]
         n = static_extent(sch.get(inner).extent)
         reduced = sch.get(block).iter_vars[-1].var
-        if n is None or n % self.lanes or n < 2 * self.lanes:
+        if n is None or n % lanes or n < 2 * lanes:
             return None
         if not any(uses_var(read.region[-1].min, reduced) for read in sch.get(block).reads):
             return None
-        _, lanes = sch.split(inner, [None, self.lanes])
-        return sch.get(sch.rfactor(lanes, factor_axis=0)).name_hint
+        _, inner_lanes = sch.split(inner, [None, lanes])
+        return sch.get(sch.rfactor(inner_lanes, factor_axis=0)).name_hint
 
     def _vectorize_partial(self, sch: s_tir.Schedule, rf: s_tir.schedule.SBlockRV) -> None:
         """Make the lanes the innermost loop of the partial block (`compute_at` left them outermost, in the

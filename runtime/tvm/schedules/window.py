@@ -2,7 +2,7 @@
 
 Each output of a pool reduces a few inputs (2x2, 3x3), so there is nothing to vectorize inside one window; the
 reduction fallback ran them as scalar loops. Here the window loops move outside the innermost output loop, which
-is vectorized: every window position is one vector max (or add) over 16 neighbouring outputs.
+is vectorized: every window position is one vector max (or add) over a register of neighbouring outputs.
 """
 
 import math
@@ -12,8 +12,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from ..cpu import cpu_model
 from .injective import (
-    VECTOR_LANES,
     cpu_blocks,
     loop_extent,
     schedule_elementwise,
@@ -26,9 +26,10 @@ MAX_WINDOW = 64  # larger reductions are rows, not windows: `CPURowReduction` an
 
 
 class CPUWindowReduction(dl.ScheduleRule):
-    """One reduction block over a small static window whose input walks with the innermost output index."""
+    """One reduction block over a small static window whose input walks with the innermost output index; vectors of
+    `lanes` outputs (default: one register of the target CPU)."""
 
-    def __init__(self, lanes: int = VECTOR_LANES) -> None:
+    def __init__(self, lanes: int | None = None) -> None:
         self.lanes = lanes
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
@@ -39,14 +40,15 @@ class CPUWindowReduction(dl.ScheduleRule):
         if len(reductions) != 1 or not self._is_window(sch, reductions[0]):
             return None
         main = reductions[0].block_rv
+        lanes = self.lanes or cpu_model(target).lanes()
         for info in dl.try_inline(sch, infos):
             if not sch.get(info.block_rv).same_as(sch.get(main)):
-                schedule_elementwise(sch, info.block_rv, self.lanes)
+                schedule_elementwise(sch, info.block_rv, lanes)
         kinds = reductions[0].dom_kind()
         loops = sch.get_loops(main)
         *outer, inner = loops[:kinds.index("R")]
         window = loops[kinds.index("R"):]
-        inner_o, inner_i = sch.split(inner, [None, split_factor(loop_extent(sch, inner), self.lanes, 4)])
+        inner_o, inner_i = sch.split(inner, [None, split_factor(loop_extent(sch, inner), lanes, 4)])
         sch.reorder(*outer, inner_o, *window, inner_i)
         sch.parallel(sch.fuse(*outer, inner_o))
         for loop in window:
