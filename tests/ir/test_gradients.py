@@ -228,6 +228,23 @@ case("avg_pool2d", "with-pad", [r(2, 2, 6, 5)], lambda x: F.avg_pool2d(x, 3, str
 case("avg_pool2d", "without-pad", [r(1, 2, 6, 5)],
      lambda x: F.avg_pool2d(x, (3, 2), stride=(2, 1), padding=(1, 1), count_include_pad=False),
      kernel=(3, 2), stride=(2, 1), padding=(1, 1), count_include_pad=False)
+# 3-D convolution and pooling against torch's autograd through conv3d, conv_transpose3d, max_pool3d, avg_pool3d.
+case("conv3d", "strided-grouped", [r(1, 4, 4, 5, 4), r(4, 2, 2, 3, 2), r(4)],
+     lambda x, w, b: F.conv3d(x, w, b, stride=(1, 2, 1), padding=(1, 0, 1), dilation=(2, 1, 1), groups=2),
+     stride=(1, 2, 1), padding=(1, 0, 1), dilation=(2, 1, 1), groups=2)
+case("conv_transpose3d", "padded", [r(1, 2, 3, 2, 3), r(2, 2, 2, 2, 3), r(2)],
+     lambda x, w, b: F.conv_transpose3d(x, w, b, stride=(2, 1, 1), padding=(1, 0, 1), output_padding=(1, 0, 0)),
+     stride=(2, 1, 1), padding=(1, 0, 1), output_padding=(1, 0, 0))
+case("max_pool3d", "padded-dilated", [r(1, 2, 5, 4, 5)],
+     lambda x: F.max_pool3d(x, (2, 3, 2), stride=(2, 1, 2), padding=(1, 1, 0), dilation=(1, 1, 2)),
+     kernel=(2, 3, 2), stride=(2, 1, 2), padding=(1, 1, 0), dilation=(1, 1, 2))
+case("avg_pool3d", "without-pad", [r(1, 2, 4, 5, 4)],
+     lambda x: F.avg_pool3d(x, (2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0), count_include_pad=False),
+     kernel=(2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0), count_include_pad=False)
+case("avg_pool2d", "dilated-without-pad", [r(1, 2, 7, 6)],
+     lambda x: F.conv2d(x, torch.ones(2, 1, 2, 2, dtype=x.dtype), padding=1, dilation=(2, 1), groups=2)
+     / F.conv2d(torch.ones_like(x), torch.ones(2, 1, 2, 2, dtype=x.dtype), padding=1, dilation=(2, 1), groups=2),
+     kernel=(2, 2), stride=(1, 1), padding=(1, 1), dilation=(2, 1), count_include_pad=False)
 case("adaptive_avg_pool2d", "uneven", [r(2, 3, 7, 5)], lambda x: F.adaptive_avg_pool2d(x, (3, 2)),
      output_size=(3, 2))
 

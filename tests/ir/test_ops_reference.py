@@ -8,6 +8,7 @@ the input dtype, `linear` stores its weight [in, out] as Burn does.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -716,6 +717,42 @@ for name, (shape, size) in {"divisible": ((2, 3, 8, 6), [4, 3]), "uneven": ((1, 
 for dt in ("f64", "f16", "bf16"):
     case("adaptive_avg_pool2d", dt, [rand((1, 2, 7, 5), dt)], lambda x: F.adaptive_avg_pool2d(x, [3, 2]),
          output_size=[3, 2])
+
+# 3-D (NCDHW) convolution and pooling against torch's conv3d / conv_transpose3d / max_pool3d / avg_pool3d.
+case("conv3d", "stride-pad-dilation-groups", [rand((2, 4, 5, 6, 5)), rand((6, 2, 3, 2, 2)), rand((6,))],
+     lambda x, w, b: F.conv3d(x, w, b, stride=(1, 2, 1), padding=(1, 0, 1), dilation=(1, 1, 2), groups=2),
+     stride=[1, 2, 1], padding=[1, 0, 1], dilation=[1, 1, 2], groups=2)
+case("conv_transpose3d", "stride-pad-outpad", [rand((1, 2, 3, 4, 3)), rand((2, 3, 2, 3, 2)), rand((3,))],
+     lambda x, w, b: F.conv_transpose3d(x, w, b, stride=(2, 1, 2), padding=(1, 1, 0), output_padding=(1, 0, 1)),
+     stride=[2, 1, 2], padding=[1, 1, 0], output_padding=[1, 0, 1])
+case("max_pool3d", "stride-pad-dilation", [rand((2, 2, 6, 7, 5))],
+     lambda x: F.max_pool3d(x, (3, 2, 2), stride=(2, 1, 2), padding=(1, 1, 0), dilation=(1, 2, 1)), tol=EXACT,
+     kernel=[3, 2, 2], stride=[2, 1, 2], padding=[1, 1, 0], dilation=[1, 2, 1])
+for include in (True, False):
+    case("avg_pool3d", f"pad-{'with' if include else 'without'}", [rand((1, 3, 5, 6, 4))],
+         lambda x, c=include: F.avg_pool3d(x, (3, 2, 3), stride=(2, 2, 1), padding=(1, 1, 1), count_include_pad=c),
+         kernel=[3, 2, 3], stride=[2, 2, 1], padding=[1, 1, 1], count_include_pad=include)
+
+
+
+def dilated_avg_pool(x, kernel, stride, padding, dilation, include):
+    """ONNX's dilated AveragePool (torch's avg_pool has no dilation): a depthwise conv with a ones kernel, divided
+    by the whole kernel or by the same conv of the unpadded ones."""
+    c, nd = x.shape[1], len(kernel)
+    conv = (F.conv2d, F.conv3d)[nd - 2]
+    ones = torch.ones((c, 1, *kernel), dtype=x.dtype)
+    opts = {"stride": stride, "padding": padding, "dilation": dilation}
+    total = conv(x, ones, groups=c, **opts)
+    return total / math.prod(kernel) if include else total / conv(torch.ones_like(x), ones, groups=c, **opts)
+
+
+for include in (True, False):
+    case("avg_pool2d", f"dilation-{'with' if include else 'without'}-pad", [rand((1, 2, 8, 9))],
+         lambda x, c=include: dilated_avg_pool(x, (2, 3), (1, 2), (1, 1), (2, 2), c),
+         kernel=[2, 3], stride=[1, 2], padding=[1, 1], dilation=[2, 2], count_include_pad=include)
+    case("avg_pool3d", f"dilation-{'with' if include else 'without'}-pad", [rand((1, 2, 6, 5, 7))],
+         lambda x, c=include: dilated_avg_pool(x, (2, 2, 3), (2, 1, 1), (1, 0, 1), (2, 1, 2), c),
+         kernel=[2, 2, 3], stride=[2, 1, 1], padding=[1, 0, 1], dilation=[2, 1, 2], count_include_pad=include)
 
 # Transposed convolution against torch.nn.functional.conv_transpose{1,2}d: "out = (in - 1) * stride - 2 * padding
 # + dilation * (kernel - 1) + output_padding + 1", weight [in, out / groups, *kernel].

@@ -132,6 +132,17 @@ def _cases() -> list[Case]:
                                                                     "count_include_pad": False}))
     c.append(Case("avg_pool2d", "default-stride", [f32(2, 3, 8, 6)], {"kernel": (2, 2)}))
     c.append(Case("adaptive_avg_pool2d", "uneven-bins", [f32(2, 3, 7, 5)], {"output_size": (3, 2)}))
+    c.append(Case("conv3d", "stride-pad-groups-bias", [f32(1, 4, 5, 6, 5), f32(4, 2, 3, 2, 3), f32(4)],
+                  {"stride": (1, 2, 1), "padding": (1, 0, 1), "dilation": (1, 1, 2), "groups": 2}))
+    c.append(Case("conv_transpose3d", "stride-pad-outpad-bias", [f32(1, 2, 3, 4, 3), f32(2, 3, 2, 3, 2), f32(3)],
+                  {"stride": (2, 1, 2), "padding": (1, 1, 0), "output_padding": (1, 0, 1)}))
+    c.append(Case("max_pool3d", "pad-stride-dilation", [f32(1, 2, 6, 7, 5)],
+                  {"kernel": (3, 2, 2), "stride": (2, 1, 2), "padding": (1, 1, 0), "dilation": (1, 2, 1)}))
+    c.append(Case("avg_pool3d", "pad-exclude", [f32(1, 2, 5, 6, 4)],
+                  {"kernel": (3, 2, 3), "stride": (2, 2, 1), "padding": (1, 1, 1), "count_include_pad": False}))
+    c.append(Case("avg_pool2d", "dilation-exclude", [f32(1, 2, 8, 9)],
+                  {"kernel": (2, 3), "stride": (1, 2), "padding": (1, 1), "dilation": (2, 2),
+                   "count_include_pad": False}))
     c.append(Case("layer_norm", "affine", [f32(3, 4, 6), f32(6), f32(6)]))
     c.append(Case("conv_transpose1d", "stride-pad-outpad-dilation-groups", [f32(2, 4, 6), f32(4, 3, 3), f32(6)],
                   {"stride": (2,), "padding": (1,), "output_padding": (1,), "dilation": (2,), "groups": 2}))

@@ -7,6 +7,7 @@ AveragePool whose windows then cover different counts divides by a compile-time 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -19,7 +20,7 @@ from .call import NodeCall
 from .registry import Unsupported, converts
 
 
-def _spatial(call: NodeCall, x: Value, ranks: Sequence[int] = (1, 2)) -> tuple[int, ...]:
+def _spatial(call: NodeCall, x: Value, ranks: Sequence[int] = (1, 2, 3)) -> tuple[int, ...]:
     """x's spatial dims, which must be static and of a supported count."""
     dims = x.type.shape[2:]
     if len(dims) not in ranks:
@@ -244,7 +245,8 @@ def _pool_geometry(call: NodeCall, size: Sequence[int]) -> tuple[tuple[int, ...]
 
 
 def _pool(call: NodeCall, make) -> Value:
-    """Run `make(x4, kernel, stride, dilation, begin, end, extra)` on 4-D input, 1-D pools through a unit dim."""
+    """Run `make(x, kernel, stride, dilation, begin, end, extra)` on 4-D or 5-D input, 1-D pools as 2-D ones
+    through a unit dim."""
     x = call.input(0)
     size = _spatial(call, x)
     geometry = _pool_geometry(call, size)
@@ -270,7 +272,8 @@ def _max_pool(call: NodeCall) -> Value:
         end = tuple(e + x for e, x in zip(end, extra))
         if not _symmetric(kernel, dilation, begin, end):
             x, begin = _pad(call, x, begin, end, -math.inf), (0,) * len(begin)
-        return call.emit("max_pool2d", x, kernel=kernel, stride=stride, padding=begin, dilation=dilation)
+        return call.emit(f"max_pool{len(kernel)}d", x, kernel=kernel, stride=stride, padding=begin,
+                         dilation=dilation)
     x = call.input(0)
     if x.type.dtype.is_float:
         return _pool(call, make)
@@ -284,29 +287,30 @@ def _max_pool(call: NodeCall) -> Value:
 _EXACT_IN_F32 = (DType.i8, DType.u8, DType.i16)
 
 
-def _counts(kernel: int, stride: int, out: int, lo: int, hi: int) -> np.ndarray:
+def _counts(kernel: int, stride: int, dilation: int, out: int, lo: int, hi: int) -> np.ndarray:
     """How many of each window's kernel positions (window o starting at o * stride) fall inside [lo, hi)."""
-    at = np.arange(out)[:, None] * stride + np.arange(kernel)[None, :]
+    at = np.arange(out)[:, None] * stride + np.arange(kernel)[None, :] * dilation
     return ((at >= lo) & (at < hi)).sum(axis=1)
 
 
 @converts("AveragePool", since=1)
 def _avg_pool(call: NodeCall) -> Value:
-    """Mean over each window: kiln's avg_pool2d where it takes the padding; else a sum over the padded input
+    """Mean over each window: kiln's avg pool where it takes the padding; else a sum over the padded input
     divided by a compile-time count of the elements ONNX counts (real ones, or under count_include_pad real and
     padding ones, never ceil_mode's)."""
     include = bool(call.attr("count_include_pad", 0))
-    if any(d != 1 for d in call.attr("dilations", ())):
-        raise Unsupported(f"dilations = {list(call.attr('dilations'))}; kiln's avg_pool2d has none")
 
     def make(x, kernel, stride, dilation, begin, end, extra):
+        kind = f"avg_pool{len(kernel)}d"
         if _symmetric(kernel, dilation, begin, end) and not any(extra):
-            return call.emit("avg_pool2d", x, kernel=kernel, stride=stride, padding=begin, count_include_pad=include)
+            return call.emit(kind, x, kernel=kernel, stride=stride, padding=begin, dilation=dilation,
+                             count_include_pad=include)
         padded = _pad(call, x, begin, tuple(e + x for e, x in zip(end, extra)))
-        y = call.emit("avg_pool2d", padded, kernel=kernel, stride=stride)
-        counts = [_counts(k, s, o, 0 if include else b, b + n + (e if include else 0))
-                  for n, k, s, o, b, e in zip(x.type.shape[2:], kernel, stride, y.type.shape[2:], begin, end)]
-        factor = math.prod(kernel) / np.multiply.outer(*counts)
+        y = call.emit(kind, padded, kernel=kernel, stride=stride, dilation=dilation)
+        counts = [_counts(k, s, d, o, 0 if include else b, b + n + (e if include else 0))
+                  for n, k, s, d, o, b, e in zip(x.type.shape[2:], kernel, stride, dilation, y.type.shape[2:], begin,
+                                                 end)]
+        factor = math.prod(kernel) / functools.reduce(np.multiply.outer, counts)
         return call.emit("mul", y, call.constant(factor.astype(x.type.dtype.numpy)))
     return _pool(call, make)
 

@@ -34,9 +34,6 @@ REASONS = {
                "intermediate to f16: one of its intermediates rounds differently in kiln (not traced to the op)",
     "bn-training": "BatchNormalization with training_mode = 1 (batch statistics, running-stat outputs): kiln "
                    "imports models for inference",
-    "spatial-3d": "a 3-D (volumetric) pool or transposed convolution: kiln's pools and conv_transpose take 1-D and "
-                  "2-D spatial dims",
-    "pool-dilations": "AveragePool with dilations: kiln's avg_pool2d has no dilation",
     "pool-indices": "MaxPool's Indices output (argmax positions): kiln's max_pool2d gives none",
     "resize-cubic": "Resize mode = cubic: kiln's resize is nearest or linear (two taps an axis)",
     "resize-antialias": "Resize antialias = 1 (a filter widened by the shrink factor): kiln's resize reads two taps",
