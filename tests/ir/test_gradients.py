@@ -25,6 +25,7 @@ from kiln.ir import (
     FunctionBuilder,
     Graph,
     Interpreter,
+    PassError,
     TensorType,
     parse,
     print_graph,
@@ -150,6 +151,9 @@ case("topk", "smallest-a0", [r(4, 3)], lambda x: torch.topk(x, 3, 0, largest=Fal
 case("tile", "2d", [r(2, 3)], lambda x: x.repeat(2, 3), repeats=(2, 3))
 case("tile", "rank3-ones", [r(2, 1, 3)], lambda x: x.repeat(1, 4, 1), repeats=(1, 4, 1))
 case("scatter_nd", "rows", [r(5, 3), np.array([[1], [-1]]), r(2, 3)], lambda d, i, u: d.index_put((i[:, 0],), u))
+# scatter_nd_reduce add against torch's index_put(accumulate=True): repeated rows sum their updates' gradients.
+case("scatter_nd_reduce", "add-repeated", [r(4, 3), np.array([[1], [-3], [2]]), r(3, 3)],
+     lambda d, i, u: d.index_put((i[:, 0] % 4,), u, accumulate=True), reduction="add")
 case("scatter_nd", "elements", [r(3, 4), np.array([[0, 1], [2, 3], [1, -4]]), r(3)],
      lambda d, i, u: d.index_put((i[:, 0], i[:, 1]), u))
 for _kind in ("argmax", "argmin"):
@@ -741,3 +745,14 @@ def test_autodiff_hands_each_rule_a_context_with_the_active_operands(monkeypatch
     Autodiff().apply(b.build())
     assert [ctx.wants for ctx in seen] == [(True, False)]
     assert not hasattr(seen[0].fb, "grad_wanted")
+
+
+@pytest.mark.parametrize("reduction", ["mul", "max", "min"])
+def test_scatter_nd_reduce_refuses_the_gradients_it_lacks(reduction: str) -> None:
+    """Only ScatterND's add reduction has a gradient kiln writes; the others are one PassError naming it."""
+    b = Builder("M")
+    w = b.param("w", (4, 3), DType.f64, data=r(4, 3))
+    y = b.scatter_nd_reduce(w, b.constant(np.array([[1], [2]])), b.constant(r(2, 3)), reduction=reduction)
+    b.ret(b.sum(y))
+    with pytest.raises(PassError, match=f"scatter_nd_reduce: no gradient for reduction '{reduction}'"):
+        Autodiff().apply(b.build())

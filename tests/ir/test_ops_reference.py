@@ -632,6 +632,20 @@ def scatter_nd_oracle(data: torch.Tensor, idx: torch.Tensor, updates: torch.Tens
     return out
 
 
+
+REDUCE = {"add": torch.add, "mul": torch.mul, "max": torch.maximum, "min": torch.minimum}
+
+
+def scatter_nd_reduce_oracle(reduction: str):
+    """ScatterND's reduction loop: "output[indices[idx]] = f(output[indices[idx]], updates[idx])" in index order."""
+    def oracle(data: torch.Tensor, idx: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
+        out = data.clone()
+        for pos in np.ndindex(*idx.shape[:-1]):
+            at = tuple(int(i) for i in idx[pos])
+            out[at] = REDUCE[reduction](out[at], updates[pos])
+        return out
+    return oracle
+
 case("tile", "2d", [rand((2, 3))], lambda x: x.repeat(2, 3), tol=EXACT, repeats=[2, 3])
 case("tile", "ones-and-zero", [rand((2, 1, 3), "i64", 0, 9)], lambda x: x.repeat(1, 4, 0), repeats=[1, 4, 0])
 case("tile", "bool", [rand((3,), "bool")], lambda x: x.repeat(2), repeats=[2])
@@ -642,6 +656,13 @@ case("scatter_nd", "elements", [rand((3, 4)), arr([[0, 1], [2, 3], [1, -4]], "i6
      tol=EXACT)
 case("scatter_nd", "whole", [rand((2, 2), "i32", -9, 9), np.zeros((1, 0), np.int64), rand((1, 2, 2), "i32", -9, 9)],
      scatter_nd_oracle)
+for reduction in REDUCE:  # repeated and negative indices: every update combines, in order
+    case("scatter_nd_reduce", f"{reduction}-repeated-rows", [rand((4, 3)), arr([[1], [-3], [3], [1]], "i64"),
+                                                             rand((4, 3))],
+         scatter_nd_reduce_oracle(reduction), reduction=reduction)
+case("scatter_nd_reduce", "add-elements-i32", [rand((2, 3), "i32", -9, 9), arr([[0, 1], [1, 2], [0, 1]], "i32"),
+                                               rand((3,), "i32", -9, 9)], scatter_nd_reduce_oracle("add"),
+     reduction="add")
 case("scatter_nd", "i32-indices-rank3", [rand((2, 3, 4), "f16"), arr([[[1, 2]], [[0, 0]]], "i32"),
                                          rand((2, 1, 4), "f16")], scatter_nd_oracle, tol=EXACT)
 

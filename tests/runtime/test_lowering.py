@@ -232,6 +232,9 @@ def _cases() -> list[Case]:
     c.append(Case("topk", "ties-lower-index-first", [np.array([[3, 1, 3, 1, 2, 3, 1, 0]], np.float32)], {"k": 5}))
     c.append(Case("tile", "2d", [f32(2, 3)], {"repeats": (2, 3)}))
     c.append(Case("scatter_nd", "rows", [f32(5, 3), np.array([[1], [-1]], np.int64), f32(2, 3)]))
+    for reduction in ("add", "mul", "max", "min"):
+        c.append(Case("scatter_nd_reduce", reduction, [f32(4, 3), np.array([[1], [-3], [3], [1]], np.int64), f32(4, 3)],
+                      {"reduction": reduction}))
     c.append(Case("scatter_nd", "elements", [ints(3, 4), np.array([[0, 1], [2, 3]], np.int64), ints(2)]))
     c.append(Case("constant", "f32", [], {"value": f32(2, 3)}))
     c.append(Case("zeros", "f32", [], {"shape": (2, 3)}))

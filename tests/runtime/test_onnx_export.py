@@ -253,6 +253,8 @@ CASES: list[tuple[str, Case]] = [
     ("tile", case("tile", batched((2, 3), (1, 3)), repeats=(2, 2))),
     ("tile-f16", case("tile", X.astype(np.float16), repeats=(1, 3))),
     ("scatter_nd", case("scatter_nd", floats(5, 3), np.array([[1], [-1]]), floats(2, 3))),
+    *((f"scatter_nd_reduce-{m}", case("scatter_nd_reduce", floats(4, 3), np.array([[1], [-3], [3], [1]]),
+                                      floats(4, 3), reduction=m)) for m in ("add", "mul", "max", "min")),
     ("scatter_nd-i32-indices", case("scatter_nd", INTS, np.array([[0, 1], [1, 5]], np.int32),
                                     np.array([9, 8], np.int32))),
     ("constant", case("constant", value=np.arange(6, dtype=np.int64).reshape(2, 3))),

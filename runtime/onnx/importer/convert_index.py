@@ -1,4 +1,5 @@
-"""Converters of ONNX's indexing and contraction ops: Tile, ScatterND and Einsum.
+"""Converters of ONNX's indexing and contraction ops: Tile, ScatterND (every reduction), ScatterElements and
+Einsum.
 
 Einsum imports the forms attention and bilinear layers use: each letter at most once per operand, no ellipsis;
 operands are contracted left to right as batched matmuls (transpose, reshape, matmul), and a letter only one
@@ -25,10 +26,32 @@ def _tile(call: NodeCall) -> Value:
 
 @converts("ScatterND", since=11)
 def _scatter_nd(call: NodeCall) -> Value:
+    return _scatter(call, call.input(1))
+
+
+def _scatter(call: NodeCall, indices: Value) -> Value:
+    """scatter_nd (reduction none: replace) or scatter_nd_reduce (add, mul, max, min) of the node's updates."""
     reduction = call.attr("reduction", "none")
-    if reduction != "none":
-        raise Unsupported(f"ScatterND with reduction {reduction!r}: kiln's scatter_nd replaces (reduction 'none')")
-    return call.emit("scatter_nd", call.input(0), call.input(1), call.input(2))
+    if reduction == "none":
+        return call.emit("scatter_nd", call.input(0), indices, call.input(2))
+    if reduction not in ("add", "mul", "max", "min"):
+        raise Unsupported(f"reduction = {reduction!r}")
+    return call.emit("scatter_nd_reduce", call.input(0), indices, call.input(2), reduction=reduction)
+
+
+@converts("ScatterElements", since=11)
+@converts("Scatter", since=9, until=10)
+def _scatter_elements(call: NodeCall) -> Value:
+    """A ScatterND whose index tuples are each update's own position with the axis coordinate taken from the
+    indices (a compile-time coordinate grid for the other axes, so the indices' shape must be static)."""
+    data, idx = call.input(0), call.input(1)
+    axis = call.attr("axis", 0) % max(data.type.rank, 1)
+    if any(d is None for d in idx.type.shape):
+        raise Unsupported(f"dynamic indices shape {idx.type}")
+    grid = np.indices(idx.type.shape, dtype=idx.type.dtype.numpy)
+    columns = [call.emit("reshape", idx, shape=(*idx.type.shape, 1)) if d == axis else
+               call.constant(grid[d][..., None]) for d in range(idx.type.rank)]
+    return _scatter(call, call.emit("concat", *columns, axis=-1))
 
 
 def _parse(equation: str, n: int) -> tuple[list[str], str]:

@@ -28,8 +28,6 @@ REASONS = {
                    "('->', 'i,i'): kiln's converter maps distinct-letter forms onto transpose/matmul/sum only",
     "loop": "the _expanded graph computes its result with a Loop node; kiln imports no control flow but an If "
             "whose condition folds",
-    "scatter-reduce": "ScatterND with reduction add/mul/max/min: kiln's scatter_nd op only replaces, and repeated "
-                      "indices have no exact composition from it",
     "f16-ulp": "two f16 elements one ulp from the reference (beyond rtol 1e-3) in an expanded graph that rounds every "
                "intermediate to f16: one of its intermediates rounds differently in kiln (not traced to the op)",
     "bn-training": "BatchNormalization with training_mode = 1 (batch statistics, running-stat outputs): kiln "
