@@ -227,6 +227,8 @@ case("resize", "bilinear", [r(1, 2, 3, 4)], lambda x: F.interpolate(x, [5, 7], m
      mode="linear", coordinate_mode="pytorch_half_pixel")
 case("resize", "nearest-down", [r(1, 1, 5, 6)], lambda x: F.interpolate(x, [2, 4], mode="nearest"), size=(2, 4),
      coordinate_mode="asymmetric", nearest_mode="floor")
+case("resize", "bicubic-antialias", [r(1, 2, 7, 6)], lambda x: F.interpolate(x, [3, 8], mode="bicubic", antialias=True),
+     size=(3, 8), mode="cubic", cubic_coeff_a=-0.5, exclude_outside=True, antialias=True)
 case("avg_pool2d", "with-pad", [r(2, 2, 6, 5)], lambda x: F.avg_pool2d(x, 3, stride=2, padding=1),
      kernel=(3, 3), stride=(2, 2), padding=(1, 1))
 case("avg_pool2d", "without-pad", [r(1, 2, 6, 5)],

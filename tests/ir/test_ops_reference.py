@@ -860,6 +860,20 @@ for name, (shape, size, mode, attrs) in RESIZES.items():
 case("resize", "linear-1d-scale", [rand((2, 3, 5))],
      lambda x: F.interpolate(x, scale_factor=1.5, mode="linear", recompute_scale_factor=False), size=[7],
      scales=[1.5], mode="linear")
+# cubic against torch's bicubic (A = -0.75, edge taps clamped; align_corners=False is half_pixel); antialias against
+# torch's antialias=True, which drops taps outside the input (exclude_outside) and, for bicubic, uses A = -0.5.
+CUBIC = {"mode": "cubic", "coordinate_mode": "half_pixel"}
+case("resize", "cubic-up", [rand((1, 2, 4, 5))], lambda x: F.interpolate(x, [9, 7], mode="bicubic"), size=[9, 7],
+     **CUBIC)
+case("resize", "cubic-down-corners", [rand((1, 2, 9, 7))],
+     lambda x: F.interpolate(x, [4, 3], mode="bicubic", align_corners=True), size=[4, 3], mode="cubic",
+     coordinate_mode="align_corners")
+case("resize", "cubic-antialias", [rand((1, 2, 9, 7))],
+     lambda x: F.interpolate(x, [4, 3], mode="bicubic", antialias=True), size=[4, 3], cubic_coeff_a=-0.5,
+     exclude_outside=True, antialias=True, **CUBIC)
+case("resize", "linear-antialias", [rand((2, 1, 9, 7))],
+     lambda x: F.interpolate(x, [4, 5], mode="bilinear", antialias=True), size=[4, 5], mode="linear",
+     coordinate_mode="half_pixel", exclude_outside=True, antialias=True)
 case("resize", "f64", [rand((1, 1, 3, 3), "f64")], lambda x: F.interpolate(x, [5, 4], mode="bilinear"), size=[5, 4],
      mode="linear", coordinate_mode="pytorch_half_pixel")
 

@@ -158,6 +158,9 @@ def _cases() -> list[Case]:
                         "nearest-asymmetric-ceil": {"size": (8, 9), "coordinate_mode": "asymmetric",
                                                     "nearest_mode": "ceil"},
                         "linear": {"size": (9, 4), "mode": "linear"},
+                        "cubic-exclude-outside": {"size": (8, 3), "mode": "cubic", "cubic_coeff_a": -0.5,
+                                                  "exclude_outside": True},
+                        "linear-antialias": {"size": (3, 2), "mode": "linear", "antialias": True},
                         "linear-corners-scales": {"size": (11, 7), "scales": (2.3, 1.5), "mode": "linear",
                                                   "coordinate_mode": "align_corners"}}.items():
         c.append(Case("resize", name, [f32(2, 3, 5, 5)], attrs))

@@ -183,6 +183,8 @@ CASES: list[tuple[str, Case]] = [
     ("resize-linear-scales", case("resize", IMAGE, size=(10, 7), scales=(1.5, 1.5), mode="linear",
                                   coordinate_mode="asymmetric")),
     ("resize-nn-tf", case("resize", IMAGE, size=(14, 15), coordinate_mode="tf_half_pixel_for_nn")),
+    ("resize-cubic-antialias", case("resize", IMAGE, size=(3, 8), mode="cubic", cubic_coeff_a=-0.5,
+                                    exclude_outside=True, antialias=True, tol=1e-4)),
     ("adaptive_avg_pool2d-dynamic", case("adaptive_avg_pool2d", ((None, 4, None, None), IMAGE, floats(1, 4, 4, 9)),
                                          output_size=(3, 4))),
     ("layer_norm", case("layer_norm", batched((2, 3, 4), (5, 3, 4)), floats(3, 4), floats(3, 4), axes=(1, 2))),

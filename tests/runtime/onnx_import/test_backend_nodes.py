@@ -32,8 +32,6 @@ REASONS = {
                "intermediate to f16: one of its intermediates rounds differently in kiln (not traced to the op)",
     "bn-training": "BatchNormalization with training_mode = 1 (batch statistics, running-stat outputs): kiln "
                    "imports models for inference",
-    "resize-cubic": "Resize mode = cubic: kiln's resize is nearest or linear (two taps an axis)",
-    "resize-antialias": "Resize antialias = 1 (a filter widened by the shrink factor): kiln's resize reads two taps",
     "resize-crop": "Resize tf_crop_and_resize (roi, extrapolation_value): kiln's resize has no region of interest",
     "castlike-fold": "Pad's constant value is a CastLike of a constant to a run-time tensor's dtype, which the "
                      "importer does not fold (it folds a node whose inputs are all known)",
