@@ -184,6 +184,19 @@ CASES = [
     Case("einsum-outer-implicit", "Einsum", 12, [f32(3), f32(4)], {"equation": "i,j"}),
     Case("einsum-transpose-sum", "Einsum", 12, [f32(2, 3, 4)], {"equation": "ijk->ki"}),
     Case("einsum-matvec", "Einsum", 12, [f32(3, 4), f32(4)], {"equation": "ij, j -> i"}),
+    # Einsum in general: "a repeated label in one operand takes the diagonal", "an ellipsis ... broadcast
+    # dimensions", implicit output "in increasing alphabetical order" after the ellipsis dims
+    Case("einsum-diagonal", "Einsum", 12, [f32(3, 3)], {"equation": "ii->i"}),
+    Case("einsum-trace-implicit", "Einsum", 12, [f32(4, 4)], {"equation": "ii"}),
+    Case("einsum-batch-diagonal-ellipsis", "Einsum", 12, [f32(2, 3, 4, 4)], {"equation": "...ii->...i"}),
+    Case("einsum-triple-diagonal", "Einsum", 12, [f32(3, 2, 3, 3)], {"equation": "ijii->ij"}),
+    Case("einsum-ellipsis-matmul-ranks", "Einsum", 12, [f32(2, 3, 4, 5), f32(3, 5, 6)],
+         {"equation": "...ij,...jk->...ik"}),
+    Case("einsum-ellipsis-implicit", "Einsum", 12, [f32(2, 3, 4), f32(4, 5)], {"equation": "...j,jk"}),
+    Case("einsum-inner", "Einsum", 12, [f32(5), f32(5)], {"equation": "i,i"}),
+    Case("einsum-sum-all", "Einsum", 12, [f32(3, 4)], {"equation": "ij->"}),
+    Case("einsum-outer", "Einsum", 12, [f32(3), f32(2, 4)], {"equation": "i,jk->kij"}),
+    Case("einsum-diagonal-contract", "Einsum", 12, [f32(2, 3, 3), f32(2, 3, 4)], {"equation": "bii,bij->bj"}),
     Case("einsum-merged-dims", "Einsum", 12, [f32(2, 3, 4, 5), f32(4, 5, 6)], {"equation": "abcd,cde->abe"}),
 ]
 
@@ -212,8 +225,8 @@ def test_every_converter_of_these_families_has_a_case() -> None:
 
 
 @pytest.mark.parametrize(("op", "opset", "inputs", "attrs", "match"), [
-    ("Einsum", 12, [f32(3, 3)], {"equation": "ii->i"}, r"Einsum 'ii->i': kiln imports letters used at most once"),
-    ("Einsum", 12, [f32(2, 3, 4)], {"equation": "...ij->ij"}, r"Einsum '\.\.\.ij->ij'.*no ellipsis"),
+    ("Einsum", 12, [f32(3, 3), f32(1, 3)], {"equation": "ij,ij->i"}, r"'i' is 3 in one operand and 1 in another"),
+    ("Einsum", 12, [f32(3, 4)], {"equation": "ij->ii"}, r"the output 'ii' names each letter at most once"),
     ("Einsum", 12, [f32(3, 4)], {"equation": "ijk->i"}, r"subscripts 'ijk' do not match the rank"),
     ("ScatterND", 16, [f32(4), Const(np.array([[1]], np.int64)), f32(1)], {"reduction": "sub"},
      r"reduction = 'sub'"),
