@@ -24,8 +24,6 @@ REASONS = {
     "packed": "kiln's int4/uint4 are packed quantization codes, which cast refuses",
     "opset": "the model's opset is below 7 or in a domain other than ai.onnx",
     "training": "Dropout in training mode: kiln imports models for inference",
-    "loop": "the _expanded graph computes its result with a Loop node; kiln imports no control flow but an If "
-            "whose condition folds",
     "f16-ulp": "two f16 elements one ulp from the reference (beyond rtol 1e-3) in an expanded graph that rounds every "
                "intermediate to f16: one of its intermediates rounds differently in kiln (not traced to the op)",
     "bn-training": "BatchNormalization with training_mode = 1 (batch statistics, running-stat outputs): kiln "
