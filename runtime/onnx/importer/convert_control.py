@@ -23,9 +23,9 @@ def _shape(out: Output) -> tuple | None:
     """The shape of a carried value where it is known at import."""
     if isinstance(out, np.ndarray):
         return out.shape
-    if isinstance(out, Value):
-        return tuple(out.type.shape)
-    return None
+    if isinstance(out, ShapeVector):
+        return None
+    return tuple(out.type.shape)  # a value or a parameter's symbol
 
 
 def _flag(out: Output, what: str) -> bool:
@@ -47,8 +47,8 @@ def _loop(call: NodeCall) -> Sequence[Output]:
     going = call.value(1, "the loop condition")
     going = True if going is None else bool(np.reshape(going, -1)[0])
     body = call.required("body")
-    carried: list[Output] = [call.known[i] if call.known[i] is not None else call.input(i)
-                             for i in range(2, len(call.node.input))]
+    # as kiln values: a parameter stays one (a constant is still known to the body's nodes, which fold on it)
+    carried: list[Output] = [call.input(i) for i in range(2, len(call.node.input))]
     scans: list[list[Output]] = [[] for _ in range(len(body.output) - 1 - len(carried))]
     for i in range(trips):
         if not going:
@@ -72,7 +72,7 @@ def _stack(call: NodeCall, values: list[Output]) -> Output:
     if all(isinstance(v, np.ndarray) for v in values):
         return np.stack(values)  # type: ignore[arg-type]
     parts = [call.constant(v) if isinstance(v, np.ndarray) else v for v in values]
-    if any(not isinstance(p, Value) for p in parts):
+    if any(isinstance(p, ShapeVector) for p in parts):
         raise Unsupported("a scan output that is a shape computed at run time")
     rows = [call.emit("reshape", p, shape=(1, *(-1 if d is None else d for d in p.type.shape))) for p in parts]
     return rows[0] if len(rows) == 1 else call.emit("concat", *rows, axis=0)

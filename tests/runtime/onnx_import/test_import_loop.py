@@ -17,9 +17,11 @@ from kiln.runtime.onnx.importer.driver import UnsupportedModel, import_graph
 X = np.random.default_rng(3).standard_normal((2, 3)).astype(np.float32)
 
 
-def loop_model(trips: int | None, *, stop_after: int | None = None, grow: bool = False, runtime_cond: bool = False):
+def loop_model(trips: int | None, *, stop_after: int | None = None, grow: bool = False, runtime_cond: bool = False,
+               from_weight: bool = False):
     """y, ys = Loop(x): each iteration carries acc * 0.5 + x + i and scans acc + 1; with `stop_after`, the body's
-    condition turns false at that iteration; with `grow`, acc gains a row per iteration."""
+    condition turns false at that iteration; with `grow`, acc gains a row per iteration; with `from_weight`, acc
+    starts at an initializer `w` instead of x."""
     f, info = TensorProto.FLOAT, helper.make_tensor_value_info
     body_nodes = [
         helper.make_node("Cast", ["i"], ["i_f"], to=f),
@@ -48,18 +50,23 @@ def loop_model(trips: int | None, *, stop_after: int | None = None, grow: bool =
     graph_inits = [numpy_helper.from_array(np.array(True), "cond")]
     if trips is not None:
         graph_inits.append(numpy_helper.from_array(np.int64(trips), "M"))
-    node = helper.make_node("Loop", ["M" if trips is not None else "", "cond", "x"], ["y", "ys"], name="loop",
-                            body=body)
+    if from_weight:
+        graph_inits.append(numpy_helper.from_array(X[::-1].copy(), "w"))
+    node = helper.make_node("Loop", ["M" if trips is not None else "", "cond", "w" if from_weight else "x"],
+                            ["y", "ys"], name="loop", body=body)
     graph = helper.make_graph([node], "g", [info("x", f, X.shape)], [info("y", f, None), info("ys", f, None)],
                               graph_inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)], ir_version=8)
 
 
-@pytest.mark.parametrize(("trips", "stop_after"), [(3, None), (5, 1)])
-def test_unrolled_loop_matches_onnxruntime(trips: int, stop_after: int | None) -> None:
-    m = loop_model(trips, stop_after=stop_after)
+@pytest.mark.parametrize(("trips", "stop_after", "from_weight"), [(3, None, False), (5, 1, False), (2, None, True)])
+def test_unrolled_loop_matches_onnxruntime(trips: int, stop_after: int | None, from_weight: bool) -> None:
+    """A float initializer carried into the loop stays a parameter (it is not folded into the unrolled body)."""
+    m = loop_model(trips, stop_after=stop_after, from_weight=from_weight)
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": X})
-    got = interpret(import_graph(m), [X])
+    graph = import_graph(m)
+    assert sorted(graph.params) == (["w"] if from_weight else [])
+    got = interpret(graph, [X])
     assert [g.shape for g in got] == [w.shape for w in want]
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-6)
