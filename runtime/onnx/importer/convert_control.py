@@ -9,8 +9,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kiln.ir import Value
-
 from .call import NodeCall, Output
 from .registry import Unsupported, converts
 from .symbolic import ShapeVector
