@@ -7,12 +7,15 @@ Convolutions differentiate into convolutions (there is no scatter op):
   input with the gradient as kernel (batch and channels swapped, stride and dilation exchanged); a transposed
   convolution's input gradient is a plain conv with its window, its weight gradient conv's with g and x exchanged;
 - pooling gradients put each kernel offset's share of g back with `place` (dilate by the stride, shift by the
-  offset, zero-pad): kernel_h * kernel_w placements for max pooling, kernel_h + kernel_w for average pooling
-  (separable), a constant averaging matrix per spatial axis for adaptive pooling. All need static spatial dims.
+  offset, zero-pad), axis by axis: for max pooling one placement per kernel offset along the last axis and
+  one per partial offset along each outer one (kernel_h * kernel_w + kernel_h in 2-D), for average pooling
+  the kernel's sum of sizes (separable), a constant averaging matrix per spatial axis for adaptive pooling. All
+  need static spatial dims.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -54,7 +57,7 @@ def _static(kind: str, what: str, dims) -> tuple[int, ...]:
 # --- convolution
 
 
-@gradient("conv1d", "conv2d")
+@gradient("conv1d", "conv2d", "conv3d")
 def _conv(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     (g,) = out_grads
     x, w = op.operands[:2]
@@ -123,7 +126,7 @@ def _conv_dw(ctx: GradContext, op: Op, x: Operand, g: Value) -> Value:
     return emit(ctx, "transpose", r, perm=swap)
 
 
-@gradient("conv_transpose1d", "conv_transpose2d")
+@gradient("conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
 def _conv_transpose(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """y = conv's input gradient applied to x, so dx = conv(g, w) with the same window, and dw is conv's weight
     gradient with the roles of input and output gradient exchanged."""
@@ -151,73 +154,82 @@ def _pool_geometry(op: Op):
     kernel = op.attrs["kernel"]
     stride = op.attrs["stride"] if op.attrs["stride"] is not None else kernel
     padding = op.attrs["padding"]
-    dilation = op.attrs.get("dilation", (1, 1))
+    dilation = op.attrs.get("dilation", (1,) * len(kernel))
     size = _static(op.kind, "spatial dims", x.type.shape[2:])
     out = _static(op.kind, "spatial dims", y.type.shape[2:])
     return kernel, stride, padding, dilation, size, out
 
 
 def _crop(fb: Emitter, v: Value, padding, size) -> Value:
-    cut = [i for i in range(2) if padding[i]]
+    cut = [i for i in range(len(size)) if padding[i]]
     if not cut:
         return v
     return emit(fb, "slice", v, starts=tuple(padding[i] for i in cut), ends=tuple(padding[i] + size[i] for i in cut),
                 axes=tuple(2 + i for i in cut))
 
 
-@gradient("max_pool2d")
-def _max_pool2d(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+@gradient("max_pool2d", "max_pool3d")
+def _max_pool(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """Each window's g goes to its first maximal element in kernel row-major order (torch's choice on ties)."""
     (x,), (y,), (g,) = op.operands, op.results, out_grads
     if g is None or not ctx.wanted_float(op, 0):
         return (None,)
     kernel, stride, padding, dilation, size, out = _pool_geometry(op)
-    padded = [size[i] + 2 * padding[i] for i in range(2)]
+    nd = len(kernel)
+    padded = [size[i] + 2 * padding[i] for i in range(nd)]
     xp = x
-    for i in range(2):
+    for i in range(nd):
         xp = pad(ctx, xp, 2 + i, padding[i], padding[i], -math.inf)
     one = _c(ctx, 1.0, g)
-    taken = total = None
-    for kh in range(kernel[0]):
-        row = None
-        for kw in range(kernel[1]):
-            starts = (kh * dilation[0], kw * dilation[1])
-            ends = tuple(s + (o - 1) * st + 1 for s, o, st in zip(starts, out, stride))
-            win = emit(ctx, "slice", xp, starts=starts, ends=ends, axes=(2, 3), steps=tuple(stride))
-            hit = emit(ctx, "cast", emit(ctx, "equal", win, y), dtype=g.type.dtype)
-            if taken is None:
-                sel = taken = hit
-            else:
-                sel = emit(ctx, "mul", hit, emit(ctx, "sub", one, taken))
-                taken = emit(ctx, "add", taken, sel)
-            share = place(ctx, emit(ctx, "mul", g, sel), 3, stride[1], starts[1], padded[1])
-            row = accumulate(ctx, row, share)
-        total = accumulate(ctx, total, place(ctx, row, 2, stride[0], kh * dilation[0], padded[0]))  # type: ignore
-    return (_crop(ctx, total, padding, size),)  # type: ignore[arg-type]
+    taken: Value | None = None
+
+    def share(starts: tuple[int, ...]) -> Value:
+        """g where the window at this kernel offset holds the first maximum (row-major order)."""
+        nonlocal taken
+        ends = tuple(s + (o - 1) * st + 1 for s, o, st in zip(starts, out, stride))
+        win = emit(ctx, "slice", xp, starts=starts, ends=ends, axes=tuple(range(2, 2 + nd)), steps=tuple(stride))
+        hit = emit(ctx, "cast", emit(ctx, "equal", win, y), dtype=g.type.dtype)
+        if taken is None:
+            sel = taken = hit
+        else:
+            sel = emit(ctx, "mul", hit, emit(ctx, "sub", one, taken))
+            taken = emit(ctx, "add", taken, sel)
+        return emit(ctx, "mul", g, sel)
+
+    def placed(i: int, starts: tuple[int, ...]) -> Value:
+        """The shares of every kernel offset extending `starts`, placed along spatial axes i and beyond."""
+        total = None
+        for k in range(kernel[i]):
+            at = (*starts, k * dilation[i])
+            part = share(at) if i == nd - 1 else placed(i + 1, at)
+            total = accumulate(ctx, total, place(ctx, part, 2 + i, stride[i], k * dilation[i], padded[i]))
+        return total  # type: ignore[return-value]
+    return (_crop(ctx, placed(0, ()), padding, size),)
 
 
-@gradient("avg_pool2d")
-def _avg_pool2d(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
-    """g / divisor spread over each window; separable, so one placement per kernel row and column."""
+@gradient("avg_pool2d", "avg_pool3d")
+def _avg_pool(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    """g / divisor spread over each window; separable, so one placement per kernel offset along each axis."""
     (g,) = out_grads
     if g is None or not ctx.wanted_float(op, 0):
         return (None,)
-    kernel, stride, padding, _, size, out = _pool_geometry(op)
-    padded = [size[i] + 2 * padding[i] for i in range(2)]
+    kernel, stride, padding, dilation, size, out = _pool_geometry(op)
+    nd = len(kernel)
+    padded = [size[i] + 2 * padding[i] for i in range(nd)]
     if op.attrs["count_include_pad"]:
-        share = emit(ctx, "div", g, _c(ctx, float(math.prod(kernel)), g))
+        total = emit(ctx, "div", g, _c(ctx, float(math.prod(kernel)), g))
     else:
-        inside = [np.array([sum(padding[i] <= j * stride[i] + k < padding[i] + size[i] for k in range(kernel[i]))
-                            for j in range(out[i])], dtype=np.float64) for i in range(2)]
-        counts = np.outer(inside[0], inside[1]).astype(g.type.dtype.numpy)
-        share = emit(ctx, "div", g, ctx.constant(counts))
-    rows = None
-    for kw in range(kernel[1]):
-        rows = accumulate(ctx, rows, place(ctx, share, 3, stride[1], kw, padded[1]))
-    total = None
-    for kh in range(kernel[0]):
-        total = accumulate(ctx, total, place(ctx, rows, 2, stride[0], kh, padded[0]))  # type: ignore[arg-type]
-    return (_crop(ctx, total, padding, size),)  # type: ignore[arg-type]
+        inside = [np.array([sum(padding[i] <= j * stride[i] + k * dilation[i] < padding[i] + size[i]
+                                for k in range(kernel[i]))
+                            for j in range(out[i])], dtype=np.float64) for i in range(nd)]
+        counts = functools.reduce(np.multiply.outer, inside).astype(g.type.dtype.numpy)
+        total = emit(ctx, "div", g, ctx.constant(counts))
+    for i in reversed(range(nd)):
+        spread = None
+        for k in range(kernel[i]):
+            spread = accumulate(ctx, spread, place(ctx, total, 2 + i, stride[i], k * dilation[i], padded[i]))
+        total = spread  # type: ignore[assignment]
+    return (_crop(ctx, total, padding, size),)
 
 
 def _bins(n: int, n_out: int) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Gradients of data movement: transpose, reshape, broadcast_to, concat, slice, take, gather, tile, scatter_nd.
+"""Gradients of data movement: transpose, reshape, broadcast_to, concat, slice, take, gather, tile, scatter_nd
+(and scatter_nd_reduce).
 
 take and gather have no scatter-add op to invert them, so their gradients are built from a one-hot encoding of
 the indices, `equal(indices, iota)` with a constant iota over the indexed axis (which must be static):
@@ -222,7 +223,7 @@ def _tile(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
 def _scatter_nd(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     """data: g with the written slices zeroed; updates: g read at the written slices (unique indices assumed, as
     ONNX's reduction none does), a take from g with the indexed dims merged."""
-    (data, idx, updates), (g,) = op.operands, out_grads
+    (_, idx, updates), (g,) = op.operands, out_grads
     if g is None:
         return (None, None, None)
     dd = dx = None
@@ -230,15 +231,34 @@ def _scatter_nd(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
         zeros = fill(ctx, 0.0, updates.type.dtype, updates.type.shape, updates)
         dd = emit(ctx, "scatter_nd", g, idx, zeros)
     if ctx.wanted_float(op, 2):
-        q = idx.type.shape[-1]
-        dims = data.type.shape[:q]
-        if None in dims:
-            raise PassError(f"scatter_nd: the gradient of updates needs static indexed dims of {data.type}")
-        strides = np.array([math.prod(dims[i + 1:]) for i in range(q)], idx.type.dtype.numpy)  # type: ignore[arg-type]
-        size = ctx.constant(np.array(dims, idx.type.dtype.numpy))
-        wrapped = emit(ctx, "where", emit(ctx, "less", idx, ctx.constant(0, idx.type.dtype)),
-                       emit(ctx, "add", idx, size), idx)
-        flat = emit(ctx, "sum", emit(ctx, "mul", wrapped, ctx.constant(strides)), axes=(-1,))
-        merged = reshape_to(ctx, g, (math.prod(dims), *data.type.shape[q:]), "scatter_nd")  # type: ignore[arg-type]
-        dx = emit(ctx, "take", merged, flat, axis=0)
+        dx = _read_at(ctx, op, g)
     return (dd, None, dx)
+
+
+def _read_at(ctx: GradContext, op: Op, g: Value) -> Value:
+    """g read at each slice a scatter's indices name (one per update): a take from g with the indexed dims
+    merged, negative indices counted from the end."""
+    data, idx, _ = op.operands
+    q = idx.type.shape[-1]
+    dims = data.type.shape[:q]
+    if None in dims:
+        raise PassError(f"{op.kind}: the gradient of updates needs static indexed dims of {data.type}")
+    strides = np.array([math.prod(dims[i + 1:]) for i in range(q)], idx.type.dtype.numpy)  # type: ignore[arg-type]
+    size = ctx.constant(np.array(dims, idx.type.dtype.numpy))
+    wrapped = emit(ctx, "where", emit(ctx, "less", idx, ctx.constant(0, idx.type.dtype)),
+                   emit(ctx, "add", idx, size), idx)
+    flat = emit(ctx, "sum", emit(ctx, "mul", wrapped, ctx.constant(strides)), axes=(-1,))
+    merged = reshape_to(ctx, g, (math.prod(dims), *data.type.shape[q:]), op.kind)  # type: ignore[arg-type]
+    return emit(ctx, "take", merged, flat, axis=0)
+
+
+@gradient("scatter_nd_reduce")
+def _scatter_nd_reduce(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
+    """add: data's gradient is g and each update's g at its slice; mul, max and min (whose gradients depend on
+    ties and zeros among the combined values) are refused."""
+    (g,) = out_grads
+    if g is None or not (ctx.wanted_float(op, 0) or ctx.wanted_float(op, 2)):
+        return (None, None, None)
+    if op.attrs["reduction"] != "add":
+        raise PassError(f"scatter_nd_reduce: no gradient for reduction {op.attrs['reduction']!r} (only 'add')")
+    return (g if ctx.wanted_float(op, 0) else None, None, _read_at(ctx, op, g) if ctx.wanted_float(op, 2) else None)

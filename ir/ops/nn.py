@@ -1,5 +1,6 @@
-"""Neural-network ops in torch's layouts (NCL / NCHW, conv weight [out, in/groups, k...]): convolution,
-pooling, layer/RMS/batch normalization, and erf for exact-gelu decompositions."""
+"""Neural-network ops in torch's layouts (NCL / NCHW / NCDHW, conv weight [out, in/groups, k...]): convolution,
+pooling, layer/RMS/batch normalization, and erf for exact-gelu decompositions. Convolutions exist for 1-3
+spatial dims and pools for 2 and 3 (1-D pools run as 2-D over a unit dim), one kind per rank as in torch."""
 
 from __future__ import annotations
 
@@ -137,7 +138,7 @@ def _conv_attrs(nd: int) -> dict[str, Attr]:
             "dilation": Attr(INTS, (1,) * nd), "groups": Attr(INT, 1)}
 
 
-for _nd in (1, 2):
+for _nd in (1, 2, 3):
     define(f"conv{_nd}d", ("x", "weight", "bias?"), _conv_infer(f"conv{_nd}d", _nd), one(_conv), _conv_attrs(_nd),
            doc="cross-correlation as torch computes it; x [N, C, *S], weight [O, C/groups, *K], bias [O]")
 
@@ -182,7 +183,7 @@ def _conv_transpose(x, weight, bias=None, *, stride, padding, output_padding, di
     return y if bias is None else y + bias.reshape(-1, *(1,) * nd)
 
 
-for _nd in (1, 2):
+for _nd in (1, 2, 3):
     define(f"conv_transpose{_nd}d", ("x", "weight", "bias?"), _conv_transpose_infer(f"conv_transpose{_nd}d", _nd),
            one(_conv_transpose), {**_conv_attrs(_nd), "padding": Attr(INTS, (0,) * _nd, "cropped off both sides"),
                                  "output_padding": Attr(INTS, (0,) * _nd, "zeros added at the end")},
@@ -193,49 +194,53 @@ for _nd in (1, 2):
 # --- pooling
 
 
-def _pool_infer(op: str) -> InferFn:
-    """Typing of a 2-D pool; like torch, padding may be at most half the kernel span."""
+def _pool_infer(op: str, nd: int) -> InferFn:
+    """Typing of an nd-dimensional pool; like torch, padding may be at most half the kernel span."""
     def infer(ts, attrs):
         x = ts[0]
         floating(op, 0, x)
-        _rank(op, 0, "x", x, 4)
-        kernel = _per_dim(op, "kernel", attrs["kernel"], 2, 1)
-        win = _window(op, attrs, 2)
+        _rank(op, 0, "x", x, nd + 2)
+        kernel = _per_dim(op, "kernel", attrs["kernel"], nd, 1)
+        win = _window(op, attrs, nd)
         if any(2 * p > _span(k, d) for k, p, d in zip(kernel, win.padding, win.dilation)):
             raise ShapeError(f"{op}: padding {list(win.padding)} is more than half the kernel span")
         return (x.with_shape((*x.shape[:2], *_window_shape(op, x.shape[2:], kernel, win))),)
     return infer
 
 
+def _kernel_axes(kernel: tuple[int, ...]) -> tuple[int, ...]:
+    """The trailing window axes of `_windows`' view."""
+    return tuple(range(-len(kernel), 0))
+
+
 def _max_pool(x: np.ndarray, kernel: tuple[int, ...], win: Window, attrs: Mapping[str, Any]) -> np.ndarray:
     """Window maxima, padding with -inf so it never wins."""
-    return _windows(x, kernel, win, -np.inf).max(axis=(-2, -1))
+    return _windows(x, kernel, win, -np.inf).max(axis=_kernel_axes(kernel))
 
 
 def _avg_pool(x: np.ndarray, kernel: tuple[int, ...], win: Window, attrs: Mapping[str, Any]) -> np.ndarray:
     """Window sums over the kernel size, or over the count of real (unpadded) elements."""
-    total = _windows(x, kernel, win, 0).sum(axis=(-2, -1))
+    total = _windows(x, kernel, win, 0).sum(axis=_kernel_axes(kernel))
     if attrs["count_include_pad"]:
         return total / math.prod(kernel)
-    inside = _windows(np.ones((1, 1, *x.shape[2:]), x.dtype), kernel, win, 0).sum(axis=(-2, -1))
+    inside = _windows(np.ones((1, 1, *x.shape[2:]), x.dtype), kernel, win, 0).sum(axis=_kernel_axes(kernel))
     return total / inside
 
 
-def _pool(op: str, fn: Callable[..., np.ndarray], attrs: dict[str, Attr], doc: str) -> None:
-    """Register a 2-D pool computing `fn(x, kernel, window, attrs)` over NCHW input."""
+def _pool(op: str, nd: int, fn: Callable[..., np.ndarray], attrs: dict[str, Attr], doc: str) -> None:
+    """Register an nd-dimensional pool computing `fn(x, kernel, window, attrs)` over NC... input."""
     def reference(xs, attrs):
-        return (fn(xs[0], attrs["kernel"], _window(op, attrs, 2), attrs),)
-    define(op, ("x",), _pool_infer(op), reference, attrs, doc)
+        return (fn(xs[0], attrs["kernel"], _window(op, attrs, nd), attrs),)
+    define(op, ("x",), _pool_infer(op, nd), reference, attrs, doc)
 
 
-_POOL_ATTRS = {"kernel": Attr(INTS), "stride": Attr(optional(INTS), None, "absent means the kernel"),
-               "padding": Attr(INTS, (0, 0))}
-
-_pool("max_pool2d", _max_pool, {**_POOL_ATTRS, "dilation": Attr(INTS, (1, 1))},
-      doc="window maximum; padding counts as -inf")
-_pool("avg_pool2d", _avg_pool,
-      {**_POOL_ATTRS, "count_include_pad": Attr(BOOL, True, "divide by the whole kernel, padding included")},
-      doc="window mean")
+for _nd in (2, 3):
+    _pool_attrs = {"kernel": Attr(INTS), "stride": Attr(optional(INTS), None, "absent means the kernel"),
+                   "padding": Attr(INTS, (0,) * _nd), "dilation": Attr(INTS, (1,) * _nd)}
+    _pool(f"max_pool{_nd}d", _nd, _max_pool, _pool_attrs, doc="window maximum; padding counts as -inf")
+    _pool(f"avg_pool{_nd}d", _nd, _avg_pool,
+          {**_pool_attrs, "count_include_pad": Attr(BOOL, True, "divide by the whole kernel, padding included")},
+          doc="window mean (a dilated window averages the elements it reads, as ONNX's AveragePool does)")
 
 
 def _adaptive_infer(ts, attrs):

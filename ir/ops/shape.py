@@ -1,10 +1,11 @@
-"""Data movement ops: transpose, reshape, broadcast_to, concat, slice, take, gather, tile and scatter_nd."""
+"""Data movement ops: transpose, reshape, broadcast_to, concat, slice, take, gather, tile and scatter_nd; and
+scatter_nd_reduce, which combines its updates into data (add, mul, max, min) and so computes."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..attrs import INT, INTS, Attr, optional
+from ..attrs import INT, INTS, Attr, one_of, optional
 from ..dtypes import DType
 from ..errors import ShapeError
 from ..traits import Trait
@@ -227,23 +228,26 @@ define("tile", ("x",), _tile_infer, one(lambda x, repeats: np.tile(x, repeats)),
        traits=_MOVES)
 
 
-def _scatter_nd_infer(ts, attrs):
-    data, idx, updates = ts
-    any_dtype("scatter_nd", 0, data)
-    _index_dtype("scatter_nd", idx)
-    if updates.dtype is not data.dtype:
-        raise ShapeError(f"scatter_nd: operand 2 (updates) has dtype {updates.dtype.value} but data has "
-                         f"{data.dtype.value}; insert a cast")
-    q = idx.shape[-1] if idx.rank else None
-    if q is None or q > data.rank:
-        raise ShapeError(f"scatter_nd: operand 1 (indices) {idx} needs a static last dim of at most the rank of "
-                         f"data {data}")
-    want = (*idx.shape[:-1], *data.shape[q:])
-    if len(want) != updates.rank or any(a is not None and b is not None and a != b
-                                        for a, b in zip(want, updates.shape)):
-        raise ShapeError(f"scatter_nd: operand 2 (updates) is {updates} but indices {idx} into data {data} "
-                         f"need shape {['?' if d is None else d for d in want]}")
-    return (data,)
+def _scatter_nd_infer(op: str):
+    """Typing of ONNX's ScatterND: data [*D], indices [*I, q] (q <= rank, static), updates [*I, *D[q:]]."""
+    def infer(ts, attrs):
+        data, idx, updates = ts
+        any_dtype(op, 0, data)
+        _index_dtype(op, idx)
+        if updates.dtype is not data.dtype:
+            raise ShapeError(f"{op}: operand 2 (updates) has dtype {updates.dtype.value} but data has "
+                             f"{data.dtype.value}; insert a cast")
+        q = idx.shape[-1] if idx.rank else None
+        if q is None or q > data.rank:
+            raise ShapeError(f"{op}: operand 1 (indices) {idx} needs a static last dim of at most the rank of "
+                             f"data {data}")
+        want = (*idx.shape[:-1], *data.shape[q:])
+        if len(want) != updates.rank or any(a is not None and b is not None and a != b
+                                            for a, b in zip(want, updates.shape)):
+            raise ShapeError(f"{op}: operand 2 (updates) is {updates} but indices {idx} into data {data} "
+                             f"need shape {['?' if d is None else d for d in want]}")
+        return (data,)
+    return infer
 
 
 def _scatter_nd(data, idx, updates):
@@ -253,6 +257,23 @@ def _scatter_nd(data, idx, updates):
     return out
 
 
-define("scatter_nd", ("data", "indices", "updates"), _scatter_nd_infer, one(_scatter_nd),
+define("scatter_nd", ("data", "indices", "updates"), _scatter_nd_infer("scatter_nd"), one(_scatter_nd),
        doc="data with the slices indices[..., :] (negatives from the end) replaced by updates (ONNX ScatterND, "
            "reduction none; with repeated indices the last update wins)", traits=_MOVES)
+
+_COMBINE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter_nd_reduce(data, idx, updates, *, reduction):
+    """Each update combined into the slice its index names, repeated indices one after another (numpy's ufunc.at)."""
+    out = data.copy()
+    q = idx.shape[-1]
+    at = tuple(np.where(i < 0, i + n, i) for i, n in zip(np.moveaxis(idx, -1, 0), data.shape[:q]))
+    _COMBINE[reduction].at(out, at, updates)
+    return out
+
+
+define("scatter_nd_reduce", ("data", "indices", "updates"), _scatter_nd_infer("scatter_nd_reduce"),
+       one(_scatter_nd_reduce), {"reduction": Attr(one_of(*_COMBINE))},
+       doc="data with updates combined into the slices indices[..., :] names (ONNX ScatterND's reduction add, mul, "
+           "max or min; repeated indices combine every update)")

@@ -1,5 +1,6 @@
 """Spatial ops no composition of others expresses well: `pad` (constant, reflect or edge; a negative pad crops)
-and `resize` (nearest or linear over the spatial dims of NC... input, with ONNX's coordinate transformations)."""
+and `resize` (nearest, linear or cubic over the spatial dims of NC... input, with ONNX's coordinate transformations
+and antialiasing)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..attrs import FLOAT, INTS, Attr, one_of, optional
+from ..attrs import BOOL, FLOAT, INTS, Attr, one_of, optional
 from ..errors import ShapeError
 from ..traits import Trait
 from ..types import TensorType
@@ -68,7 +69,7 @@ define("pad", ("x",), _pad_infer, one(_pad),
 
 # --- resize
 
-RESIZE_MODES = ("nearest", "linear")
+RESIZE_MODES = ("nearest", "linear", "cubic")
 COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn",
                     "half_pixel_symmetric")
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
@@ -108,44 +109,72 @@ def _source(i: np.ndarray, n_in: int, n_out: int, scale: float, coordinate_mode:
     return (i + 0.5) / scale - 0.5
 
 
-def resize_taps(n_in: int, n_out: int, scale: float | None, attrs: dict[str, Any]
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Along one axis, for each output index: the two input indices it reads and the weight of the second
-    (nearest reads one index twice with weight 0). The one statement of resize's arithmetic: the reference,
-    the gradient and the lowerings all read it."""
-    x = _source(np.arange(n_out, dtype=np.float64), n_in, n_out, scale or n_out / n_in, attrs["coordinate_mode"])
-    if attrs["mode"] == "nearest":
+def _cubic(d: np.ndarray, a: float) -> np.ndarray:
+    """The cubic convolution kernel with coefficient a at distances d (zero from 2 on)."""
+    d = np.abs(d)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+def resize_taps(n_in: int, n_out: int, scale: float | None, attrs: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Along one axis, for each output index: the input indices it reads and their weights, both [taps, n_out]
+    (nearest: one tap of weight 1; linear: two; cubic: four; antialias widens a shrinking axis's filter by
+    1 / scale). The one statement of resize's arithmetic: the reference, the gradient and the lowerings all read
+    it. Taps beyond the edges read the edge element, or under exclude_outside get weight 0 (the rest rescaled)."""
+    scale = scale or n_out / n_in
+    x = _source(np.arange(n_out, dtype=np.float64), n_in, n_out, scale, attrs["coordinate_mode"])
+    mode = attrs["mode"]
+    if mode == "nearest":
         rounding = {"round_prefer_floor": lambda v: np.ceil(v - 0.5), "round_prefer_ceil": lambda v: np.floor(v + 0.5),
                     "floor": np.floor, "ceil": np.ceil}[attrs["nearest_mode"]]
-        idx = np.clip(rounding(x), 0, n_in - 1).astype(np.int64)
-        return idx, idx, np.zeros(n_out)
-    x = np.clip(x, 0, n_in - 1)
-    lo = np.floor(x).astype(np.int64)
-    return lo, np.minimum(lo + 1, n_in - 1), x - lo
+        return np.clip(rounding(x), 0, n_in - 1).astype(np.int64)[None], np.ones((1, n_out))
+    if mode == "linear" and not (attrs["antialias"] and scale < 1):
+        x = np.clip(x, 0, n_in - 1)
+        lo = np.floor(x).astype(np.int64)
+        w = x - lo
+        return np.stack([lo, np.minimum(lo + 1, n_in - 1)]), np.stack([1 - w, w])
+    # a window of taps around x; ONNX takes the ratio in (0, 1], so an integral x sits at the window's right
+    ratio = np.where(x == np.floor(x), 1.0, x - np.floor(x))
+    base = np.round(x - ratio).astype(np.int64)
+    shrink = min(scale, 1.0) if attrs["antialias"] else 1.0
+    reach = 1 if mode == "linear" else 2  # the kernel's support
+    start = int(np.floor(-reach / shrink)) + 1
+    offsets = np.arange(start, 1 - start + 1)[:, None]
+    d = (offsets - ratio[None]) * shrink
+    w = np.clip(1 - np.abs(d), 0, 1) if mode == "linear" else _cubic(d, attrs["cubic_coeff_a"])
+    w = w / w.sum(axis=0)
+    idx = base[None] + offsets
+    if attrs["exclude_outside"]:
+        w = np.where((idx >= 0) & (idx < n_in), w, 0.0)
+        w = w / w.sum(axis=0)
+    return np.clip(idx, 0, n_in - 1), w
 
 
 def resize_matrix(n_in: int, n_out: int, scale: float | None, attrs: dict[str, Any]) -> np.ndarray:
     """The [n_in, n_out] matrix one axis of the resize multiplies by (its gradient multiplies by the transpose)."""
-    lo, hi, w = resize_taps(n_in, n_out, scale, attrs)
+    idx, w = resize_taps(n_in, n_out, scale, attrs)
     m = np.zeros((n_in, n_out))
-    np.add.at(m, (lo, np.arange(n_out)), 1 - w)
-    np.add.at(m, (hi, np.arange(n_out)), w)
+    np.add.at(m, (idx, np.broadcast_to(np.arange(n_out), idx.shape)), w)
     return m
 
 
 def _resize(xs, attrs):
-    """Axis by axis: gather the taps, then blend them (linear) with their weights in x's dtype."""
+    """Axis by axis: gather the taps, then blend them with their weights in x's dtype (nearest only gathers)."""
     y = xs[0]
     for axis, n_out in enumerate(attrs["size"], 2):
         scale = attrs["scales"][axis - 2] if attrs["scales"] is not None else None
-        lo, hi, w = resize_taps(y.shape[axis], n_out, scale, attrs)
-        low = np.take(y, lo, axis=axis)
-        if attrs["mode"] == "linear":
-            shape = [1] * y.ndim
-            shape[axis] = n_out
-            w = w.reshape(shape).astype(y.dtype)
-            low = low * (1 - w) + np.take(y, hi, axis=axis) * w
-        y = low
+        idx, w = resize_taps(y.shape[axis], n_out, scale, attrs)
+        if attrs["mode"] == "nearest":
+            y = np.take(y, idx[0], axis=axis)
+            continue
+        shape = [1] * y.ndim
+        shape[axis] = n_out
+        total = None
+        for i, wi in zip(idx, w):
+            term = np.take(y, i, axis=axis) * wi.reshape(shape).astype(y.dtype)
+            total = term if total is None else total + term
+        y = total
     return (y,)
 
 
@@ -155,5 +184,8 @@ define("resize", ("x",), _resize_infer, _resize,
                        "the coordinate scale per spatial dim; absent means size / input size"),
         "mode": Attr(one_of(*RESIZE_MODES), "nearest"),
         "coordinate_mode": Attr(one_of(*COORDINATE_MODES), "half_pixel"),
-        "nearest_mode": Attr(one_of(*NEAREST_MODES), "round_prefer_floor")},
-       doc="nearest or linear resampling of the spatial dims of x [N, C, *S] to `size`, axis by axis")
+        "nearest_mode": Attr(one_of(*NEAREST_MODES), "round_prefer_floor"),
+        "cubic_coeff_a": Attr(FLOAT, -0.75, "the cubic kernel's coefficient (-0.5: Keys, -0.75: torch's bicubic)"),
+        "exclude_outside": Attr(BOOL, False, "taps beyond the edges weigh 0 (the others rescaled to sum 1)"),
+        "antialias": Attr(BOOL, False, "linear and cubic widen their filter by 1 / scale on a shrinking axis")},
+       doc="nearest, linear or cubic resampling of the spatial dims of x [N, C, *S] to `size`, axis by axis")

@@ -10,21 +10,21 @@ from kiln.ir.ops.common import norm_axes
 from .rule import OnnxCall, OnnxResult, onnx_rule
 
 
-@onnx_rule("conv1d", "conv2d")
+@onnx_rule("conv1d", "conv2d", "conv3d")
 def _conv(call: OnnxCall) -> OnnxResult:
     a = call.attrs
     return call.node("Conv", *call.inputs, strides=a["stride"], pads=[*a["padding"], *a["padding"]],
                      dilations=a["dilation"], group=a["groups"])
 
 
-@onnx_rule("conv_transpose1d", "conv_transpose2d")
+@onnx_rule("conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
 def _conv_transpose(call: OnnxCall) -> OnnxResult:
     a = call.attrs
     return call.node("ConvTranspose", *call.inputs, strides=a["stride"], pads=[*a["padding"], *a["padding"]],
                      output_padding=a["output_padding"], dilations=a["dilation"], group=a["groups"])
 
 
-@onnx_rule("max_pool2d")
+@onnx_rule("max_pool2d", "max_pool3d")
 def _max_pool(call: OnnxCall) -> OnnxResult:
     """MaxPool ignores its padding, as kiln's -inf padding never wins."""
     a = call.attrs
@@ -32,11 +32,12 @@ def _max_pool(call: OnnxCall) -> OnnxResult:
                      pads=[*a["padding"], *a["padding"]], dilations=a["dilation"])
 
 
-@onnx_rule("avg_pool2d")
+@onnx_rule("avg_pool2d", "avg_pool3d")
 def _avg_pool(call: OnnxCall) -> OnnxResult:
     a = call.attrs
     return call.node("AveragePool", call.inputs[0], kernel_shape=a["kernel"], strides=a["stride"] or a["kernel"],
-                     pads=[*a["padding"], *a["padding"]], count_include_pad=int(a["count_include_pad"]))
+                     pads=[*a["padding"], *a["padding"]], dilations=a["dilation"],
+                     count_include_pad=int(a["count_include_pad"]))
 
 
 def _bin(call: OnnxCall, n: int | str, i: int, out: int) -> tuple[str, str]:

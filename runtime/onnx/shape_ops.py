@@ -74,8 +74,8 @@ def _tile(call: OnnxCall) -> OnnxResult:
     return call.node("Tile", call.inputs[0], call.ints(call.attrs["repeats"]))
 
 
-@onnx_rule("scatter_nd")
+@onnx_rule("scatter_nd", "scatter_nd_reduce")
 def _scatter_nd(call: OnnxCall) -> OnnxResult:
-    """ScatterND takes int64 indices."""
+    """ScatterND takes int64 indices; its reduction attribute has kiln's names."""
     idx = call.inputs[1] if call.types[1].dtype is DType.i64 else call.cast(call.inputs[1], DType.i64)
-    return call.node("ScatterND", call.inputs[0], idx, call.inputs[2])
+    return call.node("ScatterND", call.inputs[0], idx, call.inputs[2], reduction=call.attrs.get("reduction", "none"))

@@ -32,6 +32,9 @@ def _resize(call: OnnxCall) -> OnnxResult:
     modes = {"mode": a["mode"], "coordinate_transformation_mode": a["coordinate_mode"], "axes": axes}
     if a["mode"] == "nearest":
         modes["nearest_mode"] = a["nearest_mode"]
+    else:
+        modes.update(cubic_coeff_a=a["cubic_coeff_a"], exclude_outside=int(a["exclude_outside"]),
+                     antialias=int(a["antialias"]))
     if a["scales"] is None:
         return call.node("Resize", call.inputs[0], "", "", call.ints(a["size"]), **modes)
     if any(int(np.floor(n * s)) != out for n, s, out in zip(t.shape[2:], a["scales"], a["size"])):

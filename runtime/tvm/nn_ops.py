@@ -18,33 +18,40 @@ def _per_channel(call: OpCall, v: relax.Expr) -> relax.Expr:
     return R.reshape(call.emit(v), [-1, *(1,) * (call.types[0].rank - 2)])
 
 
-@relax_rule("conv1d", "conv2d")
+_CONV = {"conv1d": R.nn.conv1d, "conv2d": R.nn.conv2d, "conv3d": R.nn.conv3d}
+_CONV_TRANSPOSE = {"conv_transpose1d": R.nn.conv1d_transpose, "conv_transpose2d": R.nn.conv2d_transpose,
+                   "conv_transpose3d": R.nn.conv3d_transpose}
+_MAX_POOL = {"max_pool2d": R.nn.max_pool2d, "max_pool3d": R.nn.max_pool3d}
+_AVG_POOL = {"avg_pool2d": R.nn.avg_pool2d, "avg_pool3d": R.nn.avg_pool3d}
+
+
+@relax_rule(*_CONV)
 def _conv(call: OpCall) -> RelaxResult:
-    conv = R.nn.conv1d if call.kind == "conv1d" else R.nn.conv2d
+    conv = _CONV[call.kind]
     a = call.attrs
     y = conv(call.args[0], call.args[1], a["stride"], a["padding"], a["dilation"], a["groups"])
     return y if len(call.args) == 2 else R.add(y, _per_channel(call, call.args[2]))
 
 
-@relax_rule("conv_transpose1d", "conv_transpose2d")
+@relax_rule(*_CONV_TRANSPOSE)
 def _conv_transpose(call: OpCall) -> RelaxResult:
-    conv = R.nn.conv1d_transpose if call.kind == "conv_transpose1d" else R.nn.conv2d_transpose
+    conv = _CONV_TRANSPOSE[call.kind]
     a = call.attrs
     y = conv(call.args[0], call.args[1], a["stride"], a["padding"], a["output_padding"], a["dilation"], a["groups"])
     return y if len(call.args) == 2 else R.add(y, _per_channel(call, call.args[2]))
 
 
-@relax_rule("max_pool2d")
+@relax_rule(*_MAX_POOL)
 def _max_pool(call: OpCall) -> RelaxResult:
     a = call.attrs
-    return R.nn.max_pool2d(call.args[0], a["kernel"], a["stride"] or a["kernel"], a["padding"], a["dilation"])
+    return _MAX_POOL[call.kind](call.args[0], a["kernel"], a["stride"] or a["kernel"], a["padding"], a["dilation"])
 
 
-@relax_rule("avg_pool2d")
+@relax_rule(*_AVG_POOL)
 def _avg_pool(call: OpCall) -> RelaxResult:
     a = call.attrs
-    return R.nn.avg_pool2d(call.args[0], a["kernel"], a["stride"] or a["kernel"], a["padding"],
-                           count_include_pad=a["count_include_pad"])
+    return _AVG_POOL[call.kind](call.args[0], a["kernel"], a["stride"] or a["kernel"], a["padding"], a["dilation"],
+                                count_include_pad=a["count_include_pad"])
 
 
 @relax_rule("adaptive_avg_pool2d")

@@ -142,9 +142,10 @@ def _tile(call: OpCall) -> RelaxResult:
     return R.tile(call.args[0], list(call.attrs["repeats"]))
 
 
-@relax_rule("scatter_nd")
+@relax_rule("scatter_nd", "scatter_nd_reduce")
 def _scatter_nd(call: OpCall) -> RelaxResult:
-    """Negative indices counted from the end first (TVM's kernel reads them as they are)."""
+    """Negative indices counted from the end first (TVM's kernel reads them as they are); TVM's reductions have
+    kiln's names."""
     data, idx, updates = call.args
     dims = call.types[0].shape[:call.types[1].shape[-1]]
     if None in dims:
@@ -152,4 +153,4 @@ def _scatter_nd(call: OpCall) -> RelaxResult:
     dt = call.dtype(1)
     size = relax.const(np.array(dims, dt), dt)
     wrapped = call.emit(R.where(R.less(idx, relax.const(0, dt)), R.add(idx, size), idx))
-    return R.scatter_nd(data, wrapped, updates, reduction="update")
+    return R.scatter_nd(data, wrapped, updates, reduction=call.attrs.get("reduction", "update"))

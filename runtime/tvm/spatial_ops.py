@@ -35,13 +35,15 @@ def _resize(call: OpCall) -> RelaxResult:
     rank = call.types[0].rank
     for axis, n_out in enumerate(a["size"], 2):
         scale = a["scales"][axis - 2] if a["scales"] is not None else None
-        lo, hi, w = resize_taps(call.types[0].shape[axis], n_out, scale, a)
-        low = call.emit(R.take(y, relax.const(lo.astype("int64")), axis))
-        if a["mode"] == "linear":
-            shape = [n_out if i == axis else 1 for i in range(rank)]
-            high = call.emit(R.take(y, relax.const(hi.astype("int64")), axis))
-            weight = relax.const(w.reshape(shape).astype(dtype))
-            keep = relax.const((1 - w).reshape(shape).astype(dtype))
-            low = call.emit(R.add(R.multiply(low, keep), R.multiply(high, weight)))
-        y = low
+        idx, w = resize_taps(call.types[0].shape[axis], n_out, scale, a)
+        if a["mode"] == "nearest":
+            y = call.emit(R.take(y, relax.const(idx[0].astype("int64")), axis))
+            continue
+        shape = [n_out if i == axis else 1 for i in range(rank)]
+        total = None
+        for i, wi in zip(idx, w):
+            term = R.multiply(call.emit(R.take(y, relax.const(i.astype("int64")), axis)),
+                              relax.const(wi.reshape(shape).astype(dtype)))
+            total = term if total is None else R.add(total, term)
+        y = call.emit(total)
     return y

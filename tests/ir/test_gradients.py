@@ -25,6 +25,7 @@ from kiln.ir import (
     FunctionBuilder,
     Graph,
     Interpreter,
+    PassError,
     TensorType,
     parse,
     print_graph,
@@ -150,6 +151,9 @@ case("topk", "smallest-a0", [r(4, 3)], lambda x: torch.topk(x, 3, 0, largest=Fal
 case("tile", "2d", [r(2, 3)], lambda x: x.repeat(2, 3), repeats=(2, 3))
 case("tile", "rank3-ones", [r(2, 1, 3)], lambda x: x.repeat(1, 4, 1), repeats=(1, 4, 1))
 case("scatter_nd", "rows", [r(5, 3), np.array([[1], [-1]]), r(2, 3)], lambda d, i, u: d.index_put((i[:, 0],), u))
+# scatter_nd_reduce add against torch's index_put(accumulate=True): repeated rows sum their updates' gradients.
+case("scatter_nd_reduce", "add-repeated", [r(4, 3), np.array([[1], [-3], [2]]), r(3, 3)],
+     lambda d, i, u: d.index_put((i[:, 0] % 4,), u, accumulate=True), reduction="add")
 case("scatter_nd", "elements", [r(3, 4), np.array([[0, 1], [2, 3], [1, -4]]), r(3)],
      lambda d, i, u: d.index_put((i[:, 0], i[:, 1]), u))
 for _kind in ("argmax", "argmin"):
@@ -223,11 +227,30 @@ case("resize", "bilinear", [r(1, 2, 3, 4)], lambda x: F.interpolate(x, [5, 7], m
      mode="linear", coordinate_mode="pytorch_half_pixel")
 case("resize", "nearest-down", [r(1, 1, 5, 6)], lambda x: F.interpolate(x, [2, 4], mode="nearest"), size=(2, 4),
      coordinate_mode="asymmetric", nearest_mode="floor")
+case("resize", "bicubic-antialias", [r(1, 2, 7, 6)], lambda x: F.interpolate(x, [3, 8], mode="bicubic", antialias=True),
+     size=(3, 8), mode="cubic", cubic_coeff_a=-0.5, exclude_outside=True, antialias=True)
 case("avg_pool2d", "with-pad", [r(2, 2, 6, 5)], lambda x: F.avg_pool2d(x, 3, stride=2, padding=1),
      kernel=(3, 3), stride=(2, 2), padding=(1, 1))
 case("avg_pool2d", "without-pad", [r(1, 2, 6, 5)],
      lambda x: F.avg_pool2d(x, (3, 2), stride=(2, 1), padding=(1, 1), count_include_pad=False),
      kernel=(3, 2), stride=(2, 1), padding=(1, 1), count_include_pad=False)
+# 3-D convolution and pooling against torch's autograd through conv3d, conv_transpose3d, max_pool3d, avg_pool3d.
+case("conv3d", "strided-grouped", [r(1, 4, 4, 5, 4), r(4, 2, 2, 3, 2), r(4)],
+     lambda x, w, b: F.conv3d(x, w, b, stride=(1, 2, 1), padding=(1, 0, 1), dilation=(2, 1, 1), groups=2),
+     stride=(1, 2, 1), padding=(1, 0, 1), dilation=(2, 1, 1), groups=2)
+case("conv_transpose3d", "padded", [r(1, 2, 3, 2, 3), r(2, 2, 2, 2, 3), r(2)],
+     lambda x, w, b: F.conv_transpose3d(x, w, b, stride=(2, 1, 1), padding=(1, 0, 1), output_padding=(1, 0, 0)),
+     stride=(2, 1, 1), padding=(1, 0, 1), output_padding=(1, 0, 0))
+case("max_pool3d", "padded-dilated", [r(1, 2, 5, 4, 5)],
+     lambda x: F.max_pool3d(x, (2, 3, 2), stride=(2, 1, 2), padding=(1, 1, 0), dilation=(1, 1, 2)),
+     kernel=(2, 3, 2), stride=(2, 1, 2), padding=(1, 1, 0), dilation=(1, 1, 2))
+case("avg_pool3d", "without-pad", [r(1, 2, 4, 5, 4)],
+     lambda x: F.avg_pool3d(x, (2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0), count_include_pad=False),
+     kernel=(2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0), count_include_pad=False)
+case("avg_pool2d", "dilated-without-pad", [r(1, 2, 7, 6)],
+     lambda x: F.conv2d(x, torch.ones(2, 1, 2, 2, dtype=x.dtype), padding=1, dilation=(2, 1), groups=2)
+     / F.conv2d(torch.ones_like(x), torch.ones(2, 1, 2, 2, dtype=x.dtype), padding=1, dilation=(2, 1), groups=2),
+     kernel=(2, 2), stride=(1, 1), padding=(1, 1), dilation=(2, 1), count_include_pad=False)
 case("adaptive_avg_pool2d", "uneven", [r(2, 3, 7, 5)], lambda x: F.adaptive_avg_pool2d(x, (3, 2)),
      output_size=(3, 2))
 
@@ -724,3 +747,14 @@ def test_autodiff_hands_each_rule_a_context_with_the_active_operands(monkeypatch
     Autodiff().apply(b.build())
     assert [ctx.wants for ctx in seen] == [(True, False)]
     assert not hasattr(seen[0].fb, "grad_wanted")
+
+
+@pytest.mark.parametrize("reduction", ["mul", "max", "min"])
+def test_scatter_nd_reduce_refuses_the_gradients_it_lacks(reduction: str) -> None:
+    """Only ScatterND's add reduction has a gradient kiln writes; the others are one PassError naming it."""
+    b = Builder("M")
+    w = b.param("w", (4, 3), DType.f64, data=r(4, 3))
+    y = b.scatter_nd_reduce(w, b.constant(np.array([[1], [2]])), b.constant(r(2, 3)), reduction=reduction)
+    b.ret(b.sum(y))
+    with pytest.raises(PassError, match=f"scatter_nd_reduce: no gradient for reduction '{reduction}'"):
+        Autodiff().apply(b.build())

@@ -8,6 +8,7 @@ the input dtype, `linear` stores its weight [in, out] as Burn does.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -631,6 +632,20 @@ def scatter_nd_oracle(data: torch.Tensor, idx: torch.Tensor, updates: torch.Tens
     return out
 
 
+
+REDUCE = {"add": torch.add, "mul": torch.mul, "max": torch.maximum, "min": torch.minimum}
+
+
+def scatter_nd_reduce_oracle(reduction: str):
+    """ScatterND's reduction loop: "output[indices[idx]] = f(output[indices[idx]], updates[idx])" in index order."""
+    def oracle(data: torch.Tensor, idx: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
+        out = data.clone()
+        for pos in np.ndindex(*idx.shape[:-1]):
+            at = tuple(int(i) for i in idx[pos])
+            out[at] = REDUCE[reduction](out[at], updates[pos])
+        return out
+    return oracle
+
 case("tile", "2d", [rand((2, 3))], lambda x: x.repeat(2, 3), tol=EXACT, repeats=[2, 3])
 case("tile", "ones-and-zero", [rand((2, 1, 3), "i64", 0, 9)], lambda x: x.repeat(1, 4, 0), repeats=[1, 4, 0])
 case("tile", "bool", [rand((3,), "bool")], lambda x: x.repeat(2), repeats=[2])
@@ -641,6 +656,13 @@ case("scatter_nd", "elements", [rand((3, 4)), arr([[0, 1], [2, 3], [1, -4]], "i6
      tol=EXACT)
 case("scatter_nd", "whole", [rand((2, 2), "i32", -9, 9), np.zeros((1, 0), np.int64), rand((1, 2, 2), "i32", -9, 9)],
      scatter_nd_oracle)
+for reduction in REDUCE:  # repeated and negative indices: every update combines, in order
+    case("scatter_nd_reduce", f"{reduction}-repeated-rows", [rand((4, 3)), arr([[1], [-3], [3], [1]], "i64"),
+                                                             rand((4, 3))],
+         scatter_nd_reduce_oracle(reduction), reduction=reduction)
+case("scatter_nd_reduce", "add-elements-i32", [rand((2, 3), "i32", -9, 9), arr([[0, 1], [1, 2], [0, 1]], "i32"),
+                                               rand((3,), "i32", -9, 9)], scatter_nd_reduce_oracle("add"),
+     reduction="add")
 case("scatter_nd", "i32-indices-rank3", [rand((2, 3, 4), "f16"), arr([[[1, 2]], [[0, 0]]], "i32"),
                                          rand((2, 1, 4), "f16")], scatter_nd_oracle, tol=EXACT)
 
@@ -716,6 +738,42 @@ for name, (shape, size) in {"divisible": ((2, 3, 8, 6), [4, 3]), "uneven": ((1, 
 for dt in ("f64", "f16", "bf16"):
     case("adaptive_avg_pool2d", dt, [rand((1, 2, 7, 5), dt)], lambda x: F.adaptive_avg_pool2d(x, [3, 2]),
          output_size=[3, 2])
+
+# 3-D (NCDHW) convolution and pooling against torch's conv3d / conv_transpose3d / max_pool3d / avg_pool3d.
+case("conv3d", "stride-pad-dilation-groups", [rand((2, 4, 5, 6, 5)), rand((6, 2, 3, 2, 2)), rand((6,))],
+     lambda x, w, b: F.conv3d(x, w, b, stride=(1, 2, 1), padding=(1, 0, 1), dilation=(1, 1, 2), groups=2),
+     stride=[1, 2, 1], padding=[1, 0, 1], dilation=[1, 1, 2], groups=2)
+case("conv_transpose3d", "stride-pad-outpad", [rand((1, 2, 3, 4, 3)), rand((2, 3, 2, 3, 2)), rand((3,))],
+     lambda x, w, b: F.conv_transpose3d(x, w, b, stride=(2, 1, 2), padding=(1, 1, 0), output_padding=(1, 0, 1)),
+     stride=[2, 1, 2], padding=[1, 1, 0], output_padding=[1, 0, 1])
+case("max_pool3d", "stride-pad-dilation", [rand((2, 2, 6, 7, 5))],
+     lambda x: F.max_pool3d(x, (3, 2, 2), stride=(2, 1, 2), padding=(1, 1, 0), dilation=(1, 2, 1)), tol=EXACT,
+     kernel=[3, 2, 2], stride=[2, 1, 2], padding=[1, 1, 0], dilation=[1, 2, 1])
+for include in (True, False):
+    case("avg_pool3d", f"pad-{'with' if include else 'without'}", [rand((1, 3, 5, 6, 4))],
+         lambda x, c=include: F.avg_pool3d(x, (3, 2, 3), stride=(2, 2, 1), padding=(1, 1, 1), count_include_pad=c),
+         kernel=[3, 2, 3], stride=[2, 2, 1], padding=[1, 1, 1], count_include_pad=include)
+
+
+
+def dilated_avg_pool(x, kernel, stride, padding, dilation, include):
+    """ONNX's dilated AveragePool (torch's avg_pool has no dilation): a depthwise conv with a ones kernel, divided
+    by the whole kernel or by the same conv of the unpadded ones."""
+    c, nd = x.shape[1], len(kernel)
+    conv = (F.conv2d, F.conv3d)[nd - 2]
+    ones = torch.ones((c, 1, *kernel), dtype=x.dtype)
+    opts = {"stride": stride, "padding": padding, "dilation": dilation}
+    total = conv(x, ones, groups=c, **opts)
+    return total / math.prod(kernel) if include else total / conv(torch.ones_like(x), ones, groups=c, **opts)
+
+
+for include in (True, False):
+    case("avg_pool2d", f"dilation-{'with' if include else 'without'}-pad", [rand((1, 2, 8, 9))],
+         lambda x, c=include: dilated_avg_pool(x, (2, 3), (1, 2), (1, 1), (2, 2), c),
+         kernel=[2, 3], stride=[1, 2], padding=[1, 1], dilation=[2, 2], count_include_pad=include)
+    case("avg_pool3d", f"dilation-{'with' if include else 'without'}-pad", [rand((1, 2, 6, 5, 7))],
+         lambda x, c=include: dilated_avg_pool(x, (2, 2, 3), (2, 1, 1), (1, 0, 1), (2, 1, 2), c),
+         kernel=[2, 2, 3], stride=[2, 1, 1], padding=[1, 0, 1], dilation=[2, 1, 2], count_include_pad=include)
 
 # Transposed convolution against torch.nn.functional.conv_transpose{1,2}d: "out = (in - 1) * stride - 2 * padding
 # + dilation * (kernel - 1) + output_padding + 1", weight [in, out / groups, *kernel].
@@ -802,6 +860,20 @@ for name, (shape, size, mode, attrs) in RESIZES.items():
 case("resize", "linear-1d-scale", [rand((2, 3, 5))],
      lambda x: F.interpolate(x, scale_factor=1.5, mode="linear", recompute_scale_factor=False), size=[7],
      scales=[1.5], mode="linear")
+# cubic against torch's bicubic (A = -0.75, edge taps clamped; align_corners=False is half_pixel); antialias against
+# torch's antialias=True, which drops taps outside the input (exclude_outside) and, for bicubic, uses A = -0.5.
+CUBIC = {"mode": "cubic", "coordinate_mode": "half_pixel"}
+case("resize", "cubic-up", [rand((1, 2, 4, 5))], lambda x: F.interpolate(x, [9, 7], mode="bicubic"), size=[9, 7],
+     **CUBIC)
+case("resize", "cubic-down-corners", [rand((1, 2, 9, 7))],
+     lambda x: F.interpolate(x, [4, 3], mode="bicubic", align_corners=True), size=[4, 3], mode="cubic",
+     coordinate_mode="align_corners")
+case("resize", "cubic-antialias", [rand((1, 2, 9, 7))],
+     lambda x: F.interpolate(x, [4, 3], mode="bicubic", antialias=True), size=[4, 3], cubic_coeff_a=-0.5,
+     exclude_outside=True, antialias=True, **CUBIC)
+case("resize", "linear-antialias", [rand((2, 1, 9, 7))],
+     lambda x: F.interpolate(x, [4, 5], mode="bilinear", antialias=True), size=[4, 5], mode="linear",
+     coordinate_mode="half_pixel", exclude_outside=True, antialias=True)
 case("resize", "f64", [rand((1, 1, 3, 3), "f64")], lambda x: F.interpolate(x, [5, 4], mode="bilinear"), size=[5, 4],
      mode="linear", coordinate_mode="pytorch_half_pixel")
 

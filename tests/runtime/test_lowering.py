@@ -132,6 +132,17 @@ def _cases() -> list[Case]:
                                                                     "count_include_pad": False}))
     c.append(Case("avg_pool2d", "default-stride", [f32(2, 3, 8, 6)], {"kernel": (2, 2)}))
     c.append(Case("adaptive_avg_pool2d", "uneven-bins", [f32(2, 3, 7, 5)], {"output_size": (3, 2)}))
+    c.append(Case("conv3d", "stride-pad-groups-bias", [f32(1, 4, 5, 6, 5), f32(4, 2, 3, 2, 3), f32(4)],
+                  {"stride": (1, 2, 1), "padding": (1, 0, 1), "dilation": (1, 1, 2), "groups": 2}))
+    c.append(Case("conv_transpose3d", "stride-pad-outpad-bias", [f32(1, 2, 3, 4, 3), f32(2, 3, 2, 3, 2), f32(3)],
+                  {"stride": (2, 1, 2), "padding": (1, 1, 0), "output_padding": (1, 0, 1)}))
+    c.append(Case("max_pool3d", "pad-stride-dilation", [f32(1, 2, 6, 7, 5)],
+                  {"kernel": (3, 2, 2), "stride": (2, 1, 2), "padding": (1, 1, 0), "dilation": (1, 2, 1)}))
+    c.append(Case("avg_pool3d", "pad-exclude", [f32(1, 2, 5, 6, 4)],
+                  {"kernel": (3, 2, 3), "stride": (2, 2, 1), "padding": (1, 1, 1), "count_include_pad": False}))
+    c.append(Case("avg_pool2d", "dilation-exclude", [f32(1, 2, 8, 9)],
+                  {"kernel": (2, 3), "stride": (1, 2), "padding": (1, 1), "dilation": (2, 2),
+                   "count_include_pad": False}))
     c.append(Case("layer_norm", "affine", [f32(3, 4, 6), f32(6), f32(6)]))
     c.append(Case("conv_transpose1d", "stride-pad-outpad-dilation-groups", [f32(2, 4, 6), f32(4, 3, 3), f32(6)],
                   {"stride": (2,), "padding": (1,), "output_padding": (1,), "dilation": (2,), "groups": 2}))
@@ -147,6 +158,9 @@ def _cases() -> list[Case]:
                         "nearest-asymmetric-ceil": {"size": (8, 9), "coordinate_mode": "asymmetric",
                                                     "nearest_mode": "ceil"},
                         "linear": {"size": (9, 4), "mode": "linear"},
+                        "cubic-exclude-outside": {"size": (8, 3), "mode": "cubic", "cubic_coeff_a": -0.5,
+                                                  "exclude_outside": True},
+                        "linear-antialias": {"size": (3, 2), "mode": "linear", "antialias": True},
                         "linear-corners-scales": {"size": (11, 7), "scales": (2.3, 1.5), "mode": "linear",
                                                   "coordinate_mode": "align_corners"}}.items():
         c.append(Case("resize", name, [f32(2, 3, 5, 5)], attrs))
@@ -221,6 +235,9 @@ def _cases() -> list[Case]:
     c.append(Case("topk", "ties-lower-index-first", [np.array([[3, 1, 3, 1, 2, 3, 1, 0]], np.float32)], {"k": 5}))
     c.append(Case("tile", "2d", [f32(2, 3)], {"repeats": (2, 3)}))
     c.append(Case("scatter_nd", "rows", [f32(5, 3), np.array([[1], [-1]], np.int64), f32(2, 3)]))
+    for reduction in ("add", "mul", "max", "min"):
+        c.append(Case("scatter_nd_reduce", reduction, [f32(4, 3), np.array([[1], [-3], [3], [1]], np.int64), f32(4, 3)],
+                      {"reduction": reduction}))
     c.append(Case("scatter_nd", "elements", [ints(3, 4), np.array([[0, 1], [2, 3]], np.int64), ints(2)]))
     c.append(Case("constant", "f32", [], {"value": f32(2, 3)}))
     c.append(Case("zeros", "f32", [], {"shape": (2, 3)}))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from onnx import GraphProto, NodeProto
+from onnx import NodeProto
 
 from kiln.ir import FunctionBuilder, Value
 
@@ -26,8 +26,9 @@ class NodeCall:
     value of each input where the driver knows it (initializers of no parameter, constants, folded sub-graphs);
     `attrs` the node's attributes decoded to Python values (strings as str, tensors as numpy arrays); `vectors`
     the element-wise shape vector of each input where the driver tracks one; `inline` converts a subgraph (an
-    `If` branch) in place and gives its outputs. `inputs` may be lazy: a compile-time value enters the graph
-    (as a constant or parameter) only when a converter asks for it with `input`.
+    `If` branch, a `Loop` body) in place, its inputs bound to the given outputs, and gives its outputs. `inputs`
+    may be lazy: a compile-time value enters the graph (as a constant or parameter) only when a converter asks for
+    it with `input`.
     """
 
     node: NodeProto
@@ -37,7 +38,7 @@ class NodeCall:
     attrs: Mapping[str, Any]
     builder: FunctionBuilder
     vectors: Sequence[ShapeVector | None] = ()
-    inline: Callable[[GraphProto], Sequence[Output]] | None = None
+    inline: Callable[..., Sequence[Output]] | None = None
 
     @property
     def name(self) -> str:

@@ -1,13 +1,16 @@
-"""Converters of ONNX's indexing and contraction ops: Tile, ScatterND and Einsum.
+"""Converters of ONNX's indexing and contraction ops: Tile, ScatterND (every reduction), ScatterElements and
+Einsum.
 
-Einsum imports the forms attention and bilinear layers use: each letter at most once per operand, no ellipsis;
-operands are contracted left to right as batched matmuls (transpose, reshape, matmul), and a letter only one
-operand has and nothing later needs is summed first.
+Einsum in general: an ellipsis becomes letters of its own, a letter repeated in one operand takes that operand's
+diagonal first (a strided slice of the two axes merged); operands are then contracted left to right as batched
+matmuls (transpose, reshape, matmul), and a letter only one operand has and nothing later needs is summed first
+(traces, inner products and scalar outputs included). Ellipsis dims must agree in size (no broadcasting of 1s).
 """
 
 from __future__ import annotations
 
 import math
+import string
 
 import numpy as np
 
@@ -25,29 +28,77 @@ def _tile(call: NodeCall) -> Value:
 
 @converts("ScatterND", since=11)
 def _scatter_nd(call: NodeCall) -> Value:
+    return _scatter(call, call.input(1))
+
+
+def _scatter(call: NodeCall, indices: Value) -> Value:
+    """scatter_nd (reduction none: replace) or scatter_nd_reduce (add, mul, max, min) of the node's updates."""
     reduction = call.attr("reduction", "none")
-    if reduction != "none":
-        raise Unsupported(f"ScatterND with reduction {reduction!r}: kiln's scatter_nd replaces (reduction 'none')")
-    return call.emit("scatter_nd", call.input(0), call.input(1), call.input(2))
+    if reduction == "none":
+        return call.emit("scatter_nd", call.input(0), indices, call.input(2))
+    if reduction not in ("add", "mul", "max", "min"):
+        raise Unsupported(f"reduction = {reduction!r}")
+    return call.emit("scatter_nd_reduce", call.input(0), indices, call.input(2), reduction=reduction)
 
 
-def _parse(equation: str, n: int) -> tuple[list[str], str]:
-    """The operands' subscripts and the output's (implicit: the letters used once, sorted)."""
+@converts("ScatterElements", since=11)
+@converts("Scatter", since=9, until=10)
+def _scatter_elements(call: NodeCall) -> Value:
+    """A ScatterND whose index tuples are each update's own position with the axis coordinate taken from the
+    indices (a compile-time coordinate grid for the other axes, so the indices' shape must be static)."""
+    data, idx = call.input(0), call.input(1)
+    axis = call.attr("axis", 0) % max(data.type.rank, 1)
+    if any(d is None for d in idx.type.shape):
+        raise Unsupported(f"dynamic indices shape {idx.type}")
+    grid = np.indices(idx.type.shape, dtype=idx.type.dtype.numpy)
+    columns = [call.emit("reshape", idx, shape=(*idx.type.shape, 1)) if d == axis else
+               call.constant(grid[d][..., None]) for d in range(idx.type.rank)]
+    return _scatter(call, call.emit("concat", *columns, axis=-1))
+
+
+def _parse(equation: str, ranks: list[int]) -> tuple[list[str], str]:
+    """The operands' subscripts and the output's, each "..." spelled out as letters the equation does not use
+    (aligned from the right, as numpy broadcasts them); implicit output: the ellipsis dims, then the letters used
+    once, sorted."""
     text = equation.replace(" ", "")
     lhs, arrow, out = text.partition("->")
     terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise Unsupported(f"Einsum {equation!r} names {len(terms)} operands but the node has {len(ranks)}")
+    spare = [c for c in string.ascii_letters if c not in text]
+    widths = [rank - len(term.replace("...", "")) if "..." in term else 0 for term, rank in zip(terms, ranks)]
+    ellipsis = "".join(spare[:max(widths, default=0)])
+    terms = [term.replace("...", ellipsis[len(ellipsis) - w:] if w else "") for term, w in zip(terms, widths)]
     letters = "".join(terms)
-    if not arrow:
-        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
-    if len(terms) != n:
-        raise Unsupported(f"Einsum {equation!r} names {len(terms)} operands but the node has {n}")
-    for term in (*terms, out):
-        if "." in term or not term.isalpha() or len(set(term)) != len(term):
-            raise Unsupported(f"Einsum {equation!r}: kiln imports letters used at most once per operand, no "
-                              "ellipsis and no diagonals")
+    out = out.replace("...", ellipsis) if arrow else ellipsis + "".join(
+        sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ellipsis))
+    for term, rank in zip(terms, ranks):
+        if not all(c.isalpha() for c in term) or len(term) != rank:
+            raise Unsupported(f"Einsum {equation!r}: subscripts {term!r} do not match the rank {rank} of its operand")
+    if not all(c.isalpha() for c in out) or len(set(out)) != len(out):
+        raise Unsupported(f"Einsum {equation!r}: the output {out!r} names each letter at most once")
     if set(out) - set(letters):
         raise Unsupported(f"Einsum {equation!r}: output letters {sorted(set(out) - set(letters))} name no input dim")
     return terms, out
+
+
+def _diagonal(call: NodeCall, x: Value, term: str, equation: str) -> tuple[Value, str]:
+    """x's diagonal over each letter its term repeats: the two axes moved last, merged, and every (n + 1)-th
+    element sliced out, which moves values and computes nothing."""
+    while len(set(term)) != len(term):
+        c = next(c for c in term if term.count(c) > 1)
+        i, j = term.index(c), term.index(c, term.index(c) + 1)
+        n = x.type.shape[i]
+        if n is None or x.type.shape[j] != n:
+            raise Unsupported(f"Einsum {equation!r}: the diagonal over {c!r} needs equal static dims in {x.type}")
+        keep = [k for k in range(len(term)) if k not in (i, j)]
+        rest = "".join(term[k] for k in keep)
+        perm = (*keep, i, j)
+        moved = x if perm == tuple(range(len(term))) else call.emit("transpose", x, perm=perm)
+        flat = call.emit("reshape", moved, shape=(*(-1 if d is None else d for d in moved.type.shape[:-2]), n * n))
+        x = call.emit("slice", flat, starts=(0,), ends=(n * n,), axes=(-1,), steps=(n + 1,))
+        term = rest + c
+    return x, term
 
 
 def _permute(call: NodeCall, x: Value, have: str, want: str) -> Value:
@@ -82,6 +133,11 @@ def _contract(call: NodeCall, a: Value, ta: str, b: Value, tb: str, needed: set[
     left = [c for c in ta if c not in tb]
     right = [c for c in tb if c not in ta]
     size = {c: d for t, v in ((ta, a), (tb, b)) for c, d in zip(t, v.type.shape)}
+    for c in set(ta) & set(tb):
+        da, db = a.type.shape[ta.index(c)], b.type.shape[tb.index(c)]
+        if da is not None and db is not None and da != db:
+            raise Unsupported(f"Einsum {equation!r}: {c!r} is {da} in one operand and {db} in another "
+                              "(kiln does not broadcast einsum dims)")
     dims = {name: [size[c] for c in group] for name, group in (("b", batch), ("l", left), ("k", summed),
                                                                 ("r", right))}
     a3 = _reshape(call, _permute(call, a, ta, "".join(batch + left + summed)),
@@ -96,10 +152,9 @@ def _contract(call: NodeCall, a: Value, ta: str, b: Value, tb: str, needed: set[
 def _einsum(call: NodeCall) -> Value:
     equation = call.attr("equation", "")
     operands = [call.input(i) for i in range(len(call.node.input))]
-    terms, out = _parse(equation, len(operands))
-    for x, term in zip(operands, terms):
-        if x.type.rank != len(term):
-            raise Unsupported(f"Einsum {equation!r}: subscripts {term!r} do not match the rank of {x.type}")
+    terms, out = _parse(equation, [x.type.rank for x in operands])
+    for i, (x, term) in enumerate(zip(operands, terms)):
+        operands[i], terms[i] = _diagonal(call, x, term, equation)
 
     def later(i: int) -> set[str]:
         return set(out).union(*terms[i + 1:])

@@ -7,6 +7,7 @@ AveragePool whose windows then cover different counts divides by a compile-time 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -19,7 +20,7 @@ from .call import NodeCall
 from .registry import Unsupported, converts
 
 
-def _spatial(call: NodeCall, x: Value, ranks: Sequence[int] = (1, 2)) -> tuple[int, ...]:
+def _spatial(call: NodeCall, x: Value, ranks: Sequence[int] = (1, 2, 3)) -> tuple[int, ...]:
     """x's spatial dims, which must be static and of a supported count."""
     dims = x.type.shape[2:]
     if len(dims) not in ranks:
@@ -243,14 +244,15 @@ def _pool_geometry(call: NodeCall, size: Sequence[int]) -> tuple[tuple[int, ...]
     return kernel, stride, dilation, tuple(begin), tuple(end), tuple(extra)
 
 
-def _pool(call: NodeCall, make) -> Value:
-    """Run `make(x4, kernel, stride, dilation, begin, end, extra)` on 4-D input, 1-D pools through a unit dim."""
+def _pool(call: NodeCall, make) -> tuple[Value, ...]:
+    """Run `make(x, kernel, stride, dilation, begin, end, extra)` (its results) on 4-D or 5-D input, 1-D pools as
+    2-D ones through a unit dim."""
     x = call.input(0)
     size = _spatial(call, x)
     geometry = _pool_geometry(call, size)
     if len(size) == 1:
         unit = ((1 if i < 3 else 0, *g) for i, g in enumerate(geometry))  # kernel 1, stride 1, dilation 1, no pads
-        return _drop_unit_dim(call, make(_unit_dim(call, x), *unit))
+        return tuple(_drop_unit_dim(call, y) for y in make(_unit_dim(call, x), *unit))
     return make(x, *geometry)
 
 
@@ -260,17 +262,19 @@ def _symmetric(kernel, dilation, begin, end) -> bool:
 
 
 @converts("MaxPool", since=1)
-def _max_pool(call: NodeCall) -> Value:
-    if len([o for o in call.node.output if o]) > 1:
-        raise Unsupported("the Indices output (argmax positions) is requested")
-    if call.attr("storage_order", 0):
-        raise Unsupported("storage_order = 1 (column-major Indices)")
+def _max_pool(call: NodeCall) -> Sequence[Value]:
+    """Window maxima; the Indices output (opset 8+) where the node names it."""
+    with_indices = len(call.node.output) > 1 and bool(call.node.output[1])
+    storage_order = call.attr("storage_order", 0)
 
     def make(x, kernel, stride, dilation, begin, end, extra):
         end = tuple(e + x for e, x in zip(end, extra))
+        indices = (_argmax_indices(call, x, kernel, stride, dilation, begin, end, storage_order),) if with_indices \
+            else ()
         if not _symmetric(kernel, dilation, begin, end):
             x, begin = _pad(call, x, begin, end, -math.inf), (0,) * len(begin)
-        return call.emit("max_pool2d", x, kernel=kernel, stride=stride, padding=begin, dilation=dilation)
+        y = call.emit(f"max_pool{len(kernel)}d", x, kernel=kernel, stride=stride, padding=begin, dilation=dilation)
+        return (y, *indices)
     x = call.input(0)
     if x.type.dtype.is_float:
         return _pool(call, make)
@@ -278,37 +282,74 @@ def _max_pool(call: NodeCall) -> Value:
         raise Unsupported(f"max pooling {x.type.dtype.value}; kiln pools floats and the integers f32 holds exactly")
     # their max is the max of their exact f32 copies (ONNX's pads are under the kernel: no window is all padding)
     call = replace(call, inputs=[call.emit("cast", x, dtype=DType.f32)])
-    return call.emit("cast", _pool(call, make), dtype=x.type.dtype)
+    y, *indices = _pool(call, make)
+    return (call.emit("cast", y, dtype=x.type.dtype), *indices)
+
+
+def _argmax_indices(call: NodeCall, x: Value, kernel: Sequence[int], stride: Sequence[int],
+                    dilation: Sequence[int], begin: Sequence[int], end: Sequence[int], storage_order: int) -> Value:
+    """MaxPool's Indices: each window's first maximum in kernel row-major order, as an index into x flattened
+    ((n * C + c) * spatial size + the spatial position, row-major, or column-major under storage_order = 1).
+    The windows of every kernel offset are stacked on a new last axis and argmax picks the offset; the index is
+    then a compile-time table of that offset plus one of the window's start plus the (n, c) base."""
+    nd, (n, c, *size) = len(kernel), x.type.shape
+    if c is None:
+        raise Unsupported(f"the Indices output of a dynamic channel count ({x.type})")
+    padded = _pad(call, x, begin, end, -math.inf)
+    out = [(p - d * (k - 1) - 1) // st + 1 for p, k, st, d in zip(padded.type.shape[2:], kernel, stride, dilation)]
+    axes, offsets, windows = tuple(range(2, 2 + nd)), list(np.ndindex(*kernel)), []
+    for t in offsets:
+        starts = tuple(k * d for k, d in zip(t, dilation))
+        w = call.emit("slice", padded, starts=starts, ends=tuple(s + (o - 1) * st + 1 for s, o, st in
+                                                                  zip(starts, out, stride)),
+                      axes=axes, steps=tuple(stride))
+        windows.append(call.emit("reshape", w, shape=(-1, *w.type.shape[1:], 1)))
+    stacked = windows[0] if len(windows) == 1 else call.emit("concat", *windows, axis=2 + nd)
+    chosen = call.emit("argmax", stacked, axis=2 + nd)
+    step = [math.prod(size[i + 1:]) if not storage_order else math.prod(size[:i]) for i in range(nd)]
+    table = np.asarray([sum(k * d * m for k, d, m in zip(t, dilation, step)) for t in offsets], np.int64)
+    starts = sum((np.indices(out)[i] * stride[i] - begin[i]) * step[i] for i in range(nd)).astype(np.int64)
+    spatial = math.prod(size)
+    index = call.emit("add", call.emit("take", call.constant(table), chosen), call.constant(starts))
+    channel = (np.arange(c, dtype=np.int64) * spatial).reshape(c, *(1,) * nd)
+    index = call.emit("add", index, call.constant(channel))
+    if n == 1:
+        return index
+    first = call.emit("slice", chosen, starts=(0,) * (nd + 1), ends=(1,) * (nd + 1), axes=tuple(range(1, 2 + nd)))
+    ones = call.emit("add", call.emit("mul", first, call.constant(np.int64(0))), call.constant(np.int64(1)))
+    batch = call.emit("cumsum", ones, axis=0, exclusive=True)  # n, also for a dynamic batch
+    return call.emit("add", index, call.emit("mul", batch, call.constant(np.int64(c * spatial))))
 
 
 _EXACT_IN_F32 = (DType.i8, DType.u8, DType.i16)
 
 
-def _counts(kernel: int, stride: int, out: int, lo: int, hi: int) -> np.ndarray:
+def _counts(kernel: int, stride: int, dilation: int, out: int, lo: int, hi: int) -> np.ndarray:
     """How many of each window's kernel positions (window o starting at o * stride) fall inside [lo, hi)."""
-    at = np.arange(out)[:, None] * stride + np.arange(kernel)[None, :]
+    at = np.arange(out)[:, None] * stride + np.arange(kernel)[None, :] * dilation
     return ((at >= lo) & (at < hi)).sum(axis=1)
 
 
 @converts("AveragePool", since=1)
 def _avg_pool(call: NodeCall) -> Value:
-    """Mean over each window: kiln's avg_pool2d where it takes the padding; else a sum over the padded input
+    """Mean over each window: kiln's avg pool where it takes the padding; else a sum over the padded input
     divided by a compile-time count of the elements ONNX counts (real ones, or under count_include_pad real and
     padding ones, never ceil_mode's)."""
     include = bool(call.attr("count_include_pad", 0))
-    if any(d != 1 for d in call.attr("dilations", ())):
-        raise Unsupported(f"dilations = {list(call.attr('dilations'))}; kiln's avg_pool2d has none")
 
     def make(x, kernel, stride, dilation, begin, end, extra):
+        kind = f"avg_pool{len(kernel)}d"
         if _symmetric(kernel, dilation, begin, end) and not any(extra):
-            return call.emit("avg_pool2d", x, kernel=kernel, stride=stride, padding=begin, count_include_pad=include)
+            return (call.emit(kind, x, kernel=kernel, stride=stride, padding=begin, dilation=dilation,
+                              count_include_pad=include),)
         padded = _pad(call, x, begin, tuple(e + x for e, x in zip(end, extra)))
-        y = call.emit("avg_pool2d", padded, kernel=kernel, stride=stride)
-        counts = [_counts(k, s, o, 0 if include else b, b + n + (e if include else 0))
-                  for n, k, s, o, b, e in zip(x.type.shape[2:], kernel, stride, y.type.shape[2:], begin, end)]
-        factor = math.prod(kernel) / np.multiply.outer(*counts)
-        return call.emit("mul", y, call.constant(factor.astype(x.type.dtype.numpy)))
-    return _pool(call, make)
+        y = call.emit(kind, padded, kernel=kernel, stride=stride, dilation=dilation)
+        counts = [_counts(k, s, d, o, 0 if include else b, b + n + (e if include else 0))
+                  for n, k, s, d, o, b, e in zip(x.type.shape[2:], kernel, stride, dilation, y.type.shape[2:], begin,
+                                                 end)]
+        factor = math.prod(kernel) / functools.reduce(np.multiply.outer, counts)
+        return (call.emit("mul", y, call.constant(factor.astype(x.type.dtype.numpy))),)
+    return _pool(call, make)[0]
 
 
 @converts("GlobalAveragePool", "GlobalMaxPool", since=1)

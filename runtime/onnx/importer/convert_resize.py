@@ -39,10 +39,10 @@ def _static(x: Value) -> tuple[int, ...]:
     return tuple(dims)  # type: ignore[arg-type]
 
 
-def _mode(call: NodeCall) -> str:
+def _mode(call: NodeCall, modes: Sequence[str] = ("nearest", "linear", "bilinear")) -> str:
     mode = call.attr("mode", "nearest")
-    if mode not in ("nearest", "linear", "bilinear"):
-        raise Unsupported(f"mode = {mode!r}; kiln resizes nearest or linear")
+    if mode not in modes:
+        raise Unsupported(f"mode = {mode!r}; kiln resizes {', '.join(m for m in modes if m != 'bilinear')} here")
     return "linear" if mode == "bilinear" else mode
 
 
@@ -72,18 +72,19 @@ def _resize_10(call: NodeCall) -> Value:
 
 @converts("Resize", since=11)
 def _resize(call: NodeCall) -> Value:
-    """Inputs X, roi, scales, sizes (one of the last two); opset 18's axes and keep_aspect_ratio_policy."""
+    """Inputs X, roi, scales, sizes (one of the last two); opset 18's axes, keep_aspect_ratio_policy and
+    antialias; cubic's cubic_coeff_a and exclude_outside."""
     x = call.input(0)
-    mode = _mode(call)
+    mode = _mode(call, ("nearest", "linear", "cubic"))
     coordinate = call.attr("coordinate_transformation_mode", "half_pixel")
     nearest = call.attr("nearest_mode", "round_prefer_floor")
     if coordinate not in COORDINATE_MODES:
         raise Unsupported(f"coordinate_transformation_mode = {coordinate!r}")
     if mode == "nearest" and nearest not in NEAREST_MODES:
         raise Unsupported(f"nearest_mode = {nearest!r}")
-    if call.attr("antialias", 0) and mode == "linear":
-        raise Unsupported("antialias = 1")
-    modes = {"mode": mode, "coordinate_mode": coordinate, "nearest_mode": nearest}
+    modes = {"mode": mode, "coordinate_mode": coordinate, "nearest_mode": nearest,
+             "cubic_coeff_a": call.attr("cubic_coeff_a", -0.75),
+             "exclude_outside": bool(call.attr("exclude_outside", 0)), "antialias": bool(call.attr("antialias", 0))}
     rank, spatial = x.type.rank, _static(x)
     axes = [int(a) % rank for a in call.attr("axes", range(rank))]
     scales, sizes = call.value(2, "the scales"), call.value(3, "the sizes")

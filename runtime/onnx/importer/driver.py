@@ -37,6 +37,7 @@ from kiln.runtime.records.record import RecordEntry
 from ..tensors import kiln_dtype, load_model, model_initializers, param_id_of
 from . import (  # noqa: F401  (registers their converters)
     convert_basic,
+    convert_control,
     convert_elementwise,
     convert_index,
     convert_nn,
@@ -315,8 +316,11 @@ class _Importer:
         self.b.param(path, array.shape, DType.from_numpy(array.dtype), id=param_id, data=array)
         return self.b.sym(path)  # type: ignore[return-value]
 
-    def inline(self, branch: GraphProto) -> list[Output]:
-        """A subgraph (an `If` branch) converted in place; its outputs as the node's."""
+    def inline(self, branch: GraphProto, bindings: Sequence[Output] = ()) -> list[Output]:
+        """A subgraph (an `If` branch, a `Loop` body) converted in place, its inputs bound to `bindings`; its
+        outputs as the node's."""
+        for info, out in zip(branch.input, bindings):
+            self.slots[info.name] = self.slot(out)
         for tensor in branch.initializer:
             self.slots[tensor.name] = _Slot(known=numpy_helper.to_array(tensor))
         before = len(self.refusals)

@@ -24,22 +24,10 @@ REASONS = {
     "packed": "kiln's int4/uint4 are packed quantization codes, which cast refuses",
     "opset": "the model's opset is below 7 or in a domain other than ai.onnx",
     "training": "Dropout in training mode: kiln imports models for inference",
-    "einsum-form": "Einsum with a diagonal (a letter twice in one operand) or a scalar or inner-product form "
-                   "('->', 'i,i'): kiln's converter maps distinct-letter forms onto transpose/matmul/sum only",
-    "loop": "the _expanded graph computes its result with a Loop node; kiln imports no control flow but an If "
-            "whose condition folds",
-    "scatter-reduce": "ScatterND with reduction add/mul/max/min: kiln's scatter_nd op only replaces, and repeated "
-                      "indices have no exact composition from it",
     "f16-ulp": "two f16 elements one ulp from the reference (beyond rtol 1e-3) in an expanded graph that rounds every "
                "intermediate to f16: one of its intermediates rounds differently in kiln (not traced to the op)",
     "bn-training": "BatchNormalization with training_mode = 1 (batch statistics, running-stat outputs): kiln "
                    "imports models for inference",
-    "spatial-3d": "a 3-D (volumetric) pool or transposed convolution: kiln's pools and conv_transpose take 1-D and "
-                  "2-D spatial dims",
-    "pool-dilations": "AveragePool with dilations: kiln's avg_pool2d has no dilation",
-    "pool-indices": "MaxPool's Indices output (argmax positions): kiln's max_pool2d gives none",
-    "resize-cubic": "Resize mode = cubic: kiln's resize is nearest or linear (two taps an axis)",
-    "resize-antialias": "Resize antialias = 1 (a filter widened by the shrink factor): kiln's resize reads two taps",
     "resize-crop": "Resize tf_crop_and_resize (roi, extrapolation_value): kiln's resize has no region of interest",
     "castlike-fold": "Pad's constant value is a CastLike of a constant to a run-time tensor's dtype, which the "
                      "importer does not fold (it folds a node whose inputs are all known)",

@@ -38,6 +38,7 @@ class Case:
     oracle: str = "ort"
     tol: float = 1e-5
     dynamic_batch: bool = False
+    int64_outputs: tuple[int, ...] = ()  # outputs of element type int64 (MaxPool's Indices)
 
 
 def model(c: Case):
@@ -52,7 +53,9 @@ def model(c: Case):
     node = helper.make_node(c.op_type, names, outs, **c.attrs)
     shape = [None if c.dynamic_batch else c.x.shape[0], *c.x.shape[1:]]
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)
+                              [helper.make_tensor_value_info(o, TensorProto.INT64 if i in c.int64_outputs else
+                                                             TensorProto.FLOAT, None) for i, o in enumerate(outs)],
+                              inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", c.opset)], ir_version=8)
 
 
@@ -118,6 +121,22 @@ CASES = {
     # - 1) * dilations[i] + 1) - input_spatial_shape[i]"; onnxruntime leaves the dilation out (one row short).
     "maxpool-same-dilated": Case("MaxPool", f32(1, 2, 7, 7), {"kernel_shape": [2, 3], "dilations": [2, 1],
                                                               "auto_pad": "SAME_UPPER"}, oracle="reference"),
+    # MaxPool-12 Indices: "the indices are computed as flatten 1-D tensor ... storage_order ... row major (0) or
+    # column major (1)"; ties go to the first maximum, as onnxruntime and ONNX's reference scan the window.
+    "maxpool-indices-pads-ceil": Case("MaxPool", f32(2, 3, 7, 6), {"kernel_shape": [3, 2], "strides": [2, 2],
+                                                                   "pads": [1, 0, 0, 1], "ceil_mode": 1},
+                                      outputs=2, int64_outputs=(1,), dynamic_batch=True),
+    "maxpool-indices-column-major": Case("MaxPool", f32(2, 2, 5, 6), {"kernel_shape": [2, 3], "strides": [1, 2],
+                                                                      "storage_order": 1}, outputs=2,
+                                         int64_outputs=(1,)),
+    "maxpool-indices-ties": Case("MaxPool", np.round(f32(1, 2, 5, 5)).clip(0, 1), {"kernel_shape": [2, 2],
+                                                                                    "strides": [1, 1]},
+                                 outputs=2, int64_outputs=(1,)),
+    "maxpool-indices-1d": Case("MaxPool", f32(2, 3, 9), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]},
+                               outputs=2, int64_outputs=(1,)),
+    "maxpool-indices-3d": Case("MaxPool", f32(1, 2, 4, 5, 4), {"kernel_shape": [2, 2, 3], "strides": [2, 1, 1],
+                                                               "pads": [0, 1, 1, 0, 0, 1]},
+                               outputs=2, int64_outputs=(1,)),
     "maxpool-1d": Case("MaxPool", f32(2, 3, 9), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
     "avgpool-exclude": Case("AveragePool", f32(2, 3, 7, 6), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
     "avgpool-include-asymmetric": Case("AveragePool", f32(1, 2, 7, 6), {"kernel_shape": [3, 2], "strides": [2, 2],
@@ -130,6 +149,22 @@ CASES = {
                                                                   "ceil_mode": 1}),
     "avgpool-same-lower-1d": Case("AveragePool", f32(2, 2, 9), {"kernel_shape": [4], "strides": [2],
                                                                 "auto_pad": "SAME_LOWER"}),
+    # 3-D: "the operator expects ... (N x C x D1 x D2 ... Dn)" for Conv, ConvTranspose and the pools; AveragePool-19
+    # dilations: "dilation value along each spatial axis of filter".
+    "conv-3d": Case("Conv", f32(2, 4, 5, 6, 5), {"pads": [1, 0, 1, 1, 1, 0], "strides": [1, 2, 1], "group": 2,
+                                                 "dilations": [1, 1, 2]}, (f32(6, 2, 3, 2, 2), f32(6)), tol=1e-4),
+    "convt-3d": Case("ConvTranspose", f32(1, 2, 3, 4, 3), {"strides": [2, 1, 2], "pads": [1, 1, 0, 1, 1, 0],
+                                                           "output_padding": [1, 0, 1]}, (f32(2, 3, 2, 3, 2),),
+                     tol=1e-4),
+    "maxpool-3d-ceil-dilated": Case("MaxPool", f32(1, 2, 6, 7, 5), {"kernel_shape": [3, 2, 2], "strides": [2, 1, 2],
+                                                                    "dilations": [1, 2, 1], "ceil_mode": 1}),
+    "avgpool-3d-asymmetric": Case("AveragePool", f32(1, 2, 5, 6, 4), {"kernel_shape": [3, 2, 3],
+                                                                      "strides": [2, 2, 1],
+                                                                      "pads": [1, 0, 1, 0, 1, 1]}),
+    "avgpool-2d-dilated-include": Case("AveragePool", f32(1, 2, 7, 8), {"kernel_shape": [2, 3], "dilations": [2, 2],
+                                                                        "pads": [1, 1, 1, 1], "count_include_pad": 1},
+                                       oracle="reference"),
+    "globalavgpool-3d": Case("GlobalAveragePool", f32(2, 3, 2, 4, 3)),
     "globalavgpool": Case("GlobalAveragePool", f32(2, 3, 4, 5), dynamic_batch=True),
     "globalmaxpool": Case("GlobalMaxPool", f32(2, 3, 4, 5)),
     # Depth and space: DCR "depth-column-row", CRD "column-row-depth".
@@ -168,13 +203,11 @@ def test_weights_become_parameters_named_by_initializer() -> None:
 
 
 @pytest.mark.parametrize(("case", "reason"), [
-    (Case("MaxPool", f32(1, 1, 4, 4), {"kernel_shape": [2, 2]}, outputs=2), "the Indices output"),
     (Case("BatchNormalization", f32(2, 3, 4), {"training_mode": 1}, (f32(3), f32(3), f32(3), f32(3) ** 2)),
      "training_mode = 1"),
-    (Case("Conv", f32(1, 1, 3, 3, 3), {}, (f32(1, 1, 2, 2, 2),)), "3-D spatial input"),
+    (Case("Conv", f32(1, 1, 3, 3, 3, 3), {}, (f32(1, 1, 2, 2, 2, 2),)), "4-D spatial input"),
     (Case("Pad", f32(2, 3), {"mode": "wrap"}, (np.array([0, 4, 0, 1], np.int64),), opset=19),
      "wrap pads 4, 1 on axis 1"),
-    (Case("AveragePool", f32(1, 1, 5, 5), {"kernel_shape": [2, 2], "dilations": [2, 2]}), "dilations"),
     (Case("LRN", f32(1, 3, 2, 2)), "the required attribute 'size' is missing"),
     (Case("Pad", f32(2, 3), {}, (None,)), "the pads input is missing"),
 ])

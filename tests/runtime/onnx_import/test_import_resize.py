@@ -59,6 +59,16 @@ CASES = {
                              {"mode": "linear", "coordinate_transformation_mode": "align_corners"}),
     "linear-asymmetric-axes": ("Resize", 18, [None, floats(1.7, 2.0)],
                                {"mode": "linear", "coordinate_transformation_mode": "asymmetric", "axes": [2, 3]}),
+    # cubic: "cubic_coeff_a ... -0.5 (in some cases of TensorFlow) or -0.75 (in PyTorch)"; exclude_outside: "the
+    # weight of sampling locations outside the tensor will be set to 0 and the weight will be renormalized";
+    # antialias: "an antialiasing filter when downscaling ... the filter is scaled by max(1, 1 / scale)".
+    "cubic-up": ("Resize", 19, [None, floats(1, 1, 1.6, 2)], {"mode": "cubic"}),
+    "cubic-down-exclude-outside": ("Resize", 19, [None, floats(1, 1, 0.6, 0.5)],
+                                   {"mode": "cubic", "cubic_coeff_a": -0.5, "exclude_outside": 1}),
+    "cubic-align-corners-sizes": ("Resize", 19, [None, None, ints(2, 3, 8, 4)],
+                                  {"mode": "cubic", "coordinate_transformation_mode": "align_corners"}),
+    "linear-antialias-down": ("Resize", 18, [None, floats(1, 1, 0.4, 0.7)], {"mode": "linear", "antialias": 1}),
+    "cubic-antialias-down-up": ("Resize", 18, [None, floats(1, 1, 0.5, 1.5)], {"mode": "cubic", "antialias": 1}),
     "sizes-not-larger": ("Resize", 18, [None, None, ints(10, 20)],
                          {"axes": [2, 3], "keep_aspect_ratio_policy": "not_larger"}),
     # opsets 13 and 11: roi and scales are inputs (an empty scales when sizes are given)
@@ -85,9 +95,8 @@ def test_resize_matches_onnxruntime(name: str) -> None:
 
 
 @pytest.mark.parametrize(("attrs", "reason"), [
-    ({"mode": "cubic"}, "mode = 'cubic'"),
+    ({"mode": "lanczos"}, "mode = 'lanczos'"),
     ({"coordinate_transformation_mode": "tf_crop_and_resize"}, "tf_crop_and_resize"),
-    ({"mode": "linear", "antialias": 1}, "antialias"),
 ])
 def test_unsupported_resize_forms_are_named(attrs: dict, reason: str) -> None:
     with pytest.raises(UnsupportedModel, match=reason):
