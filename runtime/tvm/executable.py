@@ -127,7 +127,7 @@ class Executable:
         self._device_params: dict[str, tvm.runtime.Tensor] = {}
         self._plans: dict[str, _Plan] = {}  # per function: VM entry point and input checks, built on first call
         names = list(program.signatures)
-        self._default = "forward" if "forward" in names else names[0]
+        self._default = "forward" if "forward" in names else next(iter(names), None)  # None: a module of no function
 
     @property
     def signatures(self) -> dict[str, FunctionSignature]:
@@ -135,6 +135,8 @@ class Executable:
 
     @property
     def default_function(self) -> str:
+        if self._default is None:
+            raise KilnError("this executable has no function to call")
         return self._default
 
     def _device(self) -> tvm.runtime.Device:
@@ -152,7 +154,7 @@ class Executable:
     def __call__(self, *inputs: Any, params: Mapping[str, np.ndarray] | None = None, seed: int = 0
                  ) -> np.ndarray | tuple[np.ndarray, ...]:
         """Run the default function; one result comes back bare, several as a tuple."""
-        outs = self.run(*inputs, function=self._default, params=params, seed=seed)
+        outs = self.run(*inputs, function=self.default_function, params=params, seed=seed)
         return outs[0] if len(outs) == 1 else outs
 
     def run(self, *inputs: Any, function: str = "forward", params: Mapping[str, np.ndarray] | None = None,
