@@ -39,10 +39,21 @@ class TorchEngine:
             missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
             if missing:
                 raise DistributedError(f"no process group to join: {', '.join(missing)} unset (launch with torchrun)")
-            backend = "nccl" if self.torch.cuda.is_available() else "gloo"
-            self.dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+            self._join(datetime.timedelta(seconds=timeout_s))
         self.rank, self.world_size = self.dist.get_rank(), self.dist.get_world_size()
         self.bytes_sent = 0  # payload bytes all-reduced so far, for bench/distributed.py
+
+    def _join(self, timeout: datetime.timedelta) -> None:
+        """init_process_group on the rendezvous store under a prefix per torchrun attempt: a restarted group reuses
+        torchrun's store, where the killed attempt's keys would otherwise send the ranks to dead peers."""
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent serves the store
+        store = self.dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                   is_master=not agent and rank == 0, timeout=timeout)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        backend = "nccl" if self.torch.cuda.is_available() else "gloo"
+        self.dist.init_process_group(backend, store=self.dist.PrefixStore(f"kiln/attempt-{attempt}", store),
+                                     rank=rank, world_size=world, timeout=timeout)
 
     def tensor(self, array: np.ndarray) -> Any:
         """`array` as a torch tensor sharing its memory (DLPack; numpy exports only writeable arrays)."""
