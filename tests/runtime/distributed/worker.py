@@ -1,8 +1,8 @@
 """One rank of the data-parallel tests, started by tests/runtime/distributed/test_distributed.py (RANK, WORLD_SIZE,
 MASTER_ADDR=127.0.0.1, MASTER_PORT in the environment, one thread) or by torchrun:
 
-    python worker.py checks OUT        gradients, DLPack pointers, ZeRO-1 and the disagreeing-model error -> OUT/rank<r>.npz
-    python worker.py learner OUT CKPT [--kill-at N] [--zero 1]   a data-parallel Learner run -> OUT/learner<r>.npz
+    python worker.py checks OUT                    gradients, DLPack, ZeRO-1, a disagreeing model -> OUT/rank<r>.npz
+    python worker.py learner OUT CKPT [--kill-at N]   a data-parallel Learner run -> OUT/learner<r>.npz
 
 `learner --kill-at N` SIGKILLs rank 1 after its N-th step on torchrun's first attempt (TORCHELASTIC_RESTART_COUNT=0);
 the restarted group resumes from the newest checkpoint in CKPT.
