@@ -2,7 +2,8 @@
 every shuffled global batch of 64, the data-parallel pass averages the gradients across the ranks, rank 0 writes
 the checkpoints, logs and reports the test accuracy.
 
-    .venv/bin/torchrun --nproc-per-node 2 examples/train_digits_distributed.py [--epochs 30] [--checkpoints DIR]
+    .venv/bin/python -m torch.distributed.run --nproc-per-node 2 examples/train_digits_distributed.py [--epochs 30]
+        [--checkpoints DIR]          (torchrun, where torch installed its script)
 
 Under `torchrun --max-restarts 1` a killed worker restarts the group, and every rank resumes from the newest
 checkpoint in DIR. Needs `pip install 'kiln[distributed]'`.
