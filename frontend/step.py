@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 
 from kiln.ir import DType, FunctionBuilder, Graph, Operand, Rewriter, SymRef, TensorType, verify
+from kiln.ir.ops.collective import Communicator, communicating
 from kiln.ir.symbols import SymbolResolver
+from kiln.passes.data_parallel import DataParallel, owners
 from kiln.runtime.backend import default_backend
 
 from .autograd import differentiate, warn_if_untrainable
@@ -65,14 +67,18 @@ class StepProgram:
     state_names: tuple[tuple[str, ...], ...]  # per trained parameter
     buffers: tuple[int, ...]  # indices into param_ids of the buffers the step updates, in result order
     n_outputs: int  # loss_fn's results (the loss first)
+    elsewhere: frozenset[int] = frozenset()  # trained indices whose optimizer state another rank keeps (ZeRO-1)
 
 
-def build_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, input_types: Sequence[TensorType]
-               ) -> StepProgram:
-    """Trace, differentiate and append the optimizer update: the one `step` function."""
+def build_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, input_types: Sequence[TensorType],
+               data_parallel: DataParallel | None = None, rank: int = 0, world: int = 1) -> StepProgram:
+    """Trace, differentiate and append the optimizer update: the one `step` function. With `data_parallel`, the
+    gradients are averaged across `world` ranks first, and under ZeRO-1 this `rank` updates only its share."""
     traced, updated = trace_function(model, lambda *xs: loss_fn(model, *xs), *input_types)
     warn_if_untrainable(traced, stacklevel=4)  # the caller of the TrainStep
     graph = differentiate(traced)
+    if data_parallel is not None:
+        graph = data_parallel.apply(graph)
     fwd, fn = graph.functions["forward"], graph.functions["forward_backward"]
     n_forward = len(fwd.results)
     n_outputs = n_forward - len(updated)
@@ -80,8 +86,11 @@ def build_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, input_types
     params = list(graph.params.values())
     args = {p.name: fb.input(f"param.{p.name}", p.type) for p in params}
     trainable = [p for p in params if p.grad]
+    sharded = data_parallel is not None and data_parallel.zero == 1 and world > 1
+    owner = owners([p.type for p in trainable], world) if sharded else (rank,) * len(trainable)
+    mine = [i for i, r in enumerate(owner) if r == rank]
     states = []
-    for p in trainable:
+    for p in (trainable[i] for i in mine):
         init = optimizer.init_state(p.type)
         states.append({n: fb.input(f"state.{p.name}.{n}", TensorType(a.shape, DType.from_numpy(a.dtype)))
                        for n, a in init.items()})
@@ -93,23 +102,45 @@ def build_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, input_types
     copier = Rewriter(graph, fb, symbols=lambda ref: symbol(ref.name))
     out = list(copier.inline(fn, [fb.input(a.name, a.type) for a in fn.args], rename=fb.unique))
     grads = out[n_forward:]
-    updates = optimizer.emit_step(fb, [args[p.name] for p in trainable], grads, states, lr)  # type: ignore[arg-type]
-    new_params = [new for new, _ in updates]
+    if sharded and getattr(optimizer, "grad_clipping", None) is not None:
+        raise ValueError("ZeRO-1 (data-parallel zero=1) cannot clip gradients yet: each rank updates only its share")
+    updates = optimizer.emit_step(fb, [args[trainable[i].name] for i in mine], [grads[i] for i in mine],  # type: ignore[arg-type]
+                                  states, lr)
+    new_params = _gathered(fb, trainable, mine, [new for new, _ in updates]) if sharded else [n for n, _ in updates]
     new_states = [v for _, state in updates for v in state.values()]
+    state_names = iter(tuple(s) for s in states)
     step = fb.finish([*out[:n_outputs], *new_params, *new_states, *out[n_outputs:n_forward]])
     index = {p.name: i for i, p in enumerate(params)}
     return StepProgram(
         verify(Graph(graph.name, flags=graph.flags, functions={"step": step})),
         tuple(p.id for p in params), tuple(index[p.name] for p in trainable),
-        tuple(tuple(s) for s in states), tuple(index[path] for path in updated), n_outputs)
+        tuple(next(state_names) if i in mine else () for i in range(len(trainable))),
+        tuple(index[path] for path in updated), n_outputs,
+        frozenset(index[trainable[i].name] for i in range(len(trainable)) if i not in mine))
+
+
+def _gathered(fb: FunctionBuilder, trainable: Sequence, mine: Sequence[int], new: Sequence[Operand]) -> list[Operand]:
+    """ZeRO-1's gather: every rank's new parameters, each updated by its owner alone, as one all_reduce(sum) per
+    dtype of the owner's value and the other ranks' zeros (exact: x + 0 = x)."""
+    mine_new = dict(zip(mine, new))
+    values = [mine_new[i] if i in mine_new else fb.emit("zeros", shape=p.type.shape, dtype=p.type.dtype)
+              for i, p in enumerate(trainable)]
+    gathered: list[Operand] = list(values)
+    for dtype in dict.fromkeys(p.type.dtype for p in trainable):
+        group = [i for i, p in enumerate(trainable) if p.type.dtype is dtype]
+        outs = fb.emit("all_reduce", *(values[i] for i in group), op="sum")
+        for i, out in zip(group, outs if isinstance(outs, tuple) else (outs,)):
+            gathered[i] = out
+    return gathered
 
 
 class TrainStep:
     """A compiled training step holding parameters and optimizer state as arrays between calls."""
 
     def __init__(self, model: Module, loss_fn: LossFn, optimizer: Optimizer, input_specs: Sequence[InputSpec],
-                 seed: int = 0):
+                 seed: int = 0, data_parallel: DataParallel | None = None, communicator: Communicator | None = None):
         self.loss_fn, self.optimizer = loss_fn, optimizer
+        self.data_parallel, self.communicator = data_parallel, communicator
         self.retraces = 0
         self._types = tuple(as_type(s) for s in input_specs)
         self._seeds = itertools.count(seed)
@@ -145,15 +176,17 @@ class TrainStep:
             self._program = None
         program = self._program or self._trace()
         # copy=False: parameters and state come back as read-only views and go in again zero-copy next step
-        outs = default_backend().run(program.graph, [*self._params, *self._states, np.float64(lr), *arrays], "step",
-                                     seed=next(self._seeds), copy=False)
+        with communicating(self.communicator):
+            outs = default_backend().run(program.graph, [*self._params, *self._states, np.float64(lr), *arrays],
+                                         "step", seed=next(self._seeds), copy=False)
         n, k, b = program.n_outputs, len(program.trained), len(program.buffers)
         for i, value in [*zip(program.trained, outs[n:n + k]), *zip(program.buffers, outs[len(outs) - b:])]:
             self._params[i] = self._values[program.param_ids[i]] = value
         self._states = list(outs[n + k:len(outs) - b])
         states = iter(self._states)
         for i, names in zip(program.trained, program.state_names):
-            self.optimizer.state[program.param_ids[i]] = {name: next(states) for name in names}
+            if i not in program.elsewhere:
+                self.optimizer.state[program.param_ids[i]] = {name: next(states) for name in names}
         loss = float(outs[0])
         return loss if n == 1 else (loss, *outs[1:n])
 
@@ -161,7 +194,9 @@ class TrainStep:
         if self._reason:
             self.retraces += 1
             log.info("re-tracing the train step (%d): %s", self.retraces, self._reason)
-        program = build_step(self._model, self.loss_fn, self.optimizer, self._types)
+        c = self.communicator
+        program = build_step(self._model, self.loss_fn, self.optimizer, self._types, self.data_parallel,
+                             c.rank if c is not None else 0, c.world_size if c is not None else 1)
         self._gather(program)
         self._program, self._reason = program, ""
         return program
@@ -172,15 +207,17 @@ class TrainStep:
         self._params = [self._values[pid] for pid in program.param_ids]
         self._states = []
         for i, names in zip(program.trained, program.state_names):
-            state = self.optimizer.state_for(*params[program.param_ids[i]])
-            self._states += [state[name] for name in names]
+            if i not in program.elsewhere:
+                state = self.optimizer.state_for(*params[program.param_ids[i]])
+                self._states += [state[name] for name in names]
 
     def model(self) -> Module:
         """The trained module: parameters and buffers as the last step left them."""
         return with_values(self._model, self._values)
 
 
-def compile_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, *input_specs: InputSpec, seed: int = 0
-                 ) -> TrainStep:
-    """Capture `loss_fn(model, *inputs)`'s forward, backward and `optimizer`'s update as one step function."""
-    return TrainStep(model, loss_fn, optimizer, input_specs, seed)
+def compile_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, *input_specs: InputSpec, seed: int = 0,
+                 data_parallel: DataParallel | None = None, communicator: Communicator | None = None) -> TrainStep:
+    """Capture `loss_fn(model, *inputs)`'s forward, backward and `optimizer`'s update as one step function;
+    `data_parallel` averages its gradients across `communicator`'s ranks (see `kiln.passes.data_parallel`)."""
+    return TrainStep(model, loss_fn, optimizer, input_specs, seed, data_parallel, communicator)

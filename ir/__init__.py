@@ -9,6 +9,7 @@ from .builder import Builder, FunctionBuilder
 from .dtypes import DType
 from .errors import (
     AutodiffWarning,
+    DistributedError,
     IRParseError,
     KilnError,
     ParamGroupError,
@@ -37,6 +38,7 @@ from .verifier import verify
 
 __all__ = [
     "AutodiffWarning", "Builder", "DType", "FlagNode", "Function", "FunctionBuilder", "Graph", "IRParseError", "Init",
+    "DistributedError",
     "Interpreter", "KilnError", "Layout", "Op", "OpDef", "Operand", "ParamGroupError", "ParamGroupWarning",
     "ParamId", "ParamNode", "PassError", "RecordError", "ReparamNode",
     "Rewriter", "ShapeError", "SymRef", "TensorType", "Trait", "TrainingStateWarning", "Value", "VerifyError",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 __all__ = ["AutodiffWarning", "IRParseError", "KilnError", "ParamGroupError", "ParamGroupWarning", "PassError",
-           "RecordError", "ShapeError", "TrainingStateWarning", "VerifyError"]  # what kiln raises or warns with
+           "RecordError", "ShapeError", "TrainingStateWarning", "VerifyError",
+           "DistributedError"]  # what kiln raises or warns with
 
 
 class KilnError(Exception):
@@ -29,6 +30,10 @@ class VerifyError(KilnError):
 
 class RecordError(KilnError):
     """A record or record file is unusable; names the file or path and the reason."""
+
+
+class DistributedError(KilnError):
+    """The ranks of a data-parallel group cannot train together (no engine, disagreeing models, a lost peer)."""
 
 
 class PassError(KilnError):

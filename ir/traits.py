@@ -32,6 +32,9 @@ class Trait(enum.StrEnum):
                    are not.
     STOCHASTIC     draws random numbers: two ops with equal operands and attributes may differ, so cse never
                    merges them and constant folding never evaluates them (dropout).
+    COLLECTIVE     communicates with the other ranks of a process group, which must make the same calls in the
+                   same order: cse never merges two, constant folding never evaluates one (its value depends on
+                   the other ranks), and the data-parallel pass places them (all_reduce).
     COMMUTATIVE    two operands that give the same result, bit for bit, in either order, so cse merges
                    `add(a, b)` with `add(b, a)`: add, mul, equal. maximum and minimum are not: numpy's and torch's
                    maximum(-0.0, 0.0) is -0.0 but maximum(0.0, -0.0) is 0.0.
@@ -44,6 +47,7 @@ class Trait(enum.StrEnum):
     MEMORY_BOUND = "memory_bound"
     STOCHASTIC = "stochastic"
     COMMUTATIVE = "commutative"
+    COLLECTIVE = "collective"
 
 
 IMPLIES: dict[Trait, frozenset[Trait]] = {

@@ -28,7 +28,7 @@ class _Table:
 
     def __call__(self, rw: Rewriter, op: Op) -> Sequence[Operand] | None:
         opdef = lookup(op.kind)
-        if opdef.has(Trait.STOCHASTIC):
+        if opdef.has(Trait.STOCHASTIC) or opdef.has(Trait.COLLECTIVE):
             return None
         operands = tuple(o if isinstance(o, SymRef) else id(o) for o in op.operands)
         if opdef.has(Trait.COMMUTATIVE):

@@ -20,7 +20,8 @@ class FoldConstants(Pass):
     """results larger than this many elements stay computed"""
 
     def rule(self, rw: Rewriter, op: Op) -> Sequence[Operand] | None:
-        if not op.operands or lookup(op.kind).has(Trait.STOCHASTIC):
+        opdef = lookup(op.kind)
+        if not op.operands or opdef.has(Trait.STOCHASTIC) or opdef.has(Trait.COLLECTIVE):
             return None
         values = [constant_of(o) for o in op.operands]
         if any(v is None for v in values):

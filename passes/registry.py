@@ -30,6 +30,7 @@ _PASSES: dict[str, str] = {
     "reparameterize": "kiln.passes.reparameterize:Reparameterize",
     "materialize": "kiln.passes.materialize:Materialize",
     "quantize-weights": "kiln.passes.quantize_weights:QuantizeWeights",
+    "data-parallel": "kiln.passes.data_parallel:DataParallel",
 }
 
 

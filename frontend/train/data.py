@@ -5,6 +5,7 @@ thread prefetches. Epoch e's order is a function of (seed, e) alone, and a rando
 
 from __future__ import annotations
 
+import copy
 import inspect
 import queue
 import threading
@@ -60,6 +61,8 @@ class DataLoader:
     seeded by (seed, epoch, sample index), so its draws repeat exactly in any run and on resume. `prefetch`
     batches are made ahead on a background thread (0: none)."""
 
+    rank, world = 0, 1  # a data-parallel rank's share of each global batch (`sharded`)
+
     def __init__(self, data: Dataset | tuple[np.ndarray, ...] | Iterable[Batch], batch_size: int | None = None, *,
                  shuffle: bool = False, seed: int = 0, drop_last: bool = False,
                  transform: Callable[..., Sample] | None = None, prefetch: int = 2):
@@ -81,13 +84,30 @@ class DataLoader:
         """Batches per epoch (an iterable of batches without a length raises TypeError)."""
         if not self.indexed:
             return len(self.data)  # type: ignore[arg-type]
-        n, size = len(self.data), self.batch_size  # type: ignore[arg-type]
-        return n // size if self.drop_last else -(-n // size)  # type: ignore[operator]
+        n, size = len(self.data), self.batch_size * self.world  # type: ignore[arg-type, operator]
+        return n // size if self.drop_last else -(-n // size)
 
     def order(self, epoch: int) -> np.ndarray:
-        """The sample order of `epoch`: the same for the same (seed, epoch) in any process."""
+        """The sample order of `epoch`: the same for the same (seed, epoch) in any process; a sharded loader's is
+        its rank's slice of every global batch of `world` batches."""
         n = len(self.data)  # type: ignore[arg-type]
-        return np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+        order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+        if self.world == 1:
+            return order
+        steps, size = len(self), self.batch_size
+        return order[:steps * size * self.world].reshape(steps, self.world, size)[:, self.rank].ravel()  # type: ignore[operator, arg-type]
+
+    def sharded(self, rank: int, world: int) -> DataLoader:
+        """This loader as rank `rank` of `world` reads it: batch b is the rank-th of the `world` consecutive batches
+        making global batch b, so the ranks' batches together are the unsharded loader's `world * batch_size`."""
+        if not self.indexed or not self.drop_last:
+            raise ValueError("a sharded DataLoader needs a batch_size and drop_last=True, so every rank's batch of "
+                             "every step is full (the averaged gradient is then the global batch's)")
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is outside a world of {world}")
+        shard = copy.copy(self)
+        shard.rank, shard.world = rank, world
+        return shard
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
         """Epoch `epoch`'s batches from batch number `start` on (a resumed run skips what it has seen)."""

@@ -20,11 +20,14 @@ from typing import Any, Literal, TextIO
 import numpy as np
 
 from kiln.ir import DType, TensorType
+from kiln.passes.data_parallel import DataParallel
+from kiln.runtime.distributed import TorchEngine, check_same_model
 
 from ..module import Module
 from ..optim.accumulation import GradientAccumulation
 from ..optim.optimizer import Optimizer
 from ..optim.scheduler import LrScheduler
+from ..param import Param
 from ..step import LossFn, TrainStep, compile_step
 from ..tensor import Tensor, tensor
 from . import checkpoint
@@ -100,7 +103,12 @@ class Learner:
                  metrics: Sequence[Metric] | None = None, *, accumulation: int = 1,
                  checkpointing: Checkpointing | None = None, early_stopping: EarlyStopping | None = None,
                  log: str | os.PathLike[str] | None = None, log_format: LogFormat | None = None,
-                 stream: TextIO | None = None, seed: int = 0):
+                 stream: TextIO | None = None, seed: int = 0,
+                 data_parallel: DataParallel | None = None, engine: TorchEngine | None = None):
+        if data_parallel is not None and data_parallel.zero == 1 and checkpointing is not None:
+            raise ValueError("ZeRO-1 keeps each rank's share of the optimizer state on that rank, and checkpoints are "
+                             "written by rank 0 alone: use data_parallel zero=0 with checkpointing")
+        self.data_parallel, self.engine = data_parallel, engine
         self.model, self.loss_fn, self.lr_schedule = model, loss_fn, lr_schedule
         self.optimizer = optimizer if accumulation == 1 else GradientAccumulation(optimizer, accumulation)
         self.accumulation = accumulation
@@ -121,6 +129,8 @@ class Learner:
         returns the trained module."""
         train = train_data if isinstance(train_data, DataLoader) else DataLoader(train_data, prefetch=0)
         self._data_seed = train.seed
+        if self.data_parallel is not None:
+            train = self._join(train)
         if resume is not None:
             self._resume(resume)
         self._open_log()
@@ -169,11 +179,25 @@ class Learner:
         return bar
 
     def _compile(self, batch: Batch) -> TrainStep:
-        """The captured step, its dropout seeds continuing where the run is: the one place a data-parallel step
-        (the same program after a data-parallel pass) would be made instead."""
+        """The captured step, its dropout seeds continuing where the run is (the same on every rank); data-parallel,
+        the same program after the data-parallel pass, its collectives run by the engine."""
         self._step = compile_step(self.model, self.loss_fn, self.optimizer, *_input_specs(batch),
-                                  seed=self.seed + self.position.step)
+                                  seed=self.seed + self.position.step, data_parallel=self.data_parallel,
+                                  communicator=self.engine)
         return self._step
+
+    def _join(self, train: DataLoader) -> DataLoader:
+        """Join the data-parallel group: check every rank holds this model, read this rank's share of the data, and
+        leave the log, the progress display and the checkpoints to rank 0."""
+        if not train.indexed:
+            raise ValueError("data-parallel training shards a DataLoader with a batch_size (each rank reads its "
+                             "slice of the seeded order); an iterable of batches cannot be sharded")
+        engine = self.engine = self.engine or TorchEngine()
+        check_same_model(engine, [(path, tuple(p.type.shape), p.type.dtype.value, str(p.id))
+                                  for path, p in self.model.leaves() if isinstance(p, Param)])
+        if engine.rank != 0:
+            self.log_path, self.stream, self.checkpointing = None, open(os.devnull, "w"), None
+        return train.sharded(engine.rank, engine.world_size)
 
     def evaluate(self, data: DataLoader | Iterable[Batch]) -> dict[str, float]:
         """The metrics over `data`, the trained module in `valid()` state run eagerly."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .. import registry
 from ..gradients import GradientRule
-from . import elementwise, linalg, nn, quant, random, reduction, shape, source, spatial  # noqa: F401  (register the rules)
+from . import collective, elementwise, linalg, nn, quant, random, reduction, shape, source, spatial  # noqa: F401  (register the rules)
 
 
 def rule_for(kind: str) -> GradientRule | None:

@@ -1,3 +1,3 @@
 """The built-in op kinds; importing this package registers them."""
 
-from . import elementwise, linalg, nn, quant, random, reduction, shape, source, spatial  # noqa: F401
+from . import collective, elementwise, linalg, nn, quant, random, reduction, shape, source, spatial  # noqa: F401

@@ -38,7 +38,7 @@ from kiln.ir.interpreter import param_value
 from kiln.ir.location import located
 from kiln.ir.symbols import SymbolResolver
 
-from . import nn_ops, ops, quant_ops, random_ops, shape_ops, spatial_ops  # noqa: F401  (register rules)
+from . import collective_ops, nn_ops, ops, quant_ops, random_ops, shape_ops, spatial_ops  # noqa: F401  (register rules)
 from .dtypes import to_storage, tvm_dtype
 from .op_map import OpSources
 from .rule import NeedsSeed, OpCall

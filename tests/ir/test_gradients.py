@@ -306,6 +306,12 @@ case("dropout", "training", [r(4, 5), Flag(True)],
      lambda x, t: x * torch.from_numpy(_dropout_mask((4, 5), 0.3, 7)) / 0.7, p=0.3, seed=7)
 case("dropout", "off", [r(4, 5), Flag(False)], lambda x, t: x, p=0.3, seed=7)
 
+# -- collectives: on one process all_reduce is the identity, so its gradient is too (the rule emits all_reduce(g);
+# across ranks it averages the ranks' gradients, checked in tests/runtime/test_distributed.py) --------------------
+
+case("all_reduce", "bucket", [r(2, 3), r(4)], lambda a, b: (a, b))
+case("all_reduce", "sum-second-only", [r(3), r(2, 2)], lambda a, b: (a, b), op="sum", results=(1,))
+
 # -- shape -----------------------------------------------------------------------------------------------------
 
 

@@ -526,6 +526,13 @@ case("dropout", "p0-training", [rand((4, 5)), arr(True, "bool")], lambda x, t: F
 case("dropout", "not-training-f16", [rand((4, 5), "f16"), arr(False, "bool")],
      lambda x, t: F.dropout(x, 0.9, training=False), tol=EXACT, p=0.9)
 
+# -- collectives: a process group of one, where torch.distributed.all_reduce leaves a tensor as it is (the
+# multi-process semantics are checked against torch.distributed in tests/runtime/test_distributed.py) --------------
+
+case("all_reduce", "mean-bucket", [rand((2, 3)), rand((4,))], lambda a, b: (a.clone(), b.clone()), tol=EXACT)
+case("all_reduce", "sum-f64", [rand((3,), "f64")], lambda a: a.clone(), tol=EXACT, op="sum")
+case("all_reduce", "f16", [rand((2, 2), "f16")], lambda a: a.clone(), tol=EXACT)
+
 # -- data movement -----------------------------------------------------------------------------------------------
 
 for name, (shape, perm) in {"reverse": ((2, 3, 4), None), "2d": ((3, 5), None), "1d": ((4,), None),
@@ -1170,6 +1177,7 @@ DYNAMIC = [
         batch_norm_oracle(0.1, 1e-5), (None, 3), tol=(1e-4, 1e-5)),  # n = 2 training is ill-conditioned
     Dyn("nn", "erf", (((None,), "f32"),), lambda n: [rand((n,))], torch.erf, (None,)),
     Dyn("shape", "transpose", (((None, 3), "f32"),), lambda n: [rand((n, 3))], lambda x: x.T, (3, None)),
+    Dyn("collective", "all_reduce", (((None, 3), "f32"),), lambda n: [rand((n, 3))], lambda x: x, (None, 3)),
     Dyn("shape", "reshape", (((None, 6), "f32"),), lambda n: [rand((n, 6))], lambda x: x.reshape(-1, 3), (None, 3),
         {"shape": [-1, 3]}),
     Dyn("shape", "broadcast_to", (((None, 1), "f32"),), lambda n: [rand((n, 1))], lambda x: x.expand(2, -1, 4),
@@ -1246,6 +1254,10 @@ class Bad:
 
 F23 = ((2, 3), "f32")
 BAD = [
+    Bad("all-reduce-int", "all_reduce", (((2,), "i64"),), r"^all_reduce: operand 0 has dtype i64, expected a floating"),
+    Bad("all-reduce-bucket-dtypes", "all_reduce", (F23, ((2,), "f64")),
+        r"^all_reduce: operand 1 has dtype f64 but operand 0 has f32"),
+    Bad("all-reduce-op", "all_reduce", (F23,), r"all_reduce.*op.*expected one of 'mean', 'sum'", {"op": "max"}),
     Bad("dtype-mismatch", "add", (F23, ((2, 3), "i32")), r"^add: operand 1 has dtype i32 but operand 0 has f32"),
     Bad("dtype-mismatch-f16", "maximum", (((3,), "f16"), ((3,), "bf16")), r"^maximum: operand 1 has dtype bf16"),
     Bad("no-broadcast", "mul", (F23, ((4,), "f32")), r"^mul: shapes \[2, 3\] and \[4\] do not broadcast"),

@@ -1,0 +1,19 @@
+"""Gradients of collectives. all_reduce's result is the same combination of every rank's operand on every rank, so
+the gradient reaching rank r's operand combines every rank's result gradient the same way: d x = all_reduce(g)."""
+
+from __future__ import annotations
+
+from ..gradients import GradContext, gradient
+from ..graph import Op, Value
+
+
+@gradient("all_reduce")
+def _all_reduce(ctx: GradContext, op: Op, out_grads: tuple[Value | None, ...]) -> tuple[Value | None, ...]:
+    wanted = [i for i, g in enumerate(out_grads) if g is not None and ctx.wanted(i)]
+    if not wanted:
+        return (None,) * len(op.operands)
+    reduced = ctx.emit("all_reduce", *(out_grads[i] for i in wanted), op=op.attrs["op"], group=op.attrs["group"])
+    grads: list[Value | None] = [None] * len(op.operands)
+    for i, g in zip(wanted, reduced if isinstance(reduced, tuple) else (reduced,)):
+        grads[i] = g
+    return tuple(grads)

@@ -1,0 +1,64 @@
+"""Collective ops: a value combined across the ranks of a data-parallel group.
+
+Which ranks there are is the run's business, not the graph's: the distributed runtime installs a `Communicator`
+with `communicating(c)` around a run, and the reference semantics call it. With none installed the program runs
+on one process, where a collective over a group of one is the identity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from ..attrs import STR, Attr, one_of
+from ..scoped import scoped
+from ..traits import Trait
+from .common import define, floating, same_dtype
+
+REDUCTIONS = ("mean", "sum")
+
+
+class Communicator(Protocol):
+    """Runs a collective over the process group named `group`; every rank calls it in the same order."""
+
+    rank: int
+    world_size: int
+
+    def all_reduce(self, arrays: Sequence[np.ndarray], op: str, group: str) -> tuple[np.ndarray, ...]: ...
+
+
+_communicator: contextvars.ContextVar[Communicator | None] = contextvars.ContextVar("kiln_communicator", default=None)
+
+
+def communicating(communicator: Communicator | None) -> contextlib.AbstractContextManager[None]:
+    """Run collectives through `communicator` inside the with-block (None: a single process)."""
+    return scoped(_communicator, communicator)
+
+
+def current_communicator() -> Communicator | None:
+    """The communicator collectives run through here, or None on a single process."""
+    return _communicator.get()
+
+
+def _all_reduce_infer(ts, attrs):
+    for i, t in enumerate(ts):
+        floating("all_reduce", i, t)
+    same_dtype("all_reduce", ts)  # one bucket is one flat buffer of one dtype
+    return tuple(ts)
+
+
+def _all_reduce(xs, attrs):
+    communicator = _communicator.get()
+    return tuple(xs) if communicator is None else communicator.all_reduce(xs, attrs["op"], attrs["group"])
+
+
+define("all_reduce", ("xs*",), _all_reduce_infer, _all_reduce,
+       {"op": Attr(one_of(*REDUCTIONS), "mean", "how the ranks' values combine"),
+        "group": Attr(STR, "world", "the process group")},
+       doc="every rank's operands combined elementwise across the group (one bucket: one communication); "
+           "the identity on a single process",
+       traits={Trait.COLLECTIVE})

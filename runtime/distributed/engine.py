@@ -1,0 +1,84 @@
+"""The torch.distributed engine: kiln's collectives (`all_reduce`) on the process group torchrun starts (gloo on CPU,
+NCCL on CUDA). Arrays cross into torch through DLPack, so torch reduces kiln's own buffer in place; a bucket of
+several gradients is first packed into one flat buffer (one communication per bucket, as DDP does)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from kiln.ir import DistributedError
+
+
+def torch_distributed() -> tuple[ModuleType, ModuleType]:
+    """torch and torch.distributed, or one clear error saying how to get them."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        raise DistributedError("data-parallel training runs on torch.distributed: install it with "
+                               "pip install 'kiln[distributed]'") from None
+    if not dist.is_available():
+        raise DistributedError(f"this torch ({torch.__version__}) was built without torch.distributed")
+    return torch, dist
+
+
+class TorchEngine:
+    """A `kiln.ir.ops.collective.Communicator` over the default torch.distributed process group."""
+
+    def __init__(self, timeout_s: float = 300.0):
+        """Join the group torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or
+        use the one already initialized; a peer that does not answer within `timeout_s` is an error."""
+        self.torch, self.dist = torch_distributed()
+        if not self.dist.is_initialized():
+            missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+            if missing:
+                raise DistributedError(f"no process group to join: {', '.join(missing)} unset (launch with torchrun)")
+            self._join(datetime.timedelta(seconds=timeout_s))
+        self.rank, self.world_size = self.dist.get_rank(), self.dist.get_world_size()
+        self.bytes_sent = 0  # payload bytes all-reduced so far, for bench/distributed.py
+
+    def _join(self, timeout: datetime.timedelta) -> None:
+        """init_process_group on the rendezvous store under a prefix per torchrun attempt: a restarted group reuses
+        torchrun's store, where the killed attempt's keys would otherwise send the ranks to dead peers."""
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent serves the store
+        store = self.dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                   is_master=not agent and rank == 0, timeout=timeout)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        backend = "nccl" if self.torch.cuda.is_available() else "gloo"
+        self.dist.init_process_group(backend, store=self.dist.PrefixStore(f"kiln/attempt-{attempt}", store),
+                                     rank=rank, world_size=world, timeout=timeout)
+
+    def tensor(self, array: np.ndarray) -> Any:
+        """`array` as a torch tensor sharing its memory (DLPack; numpy exports only writeable arrays)."""
+        return self.torch.from_dlpack(array)
+
+    def all_reduce(self, arrays: Sequence[np.ndarray], op: str, group: str) -> tuple[np.ndarray, ...]:
+        """Every rank's `arrays` summed or averaged elementwise, as new arrays (the operands are never written)."""
+        if group != "world":
+            raise DistributedError(f"all_reduce: process group {group!r} is unknown (only 'world' exists)")
+        flat = np.concatenate([np.ravel(a) for a in arrays]) if len(arrays) > 1 else np.array(arrays[0], order="C")
+        self.dist.all_reduce(self.tensor(flat.reshape(-1)), op=self.dist.ReduceOp.SUM)
+        self.bytes_sent += flat.nbytes
+        if op == "mean":
+            flat /= self.world_size
+        out, at = [], 0
+        for a in arrays:
+            out.append(flat.reshape(-1)[at:at + a.size].reshape(a.shape))
+            at += a.size
+        return tuple(out)
+
+    def all_gather_object(self, value: object) -> list[object]:
+        """Every rank's picklable `value`, in rank order."""
+        gathered: list[object] = [None] * self.world_size
+        self.dist.all_gather_object(gathered, value)
+        return gathered
+
+    def barrier(self) -> None:
+        self.dist.barrier()

@@ -1,0 +1,85 @@
+"""The collective op's run-time path on one process, with a stand-in communicator: both backends hand the installed
+communicator the bucket's arrays and take its results (the interpreter from its reference semantics, TVM from the
+packed function the Relax VM calls), and run the identity when none is installed. Plus the pass's option checks and
+ZeRO-1's ownership rule."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from kiln.ir import Builder, DType, Graph, PassError, TensorType, interpret
+from kiln.ir.ops.collective import communicating
+from kiln.passes import PassManager
+from kiln.passes.data_parallel import DataParallel, owners
+
+
+class Tripling:
+    """What three ranks holding the same values would compute: sum = 3x, mean = x."""
+
+    rank, world_size = 0, 3
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[tuple[int, ...]], str, str]] = []
+
+    def all_reduce(self, arrays: Sequence[np.ndarray], op: str, group: str) -> tuple[np.ndarray, ...]:
+        self.calls.append(([a.shape for a in arrays], op, group))
+        return tuple(a * (3 if op == "sum" else 1) for a in arrays)
+
+
+def bucket_graph() -> Graph:
+    b = Builder("M")
+    x, y = b.input("x", ((2, 3), DType.f32)), b.input("y", ((4,), DType.f32))
+    s, t = b.op("all_reduce", b.op("add", x, x), y, op="sum")
+    b.ret(b.op("mul", s, s), t)
+    return b.build()
+
+
+X, Y = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(4, np.float32)
+
+
+def test_the_interpreter_runs_a_bucket_through_the_installed_communicator() -> None:
+    comm = Tripling()
+    with communicating(comm):
+        s2, t = interpret(bucket_graph(), [X, Y])
+    assert comm.calls == [([(2, 3), (4,)], "sum", "world")]  # one bucket, one call
+    np.testing.assert_array_equal(s2, (6 * X) ** 2)
+    np.testing.assert_array_equal(t, 3 * Y)
+    np.testing.assert_array_equal(interpret(bucket_graph(), [X, Y])[1], Y)  # no communicator: one process
+
+
+def test_the_relax_vm_calls_the_communicator_from_inside_the_step() -> None:
+    pytest.importorskip("tvm")
+    from kiln.runtime.tvm.compile import compile_graph
+    exe = compile_graph(bucket_graph(), target="llvm", params="inputs")
+    comm = Tripling()
+    with communicating(comm):
+        s2, t = exe.run(X, Y)
+    assert comm.calls == [([(2, 3), (4,)], "sum", "world")]
+    np.testing.assert_array_equal(s2, (6 * X) ** 2)
+    np.testing.assert_array_equal(t, 3 * Y)
+    np.testing.assert_array_equal(exe.run(X, Y)[1], Y)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ("bucket-bytes=-1", r"^data-parallel: bucket-bytes = -1 is negative"),
+    ("zero=2", r"^data-parallel: zero = 2; only ZeRO stages 0 and 1 exist here"),
+])
+def test_bad_options_are_one_line_pass_errors(options: str, message: str) -> None:
+    with pytest.raises(PassError, match=message):
+        PassManager.parse(f"data-parallel{{{options}}}")
+
+
+def test_the_pass_needs_autodiffs_output() -> None:
+    with pytest.raises(PassError, match=r"^data-parallel: module @M has no function @forward_backward \(run autodiff"):
+        DataParallel().apply(bucket_graph())
+
+
+def test_zero1_owners_balance_the_bytes_largest_first() -> None:
+    """Each parameter's optimizer state lives on one rank; the largest go first, each to the emptiest rank."""
+    types = [TensorType(s, DType.f32) for s in ((5, 7), (7,), (7, 3), (3,))]
+    assert owners(types, 2) == (0, 1, 1, 1)  # 35 | 21 + 7 + 3 elements
+    assert owners(types, 4) == (0, 2, 1, 3)
+    assert owners(types, 1) == (0, 0, 0, 0)

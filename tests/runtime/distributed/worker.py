@@ -1,0 +1,144 @@
+"""One rank of the data-parallel tests, started by tests/runtime/distributed/test_distributed.py (RANK, WORLD_SIZE,
+MASTER_ADDR=127.0.0.1, MASTER_PORT in the environment, one thread) or by torchrun:
+
+    python worker.py checks OUT                    gradients, DLPack, ZeRO-1, a disagreeing model -> OUT/rank<r>.npz
+    python worker.py learner OUT CKPT [--kill-at N]   a data-parallel Learner run -> OUT/learner<r>.npz
+
+`learner --kill-at N` SIGKILLs rank 1 after its N-th step on torchrun's first attempt (TORCHELASTIC_RESTART_COUNT=0);
+the restarted group resumes from the newest checkpoint in CKPT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+
+import kiln
+from kiln import nn, optim
+from kiln.frontend.autograd import differentiate
+from kiln.frontend.trace import trace_function
+from kiln.ir import DType, Interpreter, TensorType
+from kiln.ir.ops.collective import communicating
+from kiln.passes.data_parallel import DataParallel
+from kiln.runtime.distributed import TorchEngine
+from kiln.train import Checkpointing, DataLoader, Learner
+from kiln.train import checkpoint as checkpoints
+from kiln.train.metrics import Loss
+
+BATCH, D_IN, D_HIDDEN, D_OUT = 6, 5, 7, 3  # per rank
+
+
+class MLP(kiln.Module):
+    def __init__(self, hidden: int = D_HIDDEN) -> None:
+        device = kiln.Device("cpu").autodiff()
+        self.fc1, self.fc2 = nn.Linear(D_IN, hidden, device=device), nn.Linear(hidden, D_OUT, device=device)
+
+    def forward(self, x: kiln.Tensor) -> kiln.Tensor:
+        return self.fc2(nn.functional.gelu(self.fc1(x)))
+
+
+def mse(model: MLP, x: kiln.Tensor, y: kiln.Tensor) -> kiln.Tensor:
+    return ((model(x) - y) ** 2).mean()
+
+
+def global_batch(world: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The batch all ranks together take (rank r's share: rows r*BATCH ... (r+1)*BATCH)."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((BATCH * world, D_IN)).astype(np.float32),
+            rng.standard_normal((BATCH * world, D_OUT)).astype(np.float32))
+
+
+def params(model: kiln.Module) -> dict[str, np.ndarray]:
+    return {path: np.asarray(p.state.get()) for path, p in model.leaves() if isinstance(p, kiln.Param)}
+
+
+def checks(engine: TorchEngine, out: Path) -> None:
+    r, world = engine.rank, engine.world_size
+    x, y = global_batch(world)
+    mine = slice(r * BATCH, (r + 1) * BATCH)
+    result: dict[str, np.ndarray] = {}
+    # the averaged gradients of forward_backward after the data-parallel pass (small buckets: several all_reduces)
+    kiln.seed(7)
+    model = MLP()
+    types = (TensorType((BATCH, D_IN), DType.f32), TensorType((BATCH, D_OUT), DType.f32))
+    traced, _ = trace_function(model, lambda a, b: mse(model, a, b), *types)
+    graph = DataParallel(bucket_bytes=64).apply(differentiate(traced))
+    with communicating(engine):
+        grads = Interpreter(graph).run([x[mine], y[mine]], "forward_backward")[1:]
+    result.update({f"grad{i}": g for i, g in enumerate(grads)})
+    result.update({f"init.{k}": v for k, v in params(model).items()})
+    # DLPack: torch reduces the very buffer kiln hands it
+    buffer = np.arange(4, dtype=np.float32)
+    result["same_pointer"] = np.asarray(engine.tensor(buffer).data_ptr() == buffer.ctypes.data)
+    # three Adam steps, plain data parallel and ZeRO-1
+    for zero in (0, 1):
+        kiln.seed(7)
+        step = kiln.compile_step(MLP(), mse, optim.Adam(), types[0], types[1], data_parallel=DataParallel(zero=zero),
+                                 communicator=engine)
+        for k in range(3):
+            step(0.05, *(a[mine] + k for a in (x, y)))
+        result.update({f"zero{zero}.{k}": v for k, v in params(step.model()).items()})
+        result[f"zero{zero}.state_arrays"] = np.asarray(sum(len(s) for s in step.optimizer.state.values()))
+    # a rank with another model: the Learner refuses to start, on every rank
+    kiln.seed(7)
+    other = MLP(hidden=D_HIDDEN + 1 if r == world - 1 else D_HIDDEN)
+    learner = Learner(other, optim.SGD(), mse, optim.ConstantLr(0.1), stream=open(os.devnull, "w"),
+                      data_parallel=DataParallel(), engine=engine)
+    try:
+        learner.fit(DataLoader((x, y), BATCH, drop_last=True), epochs=1)
+        result["disagreement"] = np.asarray("")
+    except kiln.DistributedError as e:
+        result["disagreement"] = np.asarray(str(e))
+    np.savez(out / f"rank{r}.npz", **result)
+
+
+def learner_run(engine: TorchEngine, out: Path, ckpt: str, kill_at: int | None) -> None:
+    r = engine.rank
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((96, D_IN)).astype(np.float32)
+    y = np.tanh(x @ rng.standard_normal((D_IN, D_OUT))).astype(np.float32)
+    kiln.seed(7)
+    run = Learner(MLP(), optim.AdamW(), mse, optim.ConstantLr(0.02), stream=open(os.devnull, "w"),
+                  checkpointing=Checkpointing(ckpt, every_steps=2, keep=2), data_parallel=DataParallel(),
+                  engine=engine, metrics=(Loss(),))
+    loader = DataLoader((x, y), BATCH, shuffle=True, seed=4, drop_last=True)
+    seen: list[int] = []
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    real = run._record
+
+    def record(output):  # the step counter and data position of each step this process runs
+        seen.append(run.position.step)
+        if kill_at is not None and first_attempt and r == 1 and len(seen) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(output)
+
+    run._record = record  # type: ignore[method-assign]
+    resume = ckpt if checkpoints.checkpoints(ckpt) else None
+    trained = run.fit(loader, epochs=3, resume=resume)
+    np.savez(out / f"learner{r}.npz", steps=np.asarray(seen), final_step=np.asarray(run.position.step),
+             **{f"param.{k}": v for k, v in params(trained).items()})
+    (out / f"learner{r}.json").write_text(json.dumps({"resumed": resume is not None}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=("checks", "learner"))
+    parser.add_argument("out")
+    parser.add_argument("ckpt", nargs="?")
+    parser.add_argument("--kill-at", type=int)
+    args = parser.parse_args()
+    engine = TorchEngine(timeout_s=60)
+    if args.mode == "checks":
+        checks(engine, Path(args.out))
+    else:
+        learner_run(engine, Path(args.out), args.ckpt, args.kill_at)
+    engine.dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
