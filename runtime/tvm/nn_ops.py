@@ -10,6 +10,7 @@ from tvm.relax import op as R
 
 from kiln.ir.ops.common import norm_axes
 
+from .lowp import bf16_operands
 from .rule import OpCall, RelaxResult, relax_rule
 
 
@@ -20,9 +21,11 @@ def _per_channel(call: OpCall, v: relax.Expr) -> relax.Expr:
 
 @relax_rule("conv1d", "conv2d")
 def _conv(call: OpCall) -> RelaxResult:
+    """The convolution, with bf16 operands and f32 sums under precision bf16 (`lowp.bf16_operands`)."""
     conv = R.nn.conv1d if call.kind == "conv1d" else R.nn.conv2d
     a = call.attrs
-    y = conv(call.args[0], call.args[1], a["stride"], a["padding"], a["dilation"], a["groups"])
+    (x, w), out = bf16_operands(call)
+    y = conv(x, w, a["stride"], a["padding"], a["dilation"], a["groups"], out_dtype=out)
     return y if len(call.args) == 2 else R.add(y, _per_channel(call, call.args[2]))
 
 
