@@ -20,6 +20,7 @@ from tvm.target import Target
 
 import kiln
 from kiln import nn
+from kiln.cli import main as cli_main
 from kiln.frontend.reparam import Quantizer, QuantScheme
 from kiln.ir import Builder, Graph, KilnError, verify
 from kiln.ir.interpreter import param_value
@@ -222,3 +223,13 @@ def test_the_weight_of_a_bf16_build_is_cast_once(weight: np.ndarray) -> None:
     shape = f"(T.int64({K}), T.int64({N}))"
     assert any(f'{shape}, "bfloat16"' in s and "matmul" in s for s in scripts)
     assert not any(f'{shape}, "float32"' in s for s in scripts)
+
+
+def test_kiln_compile_takes_precision(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    """`kiln compile --precision` is the same option: an unknown mode is one error line (exit 1), before any build."""
+    src = tmp_path / "mm.kir"
+    src.write_text(str(matmul_graph(np.ones((4, 3), np.float32))))
+    assert cli_main(["compile", str(src), "-o", str(tmp_path / "mm.so"), "--precision", "fp8"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "precision must be one of f32, bf16, bf16!, int8, not 'fp8'" in err
+    assert not (tmp_path / "mm.so").exists()
