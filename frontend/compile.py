@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 
 def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm", params: str = "bound",
-            fast_math: bool = True, functions: Sequence[str] | None = None, tune: int = 0) -> Executable:
+            fast_math: bool = True, functions: Sequence[str] | None = None, tune: int = 0,
+            precision: str = "f32") -> Executable:
     """Compile a module traced on `input_specs` (`None` dims stay dynamic), or a graph as it is.
 
     `params="bound"` bakes the weights in (deployment); `params="inputs"` passes them at run time. A graph's
@@ -26,7 +27,8 @@ def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm"
     `tune=N` (CPU only) first tunes the kernels with MetaSchedule for N trials, unless this graph, target and
     options were tuned already; builds use an existing database either way. A module with training flags on
     (dropout, batch norm) builds as it is, with a `TrainingStateWarning`: compile `model.valid()` for inference.
-    Each stage is logged with its seconds on the `kiln.compile` logger (INFO).
+    Each stage is logged with its seconds on the `kiln.compile` logger (INFO). `precision` ("f32", "bf16",
+    "bf16!" for emulated bf16, "int8") chooses how matmuls and convolutions lower (docs/precision.md).
     """
     from kiln.runtime.tvm.compile import compile_graph
 
@@ -44,7 +46,8 @@ def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm"
         tgt = resolve_target(target)
         if not was_tuned(graph, tgt, params, fast_math):
             tune_graph(graph, target=tgt, trials=tune, fast_math=fast_math, params=params)
-    return compile_graph(graph, target=target, params=params, fast_math=fast_math, functions=functions)
+    return compile_graph(graph, target=target, params=params, fast_math=fast_math, functions=functions,
+                         precision=precision)
 
 
 def _warn_training_flags(graph: Graph) -> None:

@@ -158,7 +158,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             with stage("passes: valid"):
                 graph = PassManager.parse("valid").run(graph)
         exe = compile_graph(graph, target=args.target, params=args.params, fast_math=not args.no_fast_math,
-                            functions=args.function)
+                            functions=args.function, precision=args.precision)
         with stage(f"writing {args.output}"):
             exe.export_library(args.output)
     return EXIT_OK
@@ -413,6 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="bake the parameters in as constants (default), or take them as inputs")
     comp.add_argument("-f", "--function", action="append", help="a function to compile (repeatable; default: all)")
     comp.add_argument("--no-fast-math", action="store_true", help="exact exp/erf/tanh/softmax instead of fast-math")
+    comp.add_argument("--precision", default="f32",
+                      help="f32 (default), bf16 (f32 on CPUs without bf16 dot products), bf16! (emulated bf16) or "
+                           "int8 (Q8-quantized weights): docs/precision.md")
     comp.add_argument("--train-state", action="store_true",
                       help="keep the module's state as the file gives it (flags on: dropout drops and batch "
                            "norm uses batch statistics) instead of the default valid state")

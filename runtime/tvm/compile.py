@@ -34,6 +34,7 @@ from .calibration import stored_tile
 from .cpu import cpu_model
 from .executable import Executable
 from .lower import LOWERING_VERSION, PARAM_MODES, lower, used_params
+from .lowp import resolve_precision
 from .op_map import build_map, describe
 from .pipeline import cpu_pipeline, cuda_pipeline
 from .target import TargetLike, resolve_target
@@ -45,8 +46,9 @@ def _device(target: Target) -> str:
 
 
 def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool,
-              tuning: str | None = None) -> str:
-    """The compile-cache key of one build; `tuning` is the digest of the tuning database it applies, if any."""
+              tuning: str | None = None, precision: str = "f32") -> str:
+    """The compile-cache key of one build; `tuning` is the digest of the tuning database it applies, if any, and
+    `precision` the resolved precision mode (`lowp.resolve_precision`)."""
     h = hashlib.blake2b(digest_size=20)
     model = cpu_model(target)  # the schedules' sizes: sysfs caches and a calibration are not in str(target)
     parts = [structural_hash(graph, include_data=params == "bound"), tuple(functions), str(target), params,
@@ -56,6 +58,8 @@ def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: st
                   if p.data is None and p.init is not None]
     if tuning is not None:
         parts.append(("tuning", tuning))
+    if precision != "f32":
+        parts.append(("precision", precision))
     h.update(repr(parts).encode())
     return h.hexdigest()
 
@@ -66,10 +70,11 @@ def lowering_input(graph: Graph) -> Graph:
 
 
 def build(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool,
-          tuning_dir: Path | None = None) -> Program:
-    """Lower and build without the cache, applying the tuning database in `tuning_dir` (CPU only) if given."""
+          tuning_dir: Path | None = None, precision: str = "f32") -> Program:
+    """Lower and build without the cache, applying the tuning database in `tuning_dir` (CPU only) if given, in a
+    resolved `precision` mode."""
     with stage(f"lowering @{graph.name} to Relax"):
-        lowered = lower(lowering_input(graph), params, functions)
+        lowered = lower(lowering_input(graph), params, functions, precision)
     if _device(target) == "cuda":
         pipeline = cuda_pipeline(target)
     else:
@@ -86,26 +91,28 @@ def build(graph: Graph, functions: Sequence[str], target: Target, params: str, f
 
 
 def compile_graph(graph: Graph, *, target: TargetLike = "llvm", params: str = "bound", fast_math: bool = True,
-                  functions: Sequence[str] | None = None, cache: bool = True) -> Executable:
+                  functions: Sequence[str] | None = None, cache: bool = True, precision: str = "f32") -> Executable:
     """Compile `functions` (default: all) of `graph`; a cached build (memory, then disk) is reused.
 
     `params="bound"` bakes the parameters in as constants (deployment); `params="inputs"` passes them at run time
-    (the executable holds the graph's current values), so one build serves any weights.
+    (the executable holds the graph's current values), so one build serves any weights. `precision` is one of
+    `lowp.PRECISIONS` (f32, bf16, bf16! for emulated bf16, int8: docs/precision.md).
     """
     if params not in PARAM_MODES:
         raise KilnError(f"params must be one of {', '.join(PARAM_MODES)}, not {params!r}")
     names = tuple(functions) if functions is not None else tuple(graph.functions)
     tgt = resolve_target(target)
     calibrate_on_first_use(tgt)
+    mode = resolve_precision(precision, tgt)
     tuned = find_database(graph, tgt, params, fast_math)
-    key = cache_key(graph, names, tgt, params, fast_math, database_digest(tuned) if tuned is not None else None)
+    key = cache_key(graph, names, tgt, params, fast_math, database_digest(tuned) if tuned is not None else None, mode)
     hit = compile_cache.lookup(key) if cache else None
     if cache:
         log.info("compile cache %s for @%s (%s)", "hit" if hit is not None else "miss", graph.name, key[:12])
     if hit is not None:
         program, path = hit
     else:
-        program, path = build(graph, names, tgt, params, fast_math, tuned), None
+        program, path = build(graph, names, tgt, params, fast_math, tuned, mode), None
         if cache:
             with stage(f"storing @{graph.name} in the compile cache"):
                 compile_cache.store(key, program, program.library.export_library)

@@ -70,11 +70,13 @@ class _Unify(Exception):
 
 @dataclass
 class _Plan:
-    """What earlier attempts learned: which input dims are one var, and whether the function needs a seed."""
+    """What earlier attempts learned: which input dims are one var, and whether the function needs a seed; and the
+    build's precision mode, which every rule sees on its `OpCall`."""
 
     parent: dict[DimKey, DimKey] = field(default_factory=dict)
     seeded: bool = False
     unifiers: dict[DimKey, list[int]] = field(default_factory=dict)  # a dim -> the ops that met it in a broadcast
+    precision: str = "f32"
 
     def find(self, key: DimKey) -> DimKey:
         while self.parent.get(key, key) != key:
@@ -201,7 +203,8 @@ class _FunctionLowering:
                     for a, t in zip(args, types)]
             types = [t.with_dtype(t.dtype.compute) for t in types]
         producers = [self.made.get(id(e), (None, None))[1] for e, _ in operands]
-        call = OpCall(kind, bb, args, types, [k for _, k in operands], attrs, self.run_seed, producers)
+        call = OpCall(kind, bb, args, types, [k for _, k in operands], attrs, self.run_seed, producers,
+                      self.plan.precision)
         outs = rule(call)
         outs = outs if isinstance(outs, tuple) else (outs,)
         emitted = []
@@ -248,10 +251,10 @@ def _emit(graph: Graph, name: str, params: str, plan: _Plan, bb: relax.BlockBuil
         raise
 
 
-def _lower_function(graph: Graph, name: str, params: str, bb: relax.BlockBuilder
-                    ) -> tuple[FunctionSignature, OpSources]:
+def _lower_function(graph: Graph, name: str, params: str, bb: relax.BlockBuilder,
+                    precision: str = "f32") -> tuple[FunctionSignature, OpSources]:
     """Find the dim unification and seed the function needs with trial lowerings, then emit it into `bb`."""
-    plan = _Plan()
+    plan = _Plan(precision=precision)
     fn = graph.functions[name]
     for _ in range(sum(a.type.shape.count(None) for a in fn.args) + 2):
         try:
@@ -266,8 +269,10 @@ def _lower_function(graph: Graph, name: str, params: str, bb: relax.BlockBuilder
     return _emit(graph, name, params, plan, bb)
 
 
-def lower(graph: Graph, params: str = "bound", functions: Sequence[str] | None = None) -> Lowered:
-    """Lower `functions` (default: all) of `graph` into one Relax module."""
+def lower(graph: Graph, params: str = "bound", functions: Sequence[str] | None = None,
+          precision: str = "f32") -> Lowered:
+    """Lower `functions` (default: all) of `graph` into one Relax module; `precision` is a resolved mode
+    (`lowp.resolve_precision`: f32, bf16 or int8)."""
     if params not in PARAM_MODES:
         raise KilnError(f"params must be one of {', '.join(PARAM_MODES)}, not {params!r}")
     names = list(functions) if functions is not None else list(graph.functions)
@@ -275,5 +280,5 @@ def lower(graph: Graph, params: str = "bound", functions: Sequence[str] | None =
         if name not in graph.functions:
             raise KilnError(f"module @{graph.name} has no function @{name}")
     bb = relax.BlockBuilder()
-    done = {name: _lower_function(graph, name, params, bb) for name in names}
+    done = {name: _lower_function(graph, name, params, bb, precision) for name in names}
     return Lowered(bb.get(), {n: sig for n, (sig, _) in done.items()}, {n: src for n, (_, src) in done.items()})

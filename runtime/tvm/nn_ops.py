@@ -10,6 +10,7 @@ from tvm.relax import op as R
 
 from kiln.ir.ops.common import norm_axes
 
+from .lowp import bf16_operands
 from .rule import OpCall, RelaxResult, relax_rule
 
 
@@ -27,9 +28,11 @@ _AVG_POOL = {"avg_pool2d": R.nn.avg_pool2d, "avg_pool3d": R.nn.avg_pool3d}
 
 @relax_rule(*_CONV)
 def _conv(call: OpCall) -> RelaxResult:
+    """The convolution, with bf16 operands and f32 sums under precision bf16 (`lowp.bf16_operands`)."""
     conv = _CONV[call.kind]
     a = call.attrs
-    y = conv(call.args[0], call.args[1], a["stride"], a["padding"], a["dilation"], a["groups"])
+    (x, w), out = bf16_operands(call)
+    y = conv(x, w, a["stride"], a["padding"], a["dilation"], a["groups"], out_dtype=out)
     return y if len(call.args) == 2 else R.add(y, _per_channel(call, call.args[2]))
 
 

@@ -10,6 +10,7 @@ from kiln.ir import DType, KilnError
 from kiln.ir.ops.common import norm_axes, norm_axis
 
 from .dtypes import to_storage, tvm_dtype
+from .lowp import lowp_matmul
 from .quant_matmul import quant_matmul
 from .rule import OpCall, RelaxResult, relax_rule
 
@@ -82,15 +83,17 @@ def _cast(call: OpCall) -> RelaxResult:
 
 @relax_rule("matmul")
 def _matmul(call: OpCall) -> RelaxResult:
-    """numpy's matmul; a dequantized weight is decoded inside the kernel."""
-    fused = quant_matmul(call)
+    """numpy's matmul; a dequantized weight is decoded inside the kernel (in the build's precision: `lowp`)."""
+    fused = lowp_matmul(call)
+    fused = quant_matmul(call) if fused is None else fused
     return fused if fused is not None else R.matmul(*call.args)
 
 
 @relax_rule("linear")
 def _linear(call: OpCall) -> RelaxResult:
     """x @ weight (+ bias), weight stored [in, out]; a dequantized weight is decoded inside the kernel."""
-    fused = quant_matmul(call)
+    fused = lowp_matmul(call)
+    fused = quant_matmul(call) if fused is None else fused
     y = fused if fused is not None else R.matmul(call.args[0], call.args[1])
     return y if len(call.args) == 2 else R.add(y, call.args[2])
 

@@ -13,7 +13,7 @@ from .quant_ops import decoder
 from .rule import OpCall
 
 
-def _decoded_weight(call: OpCall) -> tuple[OpCall, bool] | None:
+def decoded_weight(call: OpCall) -> tuple[OpCall, bool] | None:
     """(the dequantize call behind operand 1, whether it is read transposed), or None if operand 1 is no 2-D one."""
     if call.types[1].rank != 2:
         return None
@@ -32,7 +32,7 @@ def quant_matmul(call: OpCall) -> relax.Expr | None:
     as the broadcast operand and the small activation is the vector one, the register-blocked form `CPUMatmul`
     schedules (read as `x @ W^T` directly, neither operand has unit stride along the output columns).
     """
-    found = _decoded_weight(call)
+    found = decoded_weight(call)
     if found is None or call.types[0].rank < 2:
         return None
     dq, transposed = found

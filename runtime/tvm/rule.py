@@ -38,6 +38,7 @@ class OpCall:
     attrs: Mapping[str, Any]
     run_seed: relax.Expr | None = None
     producers: Sequence[OpCall | None] = ()  # the call that made each operand, where the lowering made it
+    precision: str = "f32"  # the build's precision mode after fallback (`lowp.resolve_precision`)
 
     def producer(self, i: int, kind: str) -> OpCall | None:
         """The `kind` call that made operand i (so a rule can fuse it into its own kernel), else None."""
