@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kiln.ir import Graph, ParamNode, ShapeError, SymRef, Value
+from kiln.ir.types import check_named_dims
 
 from .device import Device, as_device
 from .module import Module
@@ -69,6 +70,8 @@ class OnnxModule(Module):
                     want is not None and want != got for want, got in zip(arg.type.shape, x.shape)):
                 raise ShapeError(f"{self.source}: input {arg.name} must be {arg.type}, got {x.type}")
             values[id(arg)] = x
+        check_named_dims([a.type for a in fn.args], [x.shape for x in args], [f"{self.source}: input {a.name}"
+                                                                              for a in fn.args])
         trace = current_trace()
         for op in fn.ops:
             if op.kind == "constant":

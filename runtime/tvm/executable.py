@@ -12,6 +12,7 @@ import tvm_ffi
 from tvm import relax
 
 from kiln.ir import KilnError, ShapeError, TensorType
+from kiln.ir.types import check_named_dims
 
 from .artifact import Program, load_program, read_params, write_artifact
 from .dtypes import from_storage, storage_numpy, to_storage
@@ -135,6 +136,9 @@ class Executable:
         if len(inputs) != len(plan.inputs):
             raise KilnError(f"@{function} takes {len(plan.inputs)} inputs, got {len(inputs)}")
         args = [_device_input(function, spec, x, plan) for spec, x in zip(plan.inputs, inputs)]
+        if any(spec.type.names for spec in plan.inputs):  # inputs sharing a dim name agree on it (one TVM var)
+            check_named_dims([s.type for s in plan.inputs], [a.shape for a in args],
+                             [f"@{function} input %{s.name}" for s in plan.inputs])
         if plan.params:
             args += [self._param(name, t, params) for name, t in plan.params]
         if plan.seeded:

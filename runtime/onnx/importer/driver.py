@@ -1,7 +1,8 @@
 """Walk an ONNX model's graph in node order, converting each node through its registered converter.
 
-- Graph inputs become function arguments: a `dim_param` or absent dim is a dynamic `?` dim; `input_shapes`
-  overrides an input's dims (None for a `?`).
+- Graph inputs become function arguments: a `dim_param` is a named dynamic dim (`?{batch}`: inputs sharing
+  the name share the dim, through the IR and into one TVM symbolic var), an absent dim an anonymous `?`;
+  `input_shapes` overrides an input's dims (None for a `?`, a string for a named one).
 - Initializers are read through `runtime/onnx/tensors.py` (validated; external data memory-mapped). A float
   initializer becomes a parameter when a node uses it as a run-time operand; one read only as a compile-time value
   (a shape, axes) and every integer one stay compile-time values. A parameter's path is its initializer's name
@@ -32,6 +33,7 @@ from onnx import GraphProto, ModelProto, NodeProto, numpy_helper
 
 from kiln.ir import Builder, DType, FunctionBuilder, Graph, KilnError, ShapeError, TensorType, Value, evaluate_op
 from kiln.ir.location import onnx_loc
+from kiln.ir.types import DIM_NAME
 from kiln.runtime.records.record import RecordEntry
 
 from ..tensors import kiln_dtype, load_model, model_initializers, param_id_of
@@ -101,11 +103,13 @@ def opset_of(model: ModelProto, domain: str = "") -> int:
 
 
 def value_type(info: onnx.ValueInfoProto, dims: Sequence[int | str | None] | None = None) -> TensorType:
-    """The kiln type of a graph input; `dims` (None or a name for a `?`) replace the file's dims."""
+    """The kiln type of a graph input; `dims` (None or a name for a `?`) replace the file's dims. A `dim_param`
+    becomes a named dim (`?{batch}`), so inputs sharing it share one dim; one kiln cannot name stays `?`."""
     tensor = info.type.tensor_type
     if dims is None:
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
-    return TensorType(tuple(d if isinstance(d, int) else None for d in dims), kiln_dtype(tensor.elem_type))
+        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in tensor.shape.dim]
+    return TensorType.of((d if isinstance(d, int) or d is None or DIM_NAME.fullmatch(d) else None for d in dims),
+                         kiln_dtype(tensor.elem_type))
 
 
 def sanitized(name: str) -> str:
