@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 
 from kiln.ir import Graph, ParamNode, ShapeError, SymRef, Value
+from kiln.ir.naming import suffix_of, user_paths
+from kiln.ir.types import check_named_dims
 
 from .device import Device, as_device
 from .module import Module
-from .param import Param
+from .param import Param, Reparam
 from .tensor import Tensor, apply, leaf, tensor
 from .tracing import current_trace
 
@@ -37,11 +39,19 @@ class OnnxModule(Module):
         device = as_device(device)
         self.source = source  # the file it came from (`<model>` for a ModelProto): a setting print(model) shows
         self.inputs = ", ".join(f"{a.name}: {a.type}" for a in graph.functions["forward"].args)
-        paths = module_paths(graph.params)
+        users = user_paths(graph)  # a quantized weight's codes are seen at the weight's path
+        factors = {o for r in graph.reparams.values() for o in r.operands[1:]}  # its scales: a factor there
+        stored = [n for n in graph.params if n not in factors]
+        paths = module_paths(users.get(n, n) for n in stored)
         self._graph, self._paths = graph, paths
-        self._onnx = {paths[n]: onnx_names.get(n, n) for n in graph.params}
-        for name, node in graph.params.items():
-            _place(self, paths[name].split("."), _param(node, device))
+        self._onnx = {paths[users.get(n, n)]: onnx_names.get(n, n) for n in stored}
+        for name in stored:
+            path = users.get(name, name)
+            param, r = _param(graph.params[name], device), graph.reparams.get(path)
+            if r is not None:
+                chain = tuple((suffix_of(path, o), _param(graph.params[o], device)) for o in r.operands[1:])
+                param = param.replace(reparam=Reparam(r.kind, chain, dict(r.attrs)))
+            _place(self, paths[path].split("."), param)
 
     @property
     def graph(self) -> Graph:
@@ -69,6 +79,8 @@ class OnnxModule(Module):
                     want is not None and want != got for want, got in zip(arg.type.shape, x.shape)):
                 raise ShapeError(f"{self.source}: input {arg.name} must be {arg.type}, got {x.type}")
             values[id(arg)] = x
+        check_named_dims([a.type for a in fn.args], [x.shape for x in args], [f"{self.source}: input {a.name}"
+                                                                              for a in fn.args])
         trace = current_trace()
         for op in fn.ops:
             if op.kind == "constant":

@@ -18,7 +18,7 @@ from .errors import ShapeError
 from .graph import Graph, ParamNode, SymRef
 from .ops.random import run_seed
 from .symbols import SymbolResolver
-from .types import TensorType
+from .types import TensorType, check_named_dims
 
 # numpy dtypes whose arithmetic runs wider (DType.compute), looked up per operand of every op
 _WIDER = {d.numpy: d.compute.numpy for d in DType if d.compute is not d}
@@ -83,6 +83,8 @@ class Interpreter:
                 raise ShapeError(f"@{function} input %{arg.name} expects {arg.type}, got shape "
                                  f"{list(x.shape)} dtype {x.dtype}")
             env[id(arg)] = x
+        check_named_dims([a.type for a in fn.args], [env[id(a)].shape for a in fn.args],
+                         [f"@{function} input %{a.name}" for a in fn.args])
 
         def value(o) -> np.ndarray:
             return self.symbol(o.name) if isinstance(o, SymRef) else env[id(o)]

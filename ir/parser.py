@@ -22,6 +22,7 @@ from .param_id import ParamId
 from .registry import infer
 from .types import TensorType
 
+_DIM_SPLIT = re.compile(r"x(?![^{]*\})")  # the `x` between dims, not one inside a dim name `?{...}`
 _NAME = r'(?:[A-Za-z0-9_][A-Za-z0-9_.$\-]*|"(?:[^"\\\n]|\\.)*")'
 _TOKEN = re.compile(rf"""
     (?P<nl>\n) | (?P<ws>[ \t\r]+) | (?P<comment>//[^\n]*)
@@ -143,18 +144,23 @@ class Parser:
 
     def parse_type(self) -> TensorType:
         tok = self.expect_kind("type", "a tensor type like tensor<2x3xf32>")
-        *dims, dtype = tok[1][len("tensor<"):-1].split("x")
+        *dims, dtype = _DIM_SPLIT.split(tok[1][len("tensor<"):-1])
         if dtype not in DType.__members__:
             raise self.error(f"unknown dtype {dtype!r}", tok)
-        shape = []
+        axes: list[int | str | None] = []
         for d in dims:
             if d == "?":
-                shape.append(None)
+                axes.append(None)
+            elif d.startswith("?{") and d.endswith("}") and len(d) > 3:
+                axes.append(d[2:-1])
             elif d.isascii() and d.isdigit() and len(d) < 19:
-                shape.append(int(d))
+                axes.append(int(d))
             else:
                 raise self.error(f"bad dimension {d!r}", tok)
-        return TensorType(tuple(shape), DType[dtype])
+        try:
+            return TensorType.of(axes, DType[dtype])
+        except ShapeError as e:
+            raise self.error(str(e), tok) from None
 
     def parse_attr_dict(self, parse_value=None) -> dict[str, Any]:
         attrs: dict[str, Any] = {}

@@ -9,7 +9,7 @@ import numpy as np
 from ..attrs import DTYPE, FINITE, Attr, one_of
 from ..dtypes import DType
 from ..traits import Trait
-from ..types import TensorType, broadcast_shapes
+from ..types import TensorType, broadcast_axes
 from .common import Check, any_dtype, boolean, define, floating, numeric, one, same_dtype
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -29,8 +29,7 @@ def _binary(name: str, fn, check: Check = numeric, result: DType | None = None, 
         for i, t in enumerate(ts):
             check(name, i, t)
         same_dtype(name, ts)
-        shape = broadcast_shapes(ts[0].shape, ts[1].shape, what=name)
-        return (TensorType(shape, result or ts[0].dtype),)
+        return (TensorType.of(broadcast_axes(ts[0].axes, ts[1].axes, what=name), result or ts[0].dtype),)
     traits = {Trait.ELEMENTWISE, Trait.COMMUTATIVE} if commutative else {Trait.ELEMENTWISE}
     define(name, ("lhs", "rhs"), infer, one(fn), doc=doc, traits=traits)
 
@@ -98,7 +97,7 @@ def _where_infer(ts, attrs):
     if ts[0].dtype is not DType.bool:
         raise ShapeError(f"where: operand 0 (cond) has dtype {ts[0].dtype.value}, expected bool")
     same_dtype("where", ts[1:])
-    return (TensorType(broadcast_shapes(*(t.shape for t in ts), what="where"), ts[1].dtype),)
+    return (TensorType.of(broadcast_axes(*(t.axes for t in ts), what="where"), ts[1].dtype),)
 
 
 define("where", ("cond", "lhs", "rhs"), _where_infer, one(np.where), traits={Trait.ELEMENTWISE, Trait.EXACT})

@@ -6,12 +6,12 @@ import numpy as np
 
 from ..attrs import FINITE, Attr
 from ..errors import ShapeError
-from ..types import Dim, TensorType, broadcast_shapes
+from ..types import Axis, TensorType, broadcast_axes, broadcast_shapes
 from .common import define, numeric, one, same_dtype
 
 
-def _same_dim(op: str, a: Dim, b: Dim, what: str) -> Dim:
-    if a is not None and b is not None and a != b:
+def _same_dim(op: str, a: Axis, b: Axis, what: str) -> Axis:
+    if isinstance(a, int) and isinstance(b, int) and a != b:
         raise ShapeError(f"{op}: {what} differ ({a} vs {b})")
     return a if a is not None else b
 
@@ -23,12 +23,11 @@ def matmul_type(op: str, a: TensorType, b: TensorType) -> TensorType:
         if t.rank == 0:
             raise ShapeError(f"{op}: operand {i} is a scalar; matmul needs rank >= 1")
     same_dtype(op, (a, b))
-    sa = a.shape if a.rank > 1 else (1, *a.shape)
-    sb = b.shape if b.rank > 1 else (*b.shape, 1)
+    sa = a.axes if a.rank > 1 else (1, *a.axes)
+    sb = b.axes if b.rank > 1 else (*b.axes, 1)
     _same_dim(op, sa[-1], sb[-2], f"contracted dims of operand 0 {list(a.shape)} and operand 1 {list(b.shape)}")
-    batch = broadcast_shapes(sa[:-2], sb[:-2], what=f"{op} batch dims")
-    shape = (*batch, *(sa[-2:-1] if a.rank > 1 else ()), *(sb[-1:] if b.rank > 1 else ()))
-    return TensorType(shape, a.dtype)
+    batch = broadcast_axes(sa[:-2], sb[:-2], what=f"{op} batch dims")
+    return TensorType.of((*batch, *(sa[-2:-1] if a.rank > 1 else ()), *(sb[-1:] if b.rank > 1 else ())), a.dtype)
 
 
 define("matmul", ("lhs", "rhs"), lambda ts, attrs: (matmul_type("matmul", *ts),), one(np.matmul))

@@ -23,7 +23,7 @@ def _transpose_infer(ts, attrs):
         perm = tuple(reversed(range(rank)))
     if sorted(perm) != list(range(rank)):
         raise ShapeError(f"transpose: perm {list(perm)} is not a permutation of rank {rank}")
-    return (ts[0].with_shape(ts[0].shape[p] for p in perm),)
+    return (ts[0].with_axes(ts[0].axes[p] for p in perm),)
 
 
 define("transpose", ("x",), _transpose_infer, one(lambda x, perm: np.transpose(x, perm)),
@@ -54,12 +54,12 @@ def reshape_dims(attrs, like: tuple | None) -> list:
 
 def _reshape_infer(ts, attrs):
     any_dtype("reshape", 0, ts[0])
-    dims = reshape_dims(attrs, ts[1].shape if len(ts) > 1 else None)  # copied dims are never negative
-    if dims.count(-1) > 1 or any(d is not None and d < -1 for d in dims):
+    dims = reshape_dims(attrs, ts[1].axes if len(ts) > 1 else None)  # copied dims are never negative
+    if dims.count(-1) > 1 or any(isinstance(d, int) and d < -1 for d in dims):
         raise ShapeError(f"reshape: shape {list(attrs['shape'])} may hold one -1 (besides copied dims) and no "
                          "other negative dim")
-    if None in dims:  # a copied run-time dim: the inferred one is known only at run time too
-        return (ts[0].with_shape(None if d == -1 else d for d in dims),)
+    if not all(isinstance(d, int) for d in dims):  # a copied run-time dim (and its name): the inferred one is
+        return (ts[0].with_axes(None if d == -1 else d for d in dims),)  # known only at run time too
     known = 1
     for d in dims:
         known *= d if d >= 0 else 1
@@ -119,17 +119,18 @@ def _concat_infer(ts, attrs):
             raise ShapeError(f"concat: operand {i} has rank {t.rank} but operand 0 has {ts[0].rank}")
     same_dtype("concat", ts)
     axis = norm_axis("concat", attrs["axis"], ts[0].rank)
-    shape = list(ts[0].shape)
+    shape = list(ts[0].axes)
     for d in range(ts[0].rank):
-        dims = [t.shape[d] for t in ts]
+        dims = [t.axes[d] for t in ts]
         if d == axis:
-            shape[d] = None if None in dims else sum(dims)
-        else:
-            known = {x for x in dims if x is not None}
+            shape[d] = sum(dims) if all(isinstance(x, int) for x in dims) else None
+        else:  # every operand's dim is the result's: an int, else the one name given (two names: anonymous)
+            known = {x for x in dims if isinstance(x, int)}
             if len(known) > 1:
-                raise ShapeError(f"concat: operands differ in dim {d}: {dims}")
-            shape[d] = known.pop() if known else None
-    return (TensorType(tuple(shape), ts[0].dtype),)
+                raise ShapeError(f"concat: operands differ in dim {d}: {[t.shape[d] for t in ts]}")
+            names = {x for x in dims if isinstance(x, str)}
+            shape[d] = known.pop() if known else names.pop() if len(names) == 1 else None
+    return (TensorType.of(shape, ts[0].dtype),)
 
 
 define("concat", ("xs*",), _concat_infer, lambda xs, attrs: (np.concatenate(xs, axis=attrs["axis"]),),
@@ -188,8 +189,7 @@ def _take_infer(ts, attrs):
     any_dtype("take", 0, ts[0])
     _index_dtype("take", ts[1])
     axis = norm_axis("take", attrs["axis"], ts[0].rank)
-    shape = (*ts[0].shape[:axis], *ts[1].shape, *ts[0].shape[axis + 1:])
-    return (ts[0].with_shape(shape),)
+    return (ts[0].with_axes((*ts[0].axes[:axis], *ts[1].axes, *ts[0].axes[axis + 1:])),)
 
 
 define("take", ("x", "indices"), _take_infer,
@@ -207,7 +207,7 @@ def _gather_infer(ts, attrs):
     for d, (n, m) in enumerate(zip(ts[0].shape, ts[1].shape)):
         if d != axis and n is not None and m is not None and n != m:  # the reference does not broadcast them
             raise ShapeError(f"gather: operand 1 (indices) has dim {d} = {m} but input has {n}")
-    return (ts[0].with_shape(ts[1].shape),)
+    return (ts[0].with_axes(ts[1].axes),)
 
 
 define("gather", ("x", "indices"), _gather_infer,

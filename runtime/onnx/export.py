@@ -96,22 +96,26 @@ class _Lowering:
         return helper.make_graph(self.sink.nodes, self.graph.name, inputs, outputs, self.initializers)
 
     def inputs(self, args: Sequence[Value]) -> list[ValueInfoProto]:
-        """Each argument under its own name (made unique), dynamic dims named."""
+        """Each argument under its own name (made unique), dynamic dims named: a named dim by its name (the
+        dim_param inputs share), an anonymous one `batch` on axis 0 unless a named dim is, else `<input>_<axis>`."""
         infos = []
+        taken = {n for arg in args for n in arg.type.names if n is not None}
+        batch = "batch" if "batch" not in taken else None
         for arg in args:
             self.values[id(arg)] = name = self.sink.fresh(arg.name)
-            dims = [d if d is not None else "batch" if axis == 0 else f"{name}_{axis}"
-                    for axis, d in enumerate(arg.type.shape)]
+            dims = [d if d is not None else (batch if axis == 0 and batch else f"{name}_{axis}")
+                    for axis, d in enumerate(arg.type.axes)]
             infos.append(helper.make_tensor_value_info(name, onnx_dtype(arg.type.dtype), dims))
         return infos
 
     def outputs(self, results: Sequence[Operand]) -> list[ValueInfoProto]:
-        """Each result through an Identity named `output` (`output_<i>` for several); dynamic dims unnamed."""
+        """Each result through an Identity named `output` (`output_<i>` for several); dynamic dims unnamed unless
+        their type names them."""
         infos = []
         for i, r in enumerate(results):
             name = self.sink.fresh("output" if len(results) == 1 else f"output_{i}")
             self.sink.node("Identity", [self.name(r)], [name])
-            infos.append(helper.make_tensor_value_info(name, onnx_dtype(r.type.dtype), list(r.type.shape)))
+            infos.append(helper.make_tensor_value_info(name, onnx_dtype(r.type.dtype), list(r.type.axes)))
         return infos
 
 

@@ -12,6 +12,7 @@ import tvm_ffi
 from tvm import relax
 
 from kiln.ir import KilnError, ShapeError, TensorType
+from kiln.ir.types import check_named_dims
 
 from .aligned import ALIGNMENT
 from .artifact import SIDECAR, CorruptArtifact, Program, load_program, read_params, write_artifact
@@ -56,12 +57,13 @@ class _InputSpec:
 class _Plan:
     """A function's per-call constants: VM entry point, device, inputs, params, seeding, output dtypes to restore."""
 
-    __slots__ = ("entry", "device", "cpu", "inputs", "params", "seeded", "outputs")
+    __slots__ = ("entry", "device", "cpu", "inputs", "params", "seeded", "outputs", "named")
 
     def __init__(self, entry: Any, device: tvm.runtime.Device, cpu: bool, inputs: tuple[_InputSpec, ...],
                  params: tuple[tuple[str, TensorType], ...], seeded: bool, outputs: tuple[Any, ...]):
         self.entry, self.device, self.cpu, self.inputs, self.params = entry, device, cpu, inputs, params
         self.seeded, self.outputs = seeded, outputs
+        self.named = any(spec.type.names for spec in inputs)  # some inputs name their dims: check they agree
 
 
 def _writeable_base(x: np.ndarray) -> np.ndarray | None:
@@ -169,6 +171,9 @@ class Executable:
             raise KilnError(f"@{function} takes {len(plan.inputs)} inputs, got {len(inputs)}")
         try:
             args = [_device_input(function, spec, x, plan) for spec, x in zip(plan.inputs, inputs)]
+            if plan.named:  # inputs sharing a dim name agree on it (one TVM var)
+                check_named_dims([s.type for s in plan.inputs], [a.shape for a in args],
+                                 [f"@{function} input %{s.name}" for s in plan.inputs])
             if plan.params:
                 args += [self._param(name, t, params) for name, t in plan.params]
             if plan.seeded:

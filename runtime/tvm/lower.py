@@ -78,6 +78,16 @@ class _Plan:
     unifiers: dict[DimKey, list[int]] = field(default_factory=dict)  # a dim -> the ops that met it in a broadcast
     precision: str = "f32"
 
+    @staticmethod
+    def named(args: Sequence[TensorType]) -> _Plan:
+        """The first plan: input dims of one name (ONNX's dim_param) are one var from the start."""
+        plan, first = _Plan(), {}
+        for index, t in enumerate(args):
+            for axis, name in enumerate(t.names):
+                if name is not None:
+                    plan.merge(first.setdefault(name, (index, axis)), (index, axis))
+        return plan
+
     def find(self, key: DimKey) -> DimKey:
         while self.parent.get(key, key) != key:
             key = self.parent[key]
@@ -123,7 +133,9 @@ class _FunctionLowering:
             root = self.plan.find((index, axis))
             var = next((v for v, k in self.dims.items() if self.plan.find(k) == root), None)
             if var is None:
-                var = tirx.Var(f"{_identifier(self.fn.args[root[0]].name or 'x')}_{root[1]}", "int64")
+                named = self.fn.args[root[0]].type.names
+                var = tirx.Var(_identifier(named[root[1]]) if named and named[root[1]] else
+                               f"{_identifier(self.fn.args[root[0]].name or 'x')}_{root[1]}", "int64")
             self.dims.setdefault(var, root)
             shape.append(var)
         return relax.Var(_identifier(name), relax.TensorType(shape, tvm_dtype(t.dtype)))
@@ -254,8 +266,9 @@ def _emit(graph: Graph, name: str, params: str, plan: _Plan, bb: relax.BlockBuil
 def _lower_function(graph: Graph, name: str, params: str, bb: relax.BlockBuilder,
                     precision: str = "f32") -> tuple[FunctionSignature, OpSources]:
     """Find the dim unification and seed the function needs with trial lowerings, then emit it into `bb`."""
-    plan = _Plan(precision=precision)
     fn = graph.functions[name]
+    plan = _Plan.named([a.type for a in fn.args])
+    plan.precision = precision
     for _ in range(sum(a.type.shape.count(None) for a in fn.args) + 2):
         try:
             _emit(graph, name, params, plan, relax.BlockBuilder())

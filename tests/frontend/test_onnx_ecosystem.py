@@ -23,15 +23,9 @@ import torch_zoo
 import kiln
 
 OPSETS = (13, 17)
-_FAILS = {  # why a model still fails to import
-    "vit": "torch's flatten(2) of the patch embedding exports a Reshape to concat(shape(x)[:2], [-1]): under a "
-           "dynamic batch two dims known only at run time (the batch and the -1), and kiln's reshape infers one",
-}
+_FAILS: dict[str, str] = {}  # why a model still fails to import
 _COMPILE = os.environ.get("KILN_ECOSYSTEM_COMPILE") == "1"
-_COMPILE_FAILS = {  # why a model that imports and runs still fails to compile
-    "bert": "its two inputs' batch dims (both ONNX's dim_param 'batch') import as two unrelated `?` dims, so "
-            "Relax cannot prove that the attention scores [?, 2, 8, 8] and the mask [?, 1, 1, 8] broadcast",
-}
+_COMPILE_FAILS: dict[str, str] = {}  # why a model that imports and runs still fails to compile
 
 
 def _marks(name: str) -> list:

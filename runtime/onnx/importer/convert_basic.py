@@ -11,6 +11,7 @@ from ..tensors import kiln_dtype
 from .call import NodeCall, Output
 from .convert_shape import reshape_to, vector_arithmetic
 from .registry import Unsupported, converts
+from .symbolic import vector_equal, vector_where
 
 _UNARY = {"Relu": "relu", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs", "Tanh": "tanh",
           "Sigmoid": "sigmoid", "Erf": "erf"}
@@ -34,6 +35,11 @@ def _binary(call: NodeCall) -> Output:
     if call.node.op_type in _ARITHMETIC and a is not None and b is not None and (a.static() is None or
                                                                                 b.static() is None):
         return vector_arithmetic(call.node.op_type, a, b)  # arithmetic on a shape with run-time dims
+    if call.node.op_type == "Equal" and a is not None and b is not None and (a.static() is None or
+                                                                             b.static() is None):
+        decided = vector_equal(a, b)  # torch's expand(-1) tests its shape vector for -1
+        if decided is not None:
+            return decided
     return call.emit(_BINARY[call.node.op_type], call.input(0), call.input(1))
 
 
@@ -84,7 +90,12 @@ def _gelu(call: NodeCall) -> Value:
 
 
 @converts("Where", since=9)
-def _where(call: NodeCall) -> Value:
+def _where(call: NodeCall) -> Output:
+    cond, a, b = call.known[0], call.vector(1), call.vector(2)
+    if cond is not None and a is not None and b is not None and (a.static() is None or b.static() is None):
+        picked = vector_where(cond, a, b)  # a shape vector with run-time dims stays one
+        if picked is not None:
+            return picked
     return call.emit("where", call.input(0), call.input(1), call.input(2))
 
 

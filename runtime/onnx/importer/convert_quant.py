@@ -5,9 +5,9 @@ ONNX codes `q = saturate(round_half_even(x / scale) + zero_point)` and decodes `
 per tensor, per axis (a [C] scale along `axis`) or per block (`block_size` along `axis`). kiln's own `quantize` /
 `dequantize` ops are Burn's symmetric schemes (no zero point, round half away from zero, scales computed by the
 op), so they cannot state an ONNX code exactly; every converter here is an exact composition of elementwise ops
-(`div`, `round`, `cast`, `maximum`/`minimum`, `sub`, `mul`) instead. A DequantizeLinear of a constant weight (a
-QDQ model's int8 initializer) has only compile-time inputs, so the driver folds it into a float parameter: the
-imported module holds the decoded weights, which `quantize_weights` can code again in a kiln scheme.
+(`div`, `round`, `cast`, `maximum`/`minimum`, `sub`, `mul`) instead. A DequantizeLinear of a constant int8 weight (a
+QDQ model's initializer) with a zero point of 0 is a kiln quantized parameter instead (`quant_weights`); one with
+another zero point the driver folds into a float parameter, which `quantize_weights` can code again.
 Integer products accumulate exactly: MatMulInteger in i32 as ONNX states, the convolutions in f64 (kiln's conv
 is float only; f64 holds every i32 sum exactly), and QLinear* rescale in f64 as the ONNX reference does.
 """

@@ -69,7 +69,9 @@ def vector_arithmetic(op: str, a: ShapeVector, b: ShapeVector) -> ShapeVector:
 
 @converts("Shape", since=1)
 def _shape(call: NodeCall) -> Output:
-    items = ShapeVector.of(call.input(0)).items
+    vector = call.vector(0)  # the shape of a shape vector with run-time dims is known
+    items = ((len(vector.items),) if not vector.scalar else ()) if vector is not None and call.known[0] is None \
+        else ShapeVector.of(call.input(0)).items
     rank = len(items)
     start, end = call.attr("start", 0), call.attr("end", rank)
     return ShapeVector(items[slice(*(min(max(b + rank if b < 0 else b, 0), rank) for b in (start, end)))])
@@ -151,8 +153,12 @@ def _target_shape(call: NodeCall) -> ShapeVector:
 
 @converts("Reshape", since=5)
 def _reshape(call: NodeCall) -> Output:
-    x = call.input(0)
     target = _target_shape(call)
+    vector = call.vector(0)
+    if vector is not None and call.known[0] is None and target.static() is not None and \
+            list(target.static().reshape(-1)) in ([-1], [len(vector.items)]):
+        return ShapeVector(vector.items)  # a shape with run-time dims reshaped to a vector stays one
+    x = call.input(0)
     copy = not call.attr("allowzero", 0)
     dims = [(_dims(x)[i] if i < x.type.rank else 0) if copy and d == 0 else d for i, d in enumerate(target.items)]
     return reshape_to(call, x, dims)
@@ -212,21 +218,36 @@ def _expand(call: NodeCall) -> Output:
     rank = max(len(target.items), x.type.rank)
     have = [1] * (rank - x.type.rank) + list(x.type.shape)
     want = [1] * (rank - len(target.items)) + list(target.items)
-    shape = []
+    shape, grown = [], {}
     for i, (h, w) in enumerate(zip(have, want)):
         if isinstance(w, Computed):
             raise Unsupported(f"Expand of dim {i} of {x.type} to a size computed at run time")
-        if isinstance(w, DimOf):  # taken to be the input's own dynamic dim, as masks expanded to a shape are
-            if h is not None:
+        if isinstance(w, DimOf):  # a dynamic dim is taken to be that dim, as masks expanded to a shape are
+            if h is not None and h != 1:
                 raise Unsupported(f"Expand of dim {i} ({h}) of {x.type} to a size known only at run time")
-            shape.append(-1)
+            shape.append(-1 if h is None else 1)
+            if h == 1:
+                grown[i] = w
         elif w == 1:
             shape.append(-1 if h is None else h)  # bidirectional: a target 1 keeps the input's dim
         else:
             shape.append(w)
-    if shape == list(x.type.shape):
-        return x
-    return call.emit("broadcast_to", x, shape=shape)
+    out = x if shape == list(x.type.shape) else call.emit("broadcast_to", x, shape=shape)
+    for i, dim in grown.items():
+        out = call.emit("where", _mask_along(call, dim, i, rank), out, out)
+    return out
+
+
+def _mask_along(call: NodeCall, dim: DimOf, axis: int, rank: int) -> Value:
+    """A bool tensor of rank `rank`, 1 everywhere but `axis`, which is `dim` at run time: `where(mask, x, x)`
+    broadcasts x's dim 1 there to that size (a size kiln's `broadcast_to`, whose target is static, cannot take)."""
+    v = dim.value
+    others = [a for a in range(v.type.rank) if a != dim.axis]
+    row = call.emit("slice", v, starts=[0] * len(others), ends=[1] * len(others), axes=others) if others else v
+    shape = [-1 if a == axis else 1 for a in range(rank)]
+    copy = [dim.axis if a == axis else -1 for a in range(rank)]
+    line = call.emit("reshape", row, row, shape=shape, copy=copy)
+    return call.emit("equal", line, line)  # any bool: both branches of the where are x
 
 
 @converts("ConstantOfShape", since=9)

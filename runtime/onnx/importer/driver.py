@@ -1,7 +1,8 @@
 """Walk an ONNX model's graph in node order, converting each node through its registered converter.
 
-- Graph inputs become function arguments: a `dim_param` or absent dim is a dynamic `?` dim; `input_shapes`
-  overrides an input's dims (None for a `?`).
+- Graph inputs become function arguments: a `dim_param` is a named dynamic dim (`?{batch}`: inputs sharing
+  the name share the dim, through the IR and into one TVM symbolic var), an absent dim an anonymous `?`;
+  `input_shapes` overrides an input's dims (None for a `?`, a string for a named one).
 - Initializers are read through `runtime/onnx/tensors.py` (validated; external data memory-mapped). A float
   initializer becomes a parameter when a node uses it as a run-time operand; one read only as a compile-time value
   (a shape, axes) and every integer one stay compile-time values. A parameter's path is its initializer's name
@@ -30,8 +31,21 @@ import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, numpy_helper
 
-from kiln.ir import Builder, DType, FunctionBuilder, Graph, KilnError, ShapeError, TensorType, Value, evaluate_op
+from kiln.ir import (
+    Builder,
+    DType,
+    FunctionBuilder,
+    Graph,
+    KilnError,
+    ShapeError,
+    SymRef,
+    TensorType,
+    Value,
+    evaluate_op,
+)
 from kiln.ir.location import onnx_loc
+from kiln.ir.naming import quant_codes, quant_scales
+from kiln.ir.types import DIM_NAME
 from kiln.runtime.records.record import RecordEntry
 
 from ..tensors import kiln_dtype, load_model, model_initializers, param_id_of
@@ -48,6 +62,7 @@ from . import (  # noqa: F401  (registers their converters)
     convert_shape,
 )
 from .call import NodeCall, Output, decoded_attrs
+from .quant_weights import kiln_scheme
 from .registry import Unsupported, converter
 from .symbolic import ShapeVector
 
@@ -102,11 +117,13 @@ def opset_of(model: ModelProto, domain: str = "") -> int:
 
 
 def value_type(info: onnx.ValueInfoProto, dims: Sequence[int | str | None] | None = None) -> TensorType:
-    """The kiln type of a graph input; `dims` (None or a name for a `?`) replace the file's dims."""
+    """The kiln type of a graph input; `dims` (None or a name for a `?`) replace the file's dims. A `dim_param`
+    becomes a named dim (`?{batch}`), so inputs sharing it share one dim; one kiln cannot name stays `?`."""
     tensor = info.type.tensor_type
     if dims is None:
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
-    return TensorType(tuple(d if isinstance(d, int) else None for d in dims), kiln_dtype(tensor.elem_type))
+        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in tensor.shape.dim]
+    return TensorType.of((d if isinstance(d, int) or d is None or DIM_NAME.fullmatch(d) else None for d in dims),
+                         kiln_dtype(tensor.elem_type))
 
 
 def sanitized(name: str) -> str:
@@ -250,6 +267,11 @@ class _Importer:
             isinstance(v, GraphProto) for v in attrs.values())
         known = [s.array() if s is not None else None for s in slots]  # a parameter's too (e.g. a Range bound)
         vectors = [s.vector if s is not None else None for s in slots]
+        if node.op_type == "DequantizeLinear" and names[0] in self.entries and all(
+                k is not None for n, k in zip(names, known) if n):  # a QDQ model's weight: kept quantized
+            weight = self.quantized_param(names, known, attrs)
+            if weight is not None:
+                return (weight,)
         if foldable:
             return self.fold(node, fn, known, vectors, attrs)
         call = NodeCall(node, self.opset, _Operands(self, names), known, attrs, self.b.fn, vectors, self.inline)
@@ -305,6 +327,28 @@ class _Importer:
         else:
             slot.value = self.b.constant(np.asarray(array))
         return slot.value
+
+    def quantized_param(self, names: list[str], known: list, attrs: dict) -> SymRef | None:
+        """A DequantizeLinear of an int8 initializer as a kiln quantized parameter (`quant_weights`): codes under
+        the initializer's ParamId, scales beside them, a `dequantize` derivation at the initializer's path."""
+        given = attrs.get("output_dtype", 0)
+        dtype = kiln_dtype(given) if given else DType.from_numpy(known[1].dtype)
+        q = kiln_scheme(known[0], known[1], known[2] if len(known) > 2 else None, attrs.get("axis", 1),
+                        attrs.get("block_size", 0), dtype)
+        if q is None:
+            return None
+        path, n = sanitized(names[0]), 1
+        while any(p in self.onnx_names for p in (path, quant_codes(path), quant_scales(path))):
+            path, n = f"{sanitized(names[0])}_{n}", n + 1
+        for stored, name, array, param_id in (
+                (quant_codes(path), names[0], q.codes, self.entries[names[0]].param_id),
+                (quant_scales(path), names[1], q.scales, param_id_of(numpy_helper.from_array(q.scales, names[1])))):
+            self.onnx_names[stored] = name
+            if name not in self.order:
+                self.order.append(name)
+            self.b.param(stored, array.shape, DType.from_numpy(array.dtype), id=param_id, data=array,
+                         grad=stored != quant_codes(path))
+        return self.b.reparam(path, "dequantize", quant_codes(path), quant_scales(path), **q.attrs)
 
     def param(self, name: str, array: np.ndarray, param_id: int) -> Value:
         path, n = sanitized(name), 1

@@ -61,3 +61,36 @@ class ShapeVector:
             return None
         array = np.asarray(self.items, np.int64)
         return array.reshape(()) if self.scalar else array
+
+
+def _pair(a: ShapeVector, b: ShapeVector) -> list[tuple[Item, Item]] | None:
+    """The elements of two vectors side by side, a one-element vector repeated; None when they do not pair up."""
+    n = max(len(a.items), len(b.items))
+    if {len(a.items), len(b.items)} - {1, n}:
+        return None
+    return list(zip(a.items * (n // len(a.items)), b.items * (n // len(b.items))))
+
+
+def vector_equal(a: ShapeVector, b: ShapeVector) -> np.ndarray | None:
+    """ONNX Equal of two shape vectors where every element is decided at import: ints compare, and a run-time size
+    (never negative) differs from a negative int, the `-1` torch's `expand(-1)` tests for; else None."""
+    pairs = _pair(a, b)
+    out = []
+    for x, y in pairs or ():
+        if isinstance(x, int) and isinstance(y, int):
+            out.append(x == y)
+        elif (isinstance(x, int) and x < 0) or (isinstance(y, int) and y < 0):
+            out.append(False)
+        else:
+            return None
+    return np.asarray(out, bool).reshape(() if a.scalar and b.scalar else -1) if pairs is not None else None
+
+
+def vector_where(cond: np.ndarray, a: ShapeVector, b: ShapeVector) -> ShapeVector | None:
+    """ONNX Where on a known condition between shape vectors, element by element; None when they do not pair up."""
+    picked = _pair(a, b)
+    flags = np.reshape(cond, -1).tolist()
+    if picked is None or cond.ndim > 1 or len(flags) not in (1, len(picked)):
+        return None
+    flags = flags * (len(picked) // len(flags))
+    return ShapeVector(tuple(x if f else y for f, (x, y) in zip(flags, picked)), a.scalar and b.scalar)

@@ -34,11 +34,12 @@ def _torch_style_reshape(batch) -> onnx.ModelProto:
 
 def test_dynamic_batch_shape_subgraph_becomes_one_reshape(tmp_path: Path):
     """ "Dynamic dims stay symbolic (a `batch` dim becomes a `?` dim) ... Shape sub-graphs ... kept symbolic where
-    not [static]": the Shape/Gather/Unsqueeze/Concat chain over a `?` batch is a reshape with -1, no constants."""
+    not [static]": the Shape/Gather/Unsqueeze/Concat chain over a `?` batch is a reshape with -1, no constants (the
+    input's dim_param names its `?`: `?{batch}`)."""
     onnx_model = _torch_style_reshape("batch")
     graph = import_graph(onnx_model)
     filecheck(str(graph), """
-// CHECK-LABEL: func @forward(%x: tensor<?x3x4xf32>)
+// CHECK-LABEL: func @forward(%x: tensor<?{batch}x3x4xf32>)
 // CHECK-NEXT: reshape %x {shape = [-1, 12]} : tensor<?x12xf32>
 // CHECK-NEXT: matmul %{{.*}}, @fc.MatMul_weight : tensor<?x2xf32>
 // CHECK-NEXT: return
@@ -224,7 +225,7 @@ def test_arithmetic_on_run_time_dims_reaches_the_reshape(tmp_path: Path):
     onnx_model = model(nodes, {"x": (F32, ["batch", "seq", 4])}, ["y"], initializers=initializers)
     graph = import_graph(onnx_model)
     filecheck(str(graph), """
-// CHECK-LABEL: func @forward(%x: tensor<?x?x4xf32>)
+// CHECK-LABEL: func @forward(%x: tensor<?{batch}x?{seq}x4xf32>)
 // CHECK-NEXT: reshape %x {shape = [-1, 4]} : tensor<?x4xf32>
 // CHECK-NEXT: return
 """, tmp_path)
@@ -233,8 +234,8 @@ def test_arithmetic_on_run_time_dims_reaches_the_reshape(tmp_path: Path):
                  helper.make_node("Reshape", ["x", "shape"], ["y"])],
                 {"x": (F32, ["batch", "seq", 4])}, ["y"], initializers={"last": np.array([1], I64)})
     filecheck(str(import_graph(two)), """
-// CHECK-LABEL: func @forward(%x: tensor<?x?x4xf32>)
-// CHECK-NEXT: reshape %x, %x {shape = [-1, -1, 4, 1], copy = [0, 1, -1, -1]} : tensor<?x?x4x1xf32>
+// CHECK-LABEL: func @forward(%x: tensor<?{batch}x?{seq}x4xf32>)
+// CHECK-NEXT: reshape %x, %x {shape = [-1, -1, 4, 1], copy = [0, 1, -1, -1]} : tensor<?{batch}x?{seq}x4x1xf32>
 // CHECK-NEXT: return
 """, tmp_path)
     assert_matches_reference(import_graph(two), two, {"x": np.random.default_rng(1).random((2, 3, 4), F32)})
