@@ -15,6 +15,7 @@ from .errors import (
     ParamGroupError,
     ParamGroupWarning,
     PassError,
+    PrecisionWarning,
     RecordError,
     ShapeError,
     TrainingStateWarning,
@@ -37,10 +38,10 @@ from .types import TensorType
 from .verifier import verify
 
 __all__ = [
-    "AutodiffWarning", "Builder", "DType", "FlagNode", "Function", "FunctionBuilder", "Graph", "IRParseError", "Init",
-    "DistributedError",
-    "Interpreter", "KilnError", "Layout", "Op", "OpDef", "Operand", "ParamGroupError", "ParamGroupWarning",
-    "ParamId", "ParamNode", "PassError", "RecordError", "ReparamNode",
+    "AutodiffWarning", "Builder", "DType", "DistributedError", "FlagNode", "Function", "FunctionBuilder", "Graph",
+    "IRParseError", "Init", "Interpreter", "KilnError", "Layout", "Op", "OpDef", "Operand", "ParamGroupError",
+    "ParamGroupWarning",
+    "ParamId", "ParamNode", "PassError", "PrecisionWarning", "RecordError", "ReparamNode",
     "Rewriter", "ShapeError", "SymRef", "TensorType", "Trait", "TrainingStateWarning", "Value", "VerifyError",
     "evaluate_op", "interpret",
     "lookup", "new_param_id", "ops_with", "parse", "parse_file", "print_graph", "prune", "registered", "rewrite",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["AutodiffWarning", "IRParseError", "KilnError", "ParamGroupError", "ParamGroupWarning", "PassError",
-           "RecordError", "ShapeError", "TrainingStateWarning", "VerifyError",
-           "DistributedError"]  # what kiln raises or warns with
+__all__ = ["AutodiffWarning", "DistributedError", "IRParseError", "KilnError", "ParamGroupError", "ParamGroupWarning",
+           "PassError", "PrecisionWarning", "RecordError", "ShapeError", "TrainingStateWarning",
+           "VerifyError"]  # what kiln raises or warns with
 
 
 class KilnError(Exception):
@@ -34,6 +34,10 @@ class RecordError(KilnError):
 
 class DistributedError(KilnError):
     """The ranks of a data-parallel group cannot train together (no engine, disagreeing models, a lost peer)."""
+
+
+class PrecisionWarning(UserWarning):
+    """A precision mode this CPU cannot run natively was replaced by f32 (once per process and CPU)."""
 
 
 class PassError(KilnError):

@@ -32,7 +32,8 @@ def test_every_error_and_warning_type_is_exported():
     public = {name for name, value in vars(errors).items()
               if isinstance(value, type) and issubclass(value, Exception | Warning)}
     assert public == {"KilnError", "IRParseError", "ShapeError", "VerifyError", "RecordError", "PassError",
-                      "ParamGroupError", "ParamGroupWarning", "TrainingStateWarning", "AutodiffWarning"}
+                      "ParamGroupError", "ParamGroupWarning", "TrainingStateWarning", "AutodiffWarning",
+                      "DistributedError", "PrecisionWarning"}
     for name in public:
         assert getattr(kiln, name) is getattr(errors, name)
         assert name in kiln.__all__

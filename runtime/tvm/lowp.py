@@ -15,10 +15,11 @@ import warnings
 
 from tvm import relax
 from tvm.relax import op as R
-from tvm.target import Target, codegen
+from tvm.target import Target
 
-from kiln.ir import KilnError
+from kiln.ir import KilnError, PrecisionWarning
 
+from .cpu import cpu_model
 from .quant_matmul import decoded_weight
 from .rule import OpCall
 
@@ -30,17 +31,10 @@ ACT_LEVELS = 127.0  # an activation row codes symmetrically in [-127, 127]
 _noticed: set[str] = set()
 
 
-class PrecisionWarning(UserWarning):
-    """A precision mode this CPU cannot run natively was replaced by f32 (once per process and CPU)."""
-
-
 def cpu_features(target: Target) -> frozenset[str]:
-    """The LLVM features of `target`'s CPU (its `-mcpu` and `-mattr`); empty for a non-LLVM target.
-
-    The one place a precision mode reads the ISA, so it can move to a CPU model of the target later."""
-    if target.kind.name != "llvm":
-        return frozenset()
-    return frozenset(str(f) for f in codegen.llvm_get_cpu_features(target))
+    """The LLVM features of `target`'s CPU (its `-mcpu` and `-mattr`, from the CPU model); empty for a non-LLVM
+    target."""
+    return cpu_model(target).features if target.kind.name == "llvm" else frozenset()
 
 
 def native_bf16(target: Target) -> bool:

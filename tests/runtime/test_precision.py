@@ -22,12 +22,12 @@ import kiln
 from kiln import nn
 from kiln.cli import main as cli_main
 from kiln.frontend.reparam import Quantizer, QuantScheme
-from kiln.ir import Builder, Graph, KilnError, verify
+from kiln.ir import Builder, Graph, KilnError, PrecisionWarning, verify
 from kiln.ir.interpreter import param_value
 from kiln.runtime.tvm import compile_cache
 from kiln.runtime.tvm.compile import cache_key, compile_graph
 from kiln.runtime.tvm.lower import lower
-from kiln.runtime.tvm.lowp import PrecisionWarning, resolve_precision
+from kiln.runtime.tvm.lowp import resolve_precision
 from kiln.runtime.tvm.pipeline import cpu_pipeline
 from kiln.runtime.tvm.schedules.safe import DEBUG_ENV
 from kiln.runtime.tvm.target import cpu_target
