@@ -25,6 +25,7 @@ from roofline import peak_gflops  # bench/ is the script's directory
 from tvm import relax
 
 import kiln.runtime.tvm.pipeline as pipeline
+from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.cpu import cpu_model
 from kiln.runtime.tvm.schedules import CPUMatmul, Safe, default_cpu_rules
 from kiln.runtime.tvm.target import cpu_target
@@ -40,16 +41,6 @@ KERNELS = {  # name: (operand shapes, relax body, flops)
                                     lambda x, w: relax.op.nn.conv2d(x, w, padding=1, strides=2),
                                     2 * 128 * 64 * 9 * 28 * 28),
 }
-
-
-def _module(shapes: list[tuple[int, ...]], body) -> tvm.IRModule:
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"p{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(body(*params))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 def _ms(run, clock, calls: int = 5) -> float:
@@ -78,7 +69,8 @@ def main() -> None:
         args = [tvm.runtime.tensor(np.random.default_rng(0).standard_normal(s).astype(np.float32)) for s in shapes]
         for label, tile in (("AVX-512 constants", AVX512_CONSTANTS), ("CPU model", {})):
             pipeline.default_cpu_rules = lambda t=None, tile=tile: [Safe(CPUMatmul(**tile)), *default_cpu_rules(t)[1:]]
-            library = tvm.compile(_module(shapes, body), target=target, relax_pipeline=pipeline.cpu_pipeline(target))
+            library = tvm.compile(relax_module(shapes, body), target=target,
+                                  relax_pipeline=pipeline.cpu_pipeline(target))
             main_fn = relax.VirtualMachine(library, tvm.cpu())["main"]
             ms = _ms(lambda f=main_fn, a=args: f(*a), clock)
             gflops = flops / ms / 1e6

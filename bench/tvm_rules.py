@@ -29,6 +29,7 @@ from onnx import TensorProto, helper
 from timing import Runner, interleaved  # bench/ is the script's directory
 from tvm import relax
 
+from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.pipeline import cpu_pipeline
 from kiln.runtime.tvm.target import configure_threads, cpu_count, cpu_target
 
@@ -149,15 +150,10 @@ def _compile(
     shapes: list[tuple[int, ...]], body: Callable[..., relax.Expr], fast_math: bool = True
 ) -> tuple[relax.VirtualMachine, float]:
     """Compile `main(in0, in1, ...) = body(...)` with kiln's CPU pipeline; returns the VM and seconds."""
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"in{i}", relax.TensorType(shape, "float32")) for i, shape in enumerate(shapes)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(body(*params))
-        bb.emit_func_output(out)
     target = cpu_target()
     start = time.perf_counter()
-    exe = tvm.compile(bb.get(), target=target, relax_pipeline=cpu_pipeline(target, fast_math=fast_math))
+    exe = tvm.compile(relax_module(shapes, body), target=target,
+                      relax_pipeline=cpu_pipeline(target, fast_math=fast_math))
     return relax.VirtualMachine(exe, tvm.cpu()), time.perf_counter() - start
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tvm
@@ -40,7 +40,8 @@ def candidates(model: CPUModel) -> list[dict[str, int]]:
             {"mr": max(1, base.mr // 2), "nr": 2 * base.nr}]
 
 
-def _module(shapes: list[tuple[int, ...]], body) -> tvm.IRModule:
+def relax_module(shapes: list[tuple[int, ...]], body: Callable[..., relax.Expr]) -> tvm.IRModule:
+    """`main(p0, p1, ...) = body(p0, p1, ...)` over float32 tensors of the given shapes: one kernel to time."""
     bb = relax.BlockBuilder()
     params = [relax.Var(f"p{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
     with bb.function("main", params):
@@ -48,7 +49,6 @@ def _module(shapes: list[tuple[int, ...]], body) -> tvm.IRModule:
             out = bb.emit_output(body(*params))
         bb.emit_func_output(out)
     return bb.get()
-
 
 def _seconds(target: Target, tile: dict[str, int], workloads: Sequence, runs: int) -> float:
     """Total best-of-`runs` seconds of the workloads built with `tile` as the contraction rule."""
@@ -62,7 +62,7 @@ def _seconds(target: Target, tile: dict[str, int], workloads: Sequence, runs: in
     rng = np.random.default_rng(0)
     for shapes, body in workloads:
         pipeline = cpu_pipeline(target, True, [_schedule])
-        library = tvm.compile(_module(shapes, body), target=target, relax_pipeline=pipeline)
+        library = tvm.compile(relax_module(shapes, body), target=target, relax_pipeline=pipeline)
         main = relax.VirtualMachine(library, tvm.cpu())["main"]
         args = [tvm.runtime.tensor(rng.standard_normal(s).astype(np.float32)) for s in shapes]
         main(*args)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import errno
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from kiln.runtime.tvm import artifact, compile_cache
+from kiln.runtime.tvm.schedules.safe import DEBUG_ENV
 
 
 @pytest.fixture
@@ -20,6 +21,18 @@ def cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(compile_cache.CACHE_ENV, str(root))
     compile_cache.clear_memory()
     yield root
+    compile_cache.clear_memory()
+
+
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Builds of one test module go to a scratch cache of its own, and a schedule rule that raises fails the test
+    instead of falling back (`pytestmark = pytest.mark.usefixtures("module_cache")`)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(compile_cache.CACHE_ENV, str(tmp_path_factory.mktemp("cache")))
+        mp.setenv(DEBUG_ENV, "1")
+        compile_cache.clear_memory()
+        yield
     compile_cache.clear_memory()
 
 

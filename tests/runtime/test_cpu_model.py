@@ -39,10 +39,6 @@ def _host_flags() -> set[str]:
     return set(line.split(":", 1)[1].split())
 
 
-def _module(shapes: list[tuple[int, ...]], body) -> tvm.IRModule:
-    return calibrate_mod._module(shapes, body)
-
-
 # --- the model ---------------------------------------------------------------------------------------------------
 
 
@@ -115,7 +111,7 @@ def test_contraction_tile_from_the_model() -> None:
 
 
 def _asm(target: Target, shapes: list[tuple[int, ...]], body) -> tuple[str, relax.VirtualMachine | None]:
-    library = tvm.compile(_module(shapes, body), target=target, relax_pipeline=cpu_pipeline(target))
+    library = tvm.compile(calibrate_mod.relax_module(shapes, body), target=target, relax_pipeline=cpu_pipeline(target))
     return library.mod.imports[0].inspect_source("asm"), library
 
 

@@ -8,7 +8,6 @@ that silently stayed in f32 (or silently left it) fails.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -24,12 +23,10 @@ from kiln.cli import main as cli_main
 from kiln.frontend.reparam import Quantizer, QuantScheme
 from kiln.ir import Builder, Graph, KilnError, PrecisionWarning, verify
 from kiln.ir.interpreter import param_value
-from kiln.runtime.tvm import compile_cache
 from kiln.runtime.tvm.compile import cache_key, compile_graph
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.lowp import resolve_precision
 from kiln.runtime.tvm.pipeline import cpu_pipeline
-from kiln.runtime.tvm.schedules.safe import DEBUG_ENV
 from kiln.runtime.tvm.target import cpu_target
 
 K, N = 1000, 77
@@ -37,14 +34,7 @@ U = 2.0 ** -24  # f32 unit roundoff
 AVX2 = Target({"kind": "llvm", "mcpu": "haswell"})  # no AVX512-BF16 on any CPU that runs these tests' builds
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(compile_cache.CACHE_ENV, str(tmp_path_factory.mktemp("cache")))
-        mp.setenv(DEBUG_ENV, "1")
-        compile_cache.clear_memory()
-        yield
-    compile_cache.clear_memory()
+pytestmark = pytest.mark.usefixtures("module_cache")  # a scratch cache; a failing schedule rule fails the test
 
 
 def bf16_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:

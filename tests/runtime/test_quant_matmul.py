@@ -7,8 +7,6 @@ numpy interpreter (`kiln.ir.ops.quant`'s reference semantics), for every value k
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import tvm
@@ -21,13 +19,11 @@ from kiln.frontend.step import build_step
 from kiln.ir import DType, Graph, TensorType, interpret, parse
 from kiln.ir.ops.quant import VALUE_RANGES, quantize
 from kiln.runtime.backend import set_default_backend
-from kiln.runtime.tvm import compile_cache
 from kiln.runtime.tvm.backend import TVMBackend
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.pipeline import cpu_pipeline
 from kiln.runtime.tvm.schedules import CPUMatmul
-from kiln.runtime.tvm.schedules.safe import DEBUG_ENV
 from kiln.runtime.tvm.target import cpu_target
 
 K, N = 64, 48
@@ -36,15 +32,7 @@ CASES = [(value, block) for value in VALUE_RANGES for block in BLOCKS]
 TARGET = cpu_target()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Builds go to a scratch cache, and a schedule rule that raises fails the test instead of falling back."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(compile_cache.CACHE_ENV, str(tmp_path_factory.mktemp("cache")))
-        mp.setenv(DEBUG_ENV, "1")
-        compile_cache.clear_memory()
-        yield
-    compile_cache.clear_memory()
+pytestmark = pytest.mark.usefixtures("module_cache")  # a scratch cache; a failing schedule rule fails the test
 
 
 def _name(value: str, block: str) -> str:

@@ -13,6 +13,7 @@ import tvm
 from tvm import relax, s_tir, te, tirx
 from tvm.s_tir import dlight as dl
 
+from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.pipeline import cpu_pipeline, cuda_pipeline
 from kiln.runtime.tvm.schedules import (
     CPUInjective,
@@ -38,17 +39,6 @@ Body = Callable[..., relax.Expr]
 def _rules_must_not_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     """A rule that raises would be skipped silently in production; here it fails the test."""
     monkeypatch.setenv(DEBUG_ENV, "1")
-
-
-def relax_module(shapes: list[tuple], body: Body) -> tvm.IRModule:
-    """`main(p0, p1, ...) = body(p0, p1, ...)` over float32 tensors of the given shapes."""
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"p{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(body(*params))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 def fused_prim_funcs(mod: tvm.IRModule, fast_math: bool = False) -> list[tirx.PrimFunc]:
