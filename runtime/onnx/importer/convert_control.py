@@ -1,7 +1,8 @@
-"""`Loop` with a trip count and conditions known at import, unrolled: the body is converted once per iteration
-with the iteration number, condition and loop-carried values bound, and each scan output's per-iteration values
-are stacked along a new leading axis. A loop whose carried values change shape, whose condition is computed at
-run time, or whose trip count is unknown is refused, naming the node."""
+"""`Loop` with a trip count and conditions known at import, and `Scan` (opset 9 on) over a sequence length known at
+import, unrolled: the body is converted once per iteration with the iteration number, condition (Loop) or scan
+elements (Scan) and the carried values bound, and each scan output's per-iteration values are stacked along a new
+axis. A loop whose carried values change shape, whose condition is computed at run time, or whose length is
+unknown is refused, naming the node."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kiln.ir import Value
+
 from .call import NodeCall, Output
+from .convert_shape import reshape_to
 from .registry import Unsupported, converts
 from .symbolic import ShapeVector
 
@@ -53,11 +57,7 @@ def _loop(call: NodeCall) -> Sequence[Output]:
             break
         outs = call.inline(body, [np.array(i, np.int64), np.array(going), *carried])
         going = _flag(outs[0], f"the body's condition at iteration {i}")
-        for k, (old, new) in enumerate(zip(carried, outs[1:1 + len(carried)])):
-            if isinstance(new, ShapeVector) or _shape(old) != _shape(new):
-                raise Unsupported(f"loop-carried value {k} changes from {_shape(old)} to {_shape(new)} at "
-                                  f"iteration {i}")
-        carried = list(outs[1:1 + len(carried)])
+        carried = _carry(carried, outs[1:1 + len(carried)], i)
         for scan, value in zip(scans, outs[1 + len(carried):]):
             scan.append(value)
     if scans and not scans[0]:
@@ -65,12 +65,65 @@ def _loop(call: NodeCall) -> Sequence[Output]:
     return (*carried, *(_stack(call, scan) for scan in scans))
 
 
-def _stack(call: NodeCall, values: list[Output]) -> Output:
-    """One scan output: the iterations' values along a new leading axis."""
+def _carry(old: Sequence[Output], new: Sequence[Output], i: int) -> list[Output]:
+    """The carried values after iteration i, which must keep their shapes."""
+    for k, (before, after) in enumerate(zip(old, new)):
+        if isinstance(after, ShapeVector) or _shape(before) != _shape(after):
+            raise Unsupported(f"loop-carried value {k} changes from {_shape(before)} to {_shape(after)} at "
+                              f"iteration {i}")
+    return list(new)
+
+
+@converts("Scan", since=9)
+def _scan(call: NodeCall) -> Sequence[Output]:
+    if call.inline is None:
+        raise Unsupported("Scan inside a folded sub-graph")
+    body, m = call.required("body"), int(call.required("num_scan_inputs"))
+    n = len(call.node.input) - m
+    carried: list[Output] = [call.input(i) for i in range(n)]
+    xs = [call.known[n + j] if call.known[n + j] is not None else call.input(n + j) for j in range(m)]
+    ranks = [x.ndim if isinstance(x, np.ndarray) else x.type.rank for x in xs]
+    axes = [a % r for a, r in zip(call.attr("scan_input_axes", [0] * m), ranks)]
+    lengths = {(x.shape if isinstance(x, np.ndarray) else x.type.shape)[a] for x, a in zip(xs, axes)}
+    if None in lengths:
+        raise Unsupported("the sequence length is known only at run time; kiln unrolls a Scan of a length known "
+                          "at import")
+    if len(lengths) != 1:
+        raise Unsupported(f"scan inputs of different lengths {sorted(lengths)}")
+    (length,) = lengths
+    if length > MAX_UNROLL:
+        raise Unsupported(f"sequence length {length} is more than the {MAX_UNROLL} iterations kiln unrolls")
+    backwards = call.attr("scan_input_directions", [0] * m)
+    scans: list[list[Output]] = [[] for _ in range(len(body.output) - n)]
+    for t in range(length):
+        elems = [_element(call, x, a, length - 1 - t if back else t) for x, a, back in zip(xs, axes, backwards)]
+        outs = call.inline(body, [*carried, *elems])
+        carried = _carry(carried, outs[:n], t)
+        for scan, value in zip(scans, outs[n:]):
+            scan.append(value)
+    if scans and not length:
+        raise Unsupported("a Scan of no iterations with scan outputs (their shape is unknown at import)")
+    out_axes = call.attr("scan_output_axes", [0] * len(scans))
+    reverse = call.attr("scan_output_directions", [0] * len(scans))
+    return (*carried, *(_stack(call, scan[::-1] if back else scan, a)
+                        for scan, a, back in zip(scans, out_axes, reverse)))
+
+
+def _element(call: NodeCall, x: np.ndarray | Value, axis: int, t: int) -> Output:
+    """Element t of scan input x along `axis`, the axis removed."""
+    if isinstance(x, np.ndarray):
+        return np.take(x, t, axis=axis)
+    part = call.emit("slice", x, starts=[t], ends=[t + 1], axes=[axis])
+    return reshape_to(call, part, [d for i, d in enumerate(ShapeVector.of(part).items) if i != axis])
+
+
+def _stack(call: NodeCall, values: list[Output], axis: int = 0) -> Output:
+    """One scan output: the iterations' values along a new axis (negative counts from the stacked rank)."""
     if all(isinstance(v, np.ndarray) for v in values):
-        return np.stack(values)  # type: ignore[arg-type]
+        return np.stack(values, axis)  # type: ignore[arg-type]
     parts = [call.constant(v) if isinstance(v, np.ndarray) else v for v in values]
     if any(isinstance(p, ShapeVector) for p in parts):
         raise Unsupported("a scan output that is a shape computed at run time")
-    rows = [call.emit("reshape", p, shape=(1, *(-1 if d is None else d for d in p.type.shape))) for p in parts]
-    return rows[0] if len(rows) == 1 else call.emit("concat", *rows, axis=0)
+    axis %= parts[0].type.rank + 1
+    rows = [reshape_to(call, p, [*(items := ShapeVector.of(p).items)[:axis], 1, *items[axis:]]) for p in parts]
+    return rows[0] if len(rows) == 1 else call.emit("concat", *rows, axis=axis)
