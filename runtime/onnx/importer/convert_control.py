@@ -83,6 +83,8 @@ def _scan(call: NodeCall) -> Sequence[Output]:
     carried: list[Output] = [call.input(i) for i in range(n)]
     xs = [call.known[n + j] if call.known[n + j] is not None else call.input(n + j) for j in range(m)]
     ranks = [x.ndim if isinstance(x, np.ndarray) else x.type.rank for x in xs]
+    if 0 in ranks:
+        raise Unsupported(f"scan input {ranks.index(0)} is a scalar; a scan input needs an axis to slice")
     axes = [a % r for a, r in zip(call.attr("scan_input_axes", [0] * m), ranks)]
     lengths = {(x.shape if isinstance(x, np.ndarray) else x.type.shape)[a] for x, a in zip(xs, axes)}
     if None in lengths:

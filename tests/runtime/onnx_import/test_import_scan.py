@@ -20,7 +20,8 @@ F = TensorProto.FLOAT
 
 
 def scan_model(x_dims: list, axis: int, backwards: int, out_axis: int, out_backwards: int):
-    """h, ys = Scan(h0, x): h carries h * 0.5 + x_t, and each step scans (h * 0.5 + x_t) * 2."""
+    """h, ys = Scan(h0, x): h carries h * 0.5 + x_t, and each step scans (h * 0.5 + x_t) * 2 (x_dims without the
+    scan axis are h0's dims)."""
     info = helper.make_tensor_value_info
     body = helper.make_graph(
         [helper.make_node("Mul", ["h", "half"], ["scaled"]), helper.make_node("Add", ["scaled", "x_t"], ["h_out"]),
@@ -30,7 +31,7 @@ def scan_model(x_dims: list, axis: int, backwards: int, out_axis: int, out_backw
     node = helper.make_node("Scan", ["h0", "x"], ["h", "ys"], name="scan", body=body, num_scan_inputs=1,
                             scan_input_axes=[axis], scan_input_directions=[backwards], scan_output_axes=[out_axis],
                             scan_output_directions=[out_backwards])
-    h_dims = [d for i, d in enumerate(x_dims) if i != axis % len(x_dims)]
+    h_dims = [d for i, d in enumerate(x_dims) if i != axis % max(len(x_dims), 1)]
     graph = helper.make_graph([node], "g", [info("h0", F, h_dims), info("x", F, x_dims)],
                               [info("h", F, None), info("ys", F, None)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)], ir_version=8)
@@ -63,7 +64,10 @@ def test_scan_over_a_static_length_keeps_a_dynamic_batch() -> None:
                                             "x": rng.standard_normal((batch, 5, 3)).astype(np.float32)})
 
 
-def test_scan_of_a_run_time_length_is_named() -> None:
-    with pytest.raises(UnsupportedModel, match=r"scan \(Scan, opset 16\): the sequence length is known only at "
-                                               r"run time"):
-        import_graph(scan_model([4, "seq", 3], 1, 0, 0, 0))
+@pytest.mark.parametrize("x_dims, reason", [
+    ([4, "seq", 3], r"the sequence length is known only at run time"),
+    ([], r"scan input 0 is a scalar; a scan input needs an axis to slice"),
+])
+def test_scans_kiln_cannot_unroll_are_named(x_dims: list, reason: str) -> None:
+    with pytest.raises(UnsupportedModel, match=r"scan \(Scan, opset 16\): " + reason):
+        import_graph(scan_model(x_dims, 1, 0, 0, 0))
