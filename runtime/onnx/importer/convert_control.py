@@ -1,5 +1,5 @@
-"""`Loop` with a trip count and conditions known at import, and `Scan` (opset 9 on) over a sequence length known at
-import, unrolled: the body is converted once per iteration with the iteration number, condition (Loop) or scan
+"""`Loop` with a trip count and conditions known at import, and `Scan` over a sequence length (Scan-8: and batch) known
+at import, unrolled: the body is converted once per iteration with the iteration number, condition (Loop) or scan
 elements (Scan) and the carried values bound, and each scan output's per-iteration values are stacked along a new
 axis. A loop whose carried values change shape, whose condition is computed at run time, or whose length is
 unknown is refused, naming the node."""
@@ -78,14 +78,44 @@ def _carry(old: Sequence[Output], new: Sequence[Output], i: int) -> list[Output]
 def _scan(call: NodeCall) -> Sequence[Output]:
     if call.inline is None:
         raise Unsupported("Scan inside a folded sub-graph")
-    body, m = call.required("body"), int(call.required("num_scan_inputs"))
+    m = int(call.required("num_scan_inputs"))
     n = len(call.node.input) - m
-    carried: list[Output] = [call.input(i) for i in range(n)]
     xs = [call.known[n + j] if call.known[n + j] is not None else call.input(n + j) for j in range(m)]
+    k = len(call.required("body").output) - n
+    return _unroll(call, [call.input(i) for i in range(n)], xs, call.attr("scan_input_axes", [0] * m),
+                   call.attr("scan_input_directions", [0] * m), call.attr("scan_output_axes", [0] * k),
+                   call.attr("scan_output_directions", [0] * k))
+
+
+@converts("Scan", since=8, until=8)
+def _scan8(call: NodeCall) -> Sequence[Output]:
+    """Scan-8: every state and scan input has a leading batch axis (known at import), each batch row scanned
+    along axis 1 as Scan-9 scans along axis 0; `sequence_lens` must be absent (every row the full length)."""
+    if call.inline is None:
+        raise Unsupported("Scan inside a folded sub-graph")
+    if call.present(0):
+        raise Unsupported("Scan-8 with sequence_lens: kiln scans every batch row to the full length")
+    m = int(call.required("num_scan_inputs"))
+    n = len(call.node.input) - 1 - m
+    inputs = [call.known[i] if call.known[i] is not None else call.input(i) for i in range(1, len(call.node.input))]
+    batches = {(x.shape if isinstance(x, np.ndarray) else x.type.shape)[0] for x in inputs}
+    if None in batches or len(batches) != 1:
+        raise Unsupported(f"Scan-8 batch dims {sorted(map(str, batches))}: kiln needs one batch size known at import")
+    k = len(call.required("body").output) - n
+    rows = [_unroll(call, [_element(call, x, 0, b) for x in inputs[:n]], [_element(call, x, 0, b) for x in inputs[n:]],
+                    [0] * m, call.attr("directions", [0] * m), [0] * k, [0] * k) for b in range(batches.pop())]
+    return [_stack(call, list(values)) for values in zip(*rows)]
+
+
+def _unroll(call: NodeCall, carried: list[Output], xs: list[np.ndarray | Value], axes: Sequence[int],
+            backwards: Sequence[int], out_axes: Sequence[int], reverse: Sequence[int]) -> list[Output]:
+    """Scan's outputs, its body converted once per element of the scan inputs along `axes` (`backwards`: from the
+    end), each scan output stacked along its `out_axes` (`reverse`: last iteration first)."""
+    body, n = call.required("body"), len(carried)
     ranks = [x.ndim if isinstance(x, np.ndarray) else x.type.rank for x in xs]
     if 0 in ranks:
         raise Unsupported(f"scan input {ranks.index(0)} is a scalar; a scan input needs an axis to slice")
-    axes = [a % r for a, r in zip(call.attr("scan_input_axes", [0] * m), ranks)]
+    axes = [a % r for a, r in zip(axes, ranks)]
     lengths = {(x.shape if isinstance(x, np.ndarray) else x.type.shape)[a] for x, a in zip(xs, axes)}
     if None in lengths:
         raise Unsupported("the sequence length is known only at run time; kiln unrolls a Scan of a length known "
@@ -95,7 +125,6 @@ def _scan(call: NodeCall) -> Sequence[Output]:
     (length,) = lengths
     if length > MAX_UNROLL:
         raise Unsupported(f"sequence length {length} is more than the {MAX_UNROLL} iterations kiln unrolls")
-    backwards = call.attr("scan_input_directions", [0] * m)
     scans: list[list[Output]] = [[] for _ in range(len(body.output) - n)]
     for t in range(length):
         elems = [_element(call, x, a, length - 1 - t if back else t) for x, a, back in zip(xs, axes, backwards)]
@@ -105,10 +134,8 @@ def _scan(call: NodeCall) -> Sequence[Output]:
             scan.append(value)
     if scans and not length:
         raise Unsupported("a Scan of no iterations with scan outputs (their shape is unknown at import)")
-    out_axes = call.attr("scan_output_axes", [0] * len(scans))
-    reverse = call.attr("scan_output_directions", [0] * len(scans))
-    return (*carried, *(_stack(call, scan[::-1] if back else scan, a)
-                        for scan, a, back in zip(scans, out_axes, reverse)))
+    return [*carried, *(_stack(call, scan[::-1] if back else scan, a)
+                        for scan, a, back in zip(scans, out_axes, reverse))]
 
 
 def _element(call: NodeCall, x: np.ndarray | Value, axis: int, t: int) -> Output:

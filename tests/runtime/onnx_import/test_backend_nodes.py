@@ -29,7 +29,6 @@ REASONS = {
     "bn-training": "BatchNormalization with training_mode = 1 (batch statistics, running-stat outputs): kiln "
                    "imports models for inference",
     "resize-crop": "Resize tf_crop_and_resize (roi, extrapolation_value): kiln's resize has no region of interest",
-    "scan-8": "Scan-8's batch axis and sequence_lens: kiln unrolls Scan from opset 9 (no batch axis)",
     "castlike-fold": "Pad's constant value is a CastLike of a constant to a run-time tensor's dtype, which the "
                      "importer does not fold (it folds a node whose inputs are all known)",
 }

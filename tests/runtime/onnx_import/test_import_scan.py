@@ -1,4 +1,4 @@
-"""ONNX Scan (opset 9 on) unrolled at import (convert_control.py): outputs against onnxruntime, refusals named.
+"""ONNX Scan unrolled at import (convert_control.py): outputs against onnxruntime, refusals named.
 
 Scan-16: "the scan_inputs ... are sliced along the scan axis ... the state variables ... are passed as inputs to
 the body", "scan_input_directions ... 0 indicates forward direction and 1 indicates reverse", "scan_output_axes
@@ -19,22 +19,27 @@ from kiln.runtime.onnx.importer.driver import UnsupportedModel, import_graph
 F = TensorProto.FLOAT
 
 
-def scan_model(x_dims: list, axis: int, backwards: int, out_axis: int, out_backwards: int):
+def scan_model(x_dims: list, axis: int, backwards: int, out_axis: int, out_backwards: int, scan8: bool = False):
     """h, ys = Scan(h0, x): h carries h * 0.5 + x_t, and each step scans (h * 0.5 + x_t) * 2 (x_dims without the
-    scan axis are h0's dims)."""
+    scan axis are h0's dims); `scan8`: Scan-8, batch axis 0 and scan axis 1, `backwards` its `directions`."""
     info = helper.make_tensor_value_info
     body = helper.make_graph(
         [helper.make_node("Mul", ["h", "half"], ["scaled"]), helper.make_node("Add", ["scaled", "x_t"], ["h_out"]),
          helper.make_node("Mul", ["h_out", "two"], ["y_t"])], "body",
         [info("h", F, None), info("x_t", F, None)], [info("h_out", F, None), info("y_t", F, None)],
         [numpy_helper.from_array(np.float32(0.5), "half"), numpy_helper.from_array(np.float32(2.0), "two")])
-    node = helper.make_node("Scan", ["h0", "x"], ["h", "ys"], name="scan", body=body, num_scan_inputs=1,
-                            scan_input_axes=[axis], scan_input_directions=[backwards], scan_output_axes=[out_axis],
-                            scan_output_directions=[out_backwards])
+    if scan8:
+        node = helper.make_node("Scan", ["", "h0", "x"], ["h", "ys"], name="scan", body=body, num_scan_inputs=1,
+                                directions=[backwards])
+        axis = 1
+    else:
+        node = helper.make_node("Scan", ["h0", "x"], ["h", "ys"], name="scan", body=body, num_scan_inputs=1,
+                                scan_input_axes=[axis], scan_input_directions=[backwards],
+                                scan_output_axes=[out_axis], scan_output_directions=[out_backwards])
     h_dims = [d for i, d in enumerate(x_dims) if i != axis % max(len(x_dims), 1)]
     graph = helper.make_graph([node], "g", [info("h0", F, h_dims), info("x", F, x_dims)],
                               [info("h", F, None), info("ys", F, None)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)], ir_version=8)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8 if scan8 else 16)], ir_version=8)
 
 
 def _assert_matches_onnxruntime(model, feeds: dict[str, np.ndarray]) -> None:
@@ -71,3 +76,22 @@ def test_scan_over_a_static_length_keeps_a_dynamic_batch() -> None:
 def test_scans_kiln_cannot_unroll_are_named(x_dims: list, reason: str) -> None:
     with pytest.raises(UnsupportedModel, match=r"scan \(Scan, opset 16\): " + reason):
         import_graph(scan_model(x_dims, 1, 0, 0, 0))
+
+
+
+@pytest.mark.parametrize("backwards", [0, 1])
+def test_scan_8_scans_each_batch_row(backwards: int) -> None:
+    """Scan-8: "All inputs and outputs have a batch axis ... the first axis", the scan axis the second; with
+    `directions` 1 a row is scanned from its end; `sequence_lens` omitted: every row has the full length."""
+    rng = np.random.default_rng(8 + backwards)
+    _assert_matches_onnxruntime(scan_model([2, 4, 3], 0, backwards, 0, 0, scan8=True),
+                                {"h0": rng.standard_normal((2, 3)).astype(np.float32),
+                                 "x": rng.standard_normal((2, 4, 3)).astype(np.float32)})
+
+
+def test_scan_8_with_sequence_lens_is_named() -> None:
+    model = scan_model([2, 4, 3], 0, 0, 0, 0, scan8=True)
+    model.graph.node[0].input[0] = "lens"
+    model.graph.initializer.append(numpy_helper.from_array(np.array([4, 2], np.int32), "lens"))
+    with pytest.raises(UnsupportedModel, match=r"scan \(Scan, opset 8\): Scan-8 with sequence_lens"):
+        import_graph(model)
