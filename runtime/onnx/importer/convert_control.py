@@ -78,13 +78,33 @@ def _carry(old: Sequence[Output], new: Sequence[Output], i: int) -> list[Output]
 def _scan(call: NodeCall) -> Sequence[Output]:
     if call.inline is None:
         raise Unsupported("Scan inside a folded sub-graph")
-    m = int(call.required("num_scan_inputs"))
-    n = len(call.node.input) - m
+    n, m, k = _counts(call, len(call.node.input))
     xs = [call.known[n + j] if call.known[n + j] is not None else call.input(n + j) for j in range(m)]
-    k = len(call.required("body").output) - n
-    return _unroll(call, [call.input(i) for i in range(n)], xs, call.attr("scan_input_axes", [0] * m),
-                   call.attr("scan_input_directions", [0] * m), call.attr("scan_output_axes", [0] * k),
-                   call.attr("scan_output_directions", [0] * k))
+    return _unroll(call, [call.input(i) for i in range(n)], xs, _per(call, "scan_input_axes", m),
+                   _per(call, "scan_input_directions", m), _per(call, "scan_output_axes", k),
+                   _per(call, "scan_output_directions", k))
+
+
+def _counts(call: NodeCall, inputs: int) -> tuple[int, int, int]:
+    """Scan's state, scan-input and scan-output counts (of `inputs` state and scan inputs), checked against its
+    body's inputs and outputs."""
+    body, m = call.required("body"), int(call.required("num_scan_inputs"))
+    if not 1 <= m <= inputs:
+        raise Unsupported(f"num_scan_inputs = {m} for a Scan of {inputs} state and scan inputs")
+    if len(body.input) != inputs:
+        raise Unsupported(f"the body takes {len(body.input)} inputs, not the Scan's {inputs}")
+    n = inputs - m
+    if len(body.output) < n:
+        raise Unsupported(f"the body gives {len(body.output)} outputs for {n} state variables")
+    return n, m, len(body.output) - n
+
+
+def _per(call: NodeCall, name: str, count: int) -> list[int]:
+    """An attribute of one int per scan input or output (default all 0), checked to be that many."""
+    values = [int(v) for v in call.attr(name, [0] * count)]
+    if len(values) != count:
+        raise Unsupported(f"{name} has {len(values)} entries for {count} scan inputs or outputs")
+    return values
 
 
 @converts("Scan", since=8, until=8)
@@ -95,15 +115,13 @@ def _scan8(call: NodeCall) -> Sequence[Output]:
         raise Unsupported("Scan inside a folded sub-graph")
     if call.present(0):
         raise Unsupported("Scan-8 with sequence_lens: kiln scans every batch row to the full length")
-    m = int(call.required("num_scan_inputs"))
-    n = len(call.node.input) - 1 - m
+    n, m, k = _counts(call, len(call.node.input) - 1)
     inputs = [call.known[i] if call.known[i] is not None else call.input(i) for i in range(1, len(call.node.input))]
     batches = {(x.shape if isinstance(x, np.ndarray) else x.type.shape)[0] for x in inputs}
     if None in batches or len(batches) != 1:
         raise Unsupported(f"Scan-8 batch dims {sorted(map(str, batches))}: kiln needs one batch size known at import")
-    k = len(call.required("body").output) - n
     rows = [_unroll(call, [_element(call, x, 0, b) for x in inputs[:n]], [_element(call, x, 0, b) for x in inputs[n:]],
-                    [0] * m, call.attr("directions", [0] * m), [0] * k, [0] * k) for b in range(batches.pop())]
+                    [0] * m, _per(call, "directions", m), [0] * k, [0] * k) for b in range(batches.pop())]
     return [_stack(call, list(values)) for values in zip(*rows)]
 
 
@@ -115,6 +133,9 @@ def _unroll(call: NodeCall, carried: list[Output], xs: list[np.ndarray | Value],
     ranks = [x.ndim if isinstance(x, np.ndarray) else x.type.rank for x in xs]
     if 0 in ranks:
         raise Unsupported(f"scan input {ranks.index(0)} is a scalar; a scan input needs an axis to slice")
+    for j, (a, r) in enumerate(zip(axes, ranks)):
+        if not -r <= a < r:
+            raise Unsupported(f"scan axis {a} of scan input {j}, of rank {r}")
     axes = [a % r for a, r in zip(axes, ranks)]
     lengths = {(x.shape if isinstance(x, np.ndarray) else x.type.shape)[a] for x, a in zip(xs, axes)}
     if None in lengths:
@@ -153,6 +174,9 @@ def _stack(call: NodeCall, values: list[Output], axis: int = 0) -> Output:
     parts = [call.constant(v) if isinstance(v, np.ndarray) else v for v in values]
     if any(isinstance(p, ShapeVector) for p in parts):
         raise Unsupported("a scan output that is a shape computed at run time")
-    axis %= parts[0].type.rank + 1
+    rank = parts[0].type.rank + 1
+    if not -rank <= axis < rank:
+        raise Unsupported(f"scan output axis {axis} for outputs of rank {rank}")
+    axis %= rank
     rows = [reshape_to(call, p, [*(items := ShapeVector.of(p).items)[:axis], 1, *items[axis:]]) for p in parts]
     return rows[0] if len(rows) == 1 else call.emit("concat", *rows, axis=axis)

@@ -89,6 +89,23 @@ def test_scan_8_scans_each_batch_row(backwards: int) -> None:
                                  "x": rng.standard_normal((2, 4, 3)).astype(np.float32)})
 
 
+@pytest.mark.parametrize("attr, value, reason", [
+    ("num_scan_inputs", 3, r"num_scan_inputs = 3 for a Scan of 2 state and scan inputs"),
+    ("scan_input_axes", [0, 1], r"scan_input_axes has 2 entries for 1 scan inputs or outputs"),
+    ("scan_input_axes", [3], r"scan axis 3 of scan input 0, of rank 3"),
+    ("scan_output_axes", [-4], r"scan output axis -4 for outputs of rank 3"),
+])
+def test_scan_attributes_that_do_not_fit_are_named(attr: str, value, reason: str) -> None:
+    """Every attribute list has "one value for each scan input" (output), and an axis "in the range [-r, r-1]"."""
+    model = scan_model([4, 5, 3], 0, 0, 0, 0)
+    node = model.graph.node[0]
+    (old,) = [a for a in node.attribute if a.name == attr]
+    node.attribute.remove(old)
+    node.attribute.append(helper.make_attribute(attr, value))
+    with pytest.raises(UnsupportedModel, match=r"scan \(Scan, opset 16\): " + reason):
+        import_graph(model)
+
+
 def test_scan_8_with_sequence_lens_is_named() -> None:
     model = scan_model([2, 4, 3], 0, 0, 0, 0, scan8=True)
     model.graph.node[0].input[0] = "lens"
