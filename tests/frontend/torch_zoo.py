@@ -1,9 +1,12 @@
-"""Ecosystem-style models in plain torch, tiny widths and random weights (no downloads), as torchvision, timm and
-Hugging Face build them: a ResNet of BasicBlocks, a MobileNetV3 of inverted residuals with squeeze-excite and
-hard-swish, a ViT, a BERT-style encoder, and a per-token MLP. `tests/frontend/test_onnx_ecosystem.py` and
-`bench/onnx_models.py` export them with `torch.onnx.export`."""
+"""Ecosystem-style models in plain torch, tiny widths and random weights (no downloads), as torchvision, timm,
+Ultralytics and Hugging Face build them: a ResNet of BasicBlocks, a MobileNetV3 of inverted residuals with
+squeeze-excite and hard-swish, a ViT, a BERT-style encoder, a per-token MLP, a YOLOv5-style detector and a
+GPT-2-style decoder. `tests/frontend/test_onnx_ecosystem.py` and `bench/onnx_models.py` export them with
+`torch.onnx.export`."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -161,6 +164,101 @@ class TokenMLP(nn.Module):
         return torch.tanh(self.fc2(F.relu(self.fc1(x))))
 
 
+class ConvBnSiLU(nn.Module):
+    def __init__(self, cin, cout, k=3, stride=1):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, k, stride, k // 2, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+
+    def forward(self, x):
+        return F.silu(self.bn(self.conv(x)))
+
+
+class Yolo(nn.Module):
+    """A YOLOv5-style detector: a strided Conv/BN/SiLU backbone, a nearest-upsample + Concat neck, two 1x1 heads
+    whose grids are decoded into boxes (sigmoid, meshgrid offsets, anchor sizes) and scored without NMS:
+    out[batch, boxes, 6] holds x1, y1, x2, y2, score, class."""
+
+    def __init__(self, width=8, classes=3, anchors=((10, 13), (16, 30), (33, 23))):
+        super().__init__()
+        self.classes, self.anchors = classes, len(anchors)
+        self.stem = ConvBnSiLU(3, width, 3, 2)
+        self.down1 = ConvBnSiLU(width, 2 * width, 3, 2)
+        self.down2 = ConvBnSiLU(2 * width, 4 * width, 3, 2)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.fuse = ConvBnSiLU(6 * width, 2 * width, 1)
+        self.heads = nn.ModuleList(nn.Conv2d(c, len(anchors) * (5 + classes), 1) for c in (2 * width, 4 * width))
+        self.register_buffer("anchor_grid", torch.tensor(anchors, dtype=torch.float32).view(1, -1, 1, 1, 2))
+
+    def _decode(self, p, stride, scale):
+        b, _, h, w = p.shape
+        p = p.view(b, self.anchors, 5 + self.classes, h, w).permute(0, 1, 3, 4, 2).sigmoid()
+        ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        grid = torch.stack((xs, ys), 2).view(1, 1, h, w, 2).float()
+        xy, wh, conf = p.split((2, 2, 1 + self.classes), 4)
+        xy = (xy * 2 - 0.5 + grid) * stride
+        wh = (wh * 2) ** 2 * (self.anchor_grid * scale)
+        return torch.cat((xy, wh, conf), 4).view(b, -1, 5 + self.classes)
+
+    def forward(self, x):
+        x = self.stem(x)
+        small = self.down1(x)
+        large = self.down2(small)
+        small = self.fuse(torch.cat((self.up(large), small), 1))
+        boxes = torch.cat((self._decode(self.heads[0](small), 4.0, 0.5),
+                           self._decode(self.heads[1](large), 8.0, 1.0)), 1)
+        xy, wh, obj, cls = boxes.split((2, 2, 1, self.classes), 2)
+        score, label = (obj * cls).max(2, keepdim=True)
+        return torch.cat((xy - wh / 2, xy + wh / 2, score, label.float()), 2)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.c_attn = nn.Linear(d, 3 * d)
+        self.c_proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in self.c_attn(x).split(d, 2))
+        att = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(d // self.heads))
+        causal = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+        att = att.masked_fill(causal, float("-inf")).softmax(-1)
+        return self.c_proj((att @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln_1, self.attn = nn.LayerNorm(d), CausalSelfAttention(d, heads)
+        self.ln_2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(approximate="tanh"), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2(nn.Module):
+    """A GPT-2-style decoder as Hugging Face builds it: learned positions, pre-norm blocks with a causal mask
+    (`triu` + `masked_fill(-inf)`), tanh-approximated GELU, and an LM head tied to the token embedding."""
+
+    def __init__(self, vocab=50, max_seq=16, d=16, depth=2, heads=2):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(max_seq, d)
+        self.blocks = nn.ModuleList(GPT2Block(d, heads) for _ in range(depth))
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, input_ids):
+        x = self.wte(input_ids) + self.wpe(torch.arange(input_ids.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
 def zoo() -> dict[str, tuple[nn.Module, tuple[torch.Tensor, ...], list[str]]]:
     """{name: (model in eval mode, example inputs at batch 2, input names)}, weights from torch's seed 0."""
     torch.manual_seed(0)
@@ -171,15 +269,22 @@ def zoo() -> dict[str, tuple[nn.Module, tuple[torch.Tensor, ...], list[str]]]:
               "resnet": (ResNet(), (torch.randn(2, 3, 32, 32),), ["x"]),
               "mobilenetv3": (MobileNetV3(), (torch.randn(2, 3, 32, 32),), ["x"]),
               "vit": (ViT(), (torch.randn(2, 3, 16, 16),), ["x"]),
-              "bert": (Bert(), (ids, mask), ["input_ids", "attention_mask"])}
+              "bert": (Bert(), (ids, mask), ["input_ids", "attention_mask"]),
+              "yolo": (Yolo(), (torch.randn(2, 3, 64, 64),), ["x"]),
+              "gpt2": (GPT2(), (torch.randint(0, 50, (2, 8)),), ["input_ids"])}
     for model, _, _ in models.values():
         model.eval()
     return models
 
 
-def export(model: nn.Module, inputs: tuple[torch.Tensor, ...], names: list[str], opset: int) -> bytes:
-    """The model as ONNX bytes from torch's TorchScript exporter, batch dynamic (the dynamo exporter needs
-    onnxscript, which is not installed)."""
+DYNAMIC_AXES = {"gpt2": {0: "batch", 1: "seq"}}
+"""Models whose inputs and output have run-time dims besides the batch (a decoder's sequence)."""
+
+
+def export(model: nn.Module, inputs: tuple[torch.Tensor, ...], names: list[str], opset: int,
+           axes: dict[int, str] | None = None) -> bytes:
+    """The model as ONNX bytes from torch's TorchScript exporter, `axes` of every input and the output dynamic
+    (default: the batch; the dynamo exporter needs onnxscript, which is not installed)."""
     import io
     import warnings
 
@@ -187,5 +292,5 @@ def export(model: nn.Module, inputs: tuple[torch.Tensor, ...], names: list[str],
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, inputs, f, opset_version=opset, input_names=names, output_names=["out"],
-                          dynamic_axes={n: {0: "batch"} for n in [*names, "out"]}, dynamo=False)
+                          dynamic_axes={n: axes or {0: "batch"} for n in [*names, "out"]}, dynamo=False)
     return f.getvalue()

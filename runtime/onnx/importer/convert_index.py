@@ -1,5 +1,5 @@
-"""Converters of ONNX's indexing and contraction ops: Tile, ScatterND (every reduction), ScatterElements and
-Einsum.
+"""Converters of ONNX's indexing and contraction ops: Tile, ScatterND (every reduction), ScatterElements, Trilu
+and Einsum.
 
 Einsum in general: an ellipsis becomes letters of its own, a letter repeated in one operand takes that operand's
 diagonal first (a strided slice of the two axes merged); operands are then contracted left to right as batched
@@ -14,9 +14,10 @@ import string
 
 import numpy as np
 
-from kiln.ir import Value
+from kiln.ir import DType, Value
 
 from .call import NodeCall
+from .convert_shape import ones_like
 from .registry import Unsupported, converts
 
 
@@ -24,6 +25,23 @@ from .registry import Unsupported, converts
 def _tile(call: NodeCall) -> Value:
     repeats = call.value(1, "the repeats")
     return call.emit("tile", call.input(0), repeats=tuple(int(r) for r in np.asarray(repeats).reshape(-1)))
+
+
+@converts("Trilu", since=14)
+def _trilu(call: NodeCall) -> Value:
+    """x kept on and above (upper) or below diagonal k of its last two axes, zero elsewhere: the keep mask compares
+    column minus row (exclusive cumsums of ones, so `?` dims work, as torch's causal `triu(ones(t, t))` needs)."""
+    x = call.input(0)
+    if x.type.rank < 2:
+        raise Unsupported(f"Trilu of {x.type}: it needs rank 2 or more")
+    k = call.value(1, "k")
+    k = 0 if k is None else int(np.reshape(k, -1)[0])
+    ones = ones_like(call, x, DType.i64)
+    rows, cols = (call.emit("cumsum", ones, axis=x.type.rank - a, exclusive=True) for a in (2, 1))
+    offset = call.emit("sub", cols, rows)
+    keep = (call.emit("greater", offset, call.constant(k - 1, like=offset)) if call.attr("upper", 1)
+            else call.emit("less", offset, call.constant(k + 1, like=offset)))
+    return call.emit("where", keep, x, call.constant(0, like=x))
 
 
 @converts("ScatterND", since=11)

@@ -213,8 +213,11 @@ def _unsqueeze(call: NodeCall) -> Output:
 
 @converts("Expand", since=8)
 def _expand(call: NodeCall) -> Output:
-    x = call.input(0)
-    target = _target_shape(call)
+    return expand_to(call, call.input(0), _target_shape(call))
+
+
+def expand_to(call: NodeCall, x: Value, target: ShapeVector) -> Value:
+    """x broadcast (ONNX's bidirectional Expand) to `target`, whose run-time dims must be 1s of x."""
     rank = max(len(target.items), x.type.rank)
     have = [1] * (rank - x.type.rank) + list(x.type.shape)
     want = [1] * (rank - len(target.items)) + list(target.items)
@@ -252,9 +255,12 @@ def _mask_along(call: NodeCall, dim: DimOf, axis: int, rank: int) -> Value:
 
 @converts("ConstantOfShape", since=9)
 def _constant_of_shape(call: NodeCall) -> Output:
-    shape = call.value(0, "the shape")
     fill = call.attr("value")
     fill = np.zeros(1, np.float32) if fill is None else fill
+    vector = call.vector(0)
+    if vector is not None and vector.static() is None:  # torch's ones(n, n) for a run-time n
+        return expand_to(call, call.constant(fill.reshape([1] * len(vector.items))), vector)
+    shape = call.value(0, "the shape")
     return np.full([int(d) for d in shape], fill.reshape(-1)[0], fill.dtype)
 
 
@@ -277,7 +283,12 @@ def _range_of_dim(call: NodeCall, n: DimOf) -> Value:
     v, rank = n.value, n.value.type.rank
     others = [a for a in range(rank) if a != n.axis]
     row = call.emit("slice", v, starts=[0] * len(others), ends=[1] * len(others), axes=others) if others else v
-    true = call.emit("cast", call.emit("reshape", row, v, shape=[-1], copy=[n.axis]), dtype=DType.bool)
-    every = call.emit("logical_or", true, call.emit("logical_not", true))
-    ones = call.emit("cast", every, dtype=DType.from_numpy(start.dtype))
+    ones = ones_like(call, call.emit("reshape", row, v, shape=[-1], copy=[n.axis]), DType.from_numpy(start.dtype))
     return call.emit("cumsum", ones, axis=0, exclusive=True)
+
+
+def ones_like(call: NodeCall, v: Value, dtype: DType) -> Value:
+    """Ones of `dtype` in v's shape, `?` dims included: v cast to bool and or-ed with its negation, so its contents
+    never matter."""
+    true = call.emit("cast", v, dtype=DType.bool)
+    return call.emit("cast", call.emit("logical_or", true, call.emit("logical_not", true)), dtype=dtype)

@@ -175,6 +175,13 @@ CASES = [
     # Scatter-9: "deprecated. Please use ScatterElements, which provides the same functionality"
     Case("scatter-9", "Scatter", 9, [f32(3, 3), Const(np.array([[1, 0, 2]], np.int64)), f32(1, 3)],
          oracle=("ScatterElements", 11)),
+    # Trilu: "returns the upper or lower triangular part of a 2-D matrix, or batches of 2-D matrices ... A
+    # positive k value includes as many diagonals above the main diagonal", "a negative k value excludes"
+    Case("triu", "Trilu", 14, [f32(4, 5)]),
+    Case("triu-k-positive-batched", "Trilu", 14, [f32(2, 3, 4), Const(np.array(1, np.int64))]),
+    Case("triu-k-past-the-matrix", "Trilu", 14, [f32(3, 4), Const(np.array(6, np.int64))]),
+    Case("tril-k-negative", "Trilu", 14, [f32(5, 3), Const(np.array(-1, np.int64))], {"upper": 0}),
+    Case("tril-bool", "Trilu", 14, [f32(4, 4) > 0], {"upper": 0}),
     # Einsum: the batched-matmul forms of attention and bilinear layers
     Case("einsum-attention", "Einsum", 12, [f32(2, 3, 4, 5), f32(2, 3, 6, 5)], {"equation": "bhid,bhjd->bhij"}),
     Case("einsum-attention-values", "Einsum", 12, [f32(2, 3, 4, 6), f32(2, 3, 6, 5)],
@@ -232,6 +239,8 @@ def test_every_converter_of_these_families_has_a_case() -> None:
      r"reduction = 'sub'"),
     ("TopK", 11, [X, np.array([2], np.int64)], {}, r"k \(input 1\) is computed at run time"),
     ("Mod", 13, [X, X], {"fmod": 1}, r"Mod of f32 tensors"),
+    ("Trilu", 14, [f32(3, 3), np.array(1, np.int64)], {}, r"k \(input 1\) is computed at run time"),
+    ("Trilu", 14, [f32(3)], {}, r"Trilu of tensor<3xf32>: it needs rank 2 or more"),
     ("ReduceSum", 13, [X3, np.array([1], np.int64)], {}, r"the axes \(input 1\) is computed at run time"),
 ])
 def test_unsupported_forms_name_the_node_and_the_reason(op: str, opset: int, inputs: list, attrs: dict,

@@ -263,3 +263,24 @@ def test_external_data_past_2_gib_is_mapped_not_read(tmp_path: Path):
     data = graph.params["w"].data
     assert isinstance(data, np.memmap) and data.offset == offset
     np.testing.assert_array_equal(interpret(graph, [np.ones(4, F32)])[0], weight + 1)
+
+
+def test_causal_mask_of_a_run_time_length_stays_dynamic():
+    """torch's GPT-2 mask `triu(ones(t, t, dtype=bool), 1)` over a run-time t exports as Shape -> Gather -> Concat ->
+    ConstantOfShape -> Trilu -> Where: ConstantOfShape "generate[s] a tensor with given value and shape" where the
+    shape is only known at run time, and Trilu keeps the `?` dims; one import serves every length."""
+    nodes = [helper.make_node("Shape", ["s"], ["shape"]), helper.make_node("Gather", ["shape", "one"], ["t"]),
+             helper.make_node("Unsqueeze", ["t", "axes"], ["tu"]),
+             helper.make_node("Concat", ["tu", "tu"], ["tt"], axis=0),
+             helper.make_node("ConstantOfShape", ["tt"], ["ones"],
+                              value=onnx.numpy_helper.from_array(np.array([True]))),
+             helper.make_node("Trilu", ["ones", "one"], ["causal"], upper=1),
+             helper.make_node("Where", ["causal", "ninf", "s"], ["y"])]
+    onnx_model = model(nodes, {"s": (F32, ["batch", "seq", "seq"])}, ["y"],
+                       initializers={"one": np.array(1, I64), "axes": np.array([0], I64),
+                                     "ninf": np.array(-np.inf, F32)})
+    graph = import_graph(onnx_model)
+    assert graph.functions["forward"].results[0].type.shape == (None, None, None)
+    for batch, seq in ((1, 2), (3, 5)):
+        assert_matches_reference(graph, onnx_model,
+                                 {"s": np.random.default_rng(seq).random((batch, seq, seq), F32)})
