@@ -12,6 +12,8 @@ and cse under equivalence checking), also per op of the forward function.
     .venv/bin/python bench/passes.py --passes --sizes 10000,100000,1000000
     .venv/bin/python bench/passes.py --passes --sizes 10000 --only autodiff --only "cse, checked"
     .venv/bin/python bench/passes.py --no-gc             # without Python's cyclic GC, to see its share
+
+`--only` skips the first table (it times the IR stages on every size, minutes at 1M ops) to time just those columns.
 """
 
 from __future__ import annotations
@@ -173,14 +175,15 @@ def main(argv: list[str] | None = None) -> int:
         gc.disable()  # measure_once still collects between runs
     sizes = sorted(int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip())
     rows = []
-    for n in sizes:
+    for n in ([] if args.only else sizes):
         repeat = args.repeat or (5 if n <= 10_000 else 3 if n <= 100_000 else 1)
         rows.append(measure(n, repeat))
         print(f"{n:>9,} ops: {rows[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
     print(f"Python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}"
           f"{', cyclic GC off' if args.no_gc else ''}; CPU time per op, best of `runs`; peak RSS is the process's "
           f"maximum so far (sizes run smallest first).\n")
-    print(table(rows))
+    if rows:
+        print(table(rows))
     if args.passes:
         stages = [s for s in PASS_STAGES if not args.only or s[0] in args.only]
         pass_rows = []

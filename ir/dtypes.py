@@ -25,6 +25,10 @@ class DType(enum.Enum):
     u4 = "u4"
     nf4 = "nf4"
 
+    # Members are singletons, so identity hashing is exact, and C-level: Enum's own `__hash__` is Python code, a
+    # cost on every dtype-keyed lookup (types in cse's table, `DType.numpy`, `is_float`) of every op of a pass.
+    __hash__ = object.__hash__
+
     @property
     def is_float(self) -> bool:
         return self in _FLOATS

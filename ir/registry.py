@@ -41,16 +41,18 @@ class OpDef:
 
     def __post_init__(self) -> None:
         self.traits = closure(self.traits)
+        fixed = sum(not o.endswith(("*", "?")) for o in self.operands)
+        variadic = any(o.endswith("*") for o in self.operands)
+        # the fewest and most operands (None: no most), counted once here since every op built checks them
+        self._arity = (fixed + variadic, None if variadic else fixed + sum(o.endswith("?") for o in self.operands))
 
     def has(self, trait: Trait) -> bool:
         """Whether this op kind has `trait`, declared or implied."""
         return trait in self.traits
 
     def check_arity(self, n: int) -> None:
-        fixed = [o for o in self.operands if not o.endswith(("*", "?"))]
-        optional = sum(o.endswith("?") for o in self.operands)
-        variadic = any(o.endswith("*") for o in self.operands)
-        if n < len(fixed) + (1 if variadic else 0) or (not variadic and n > len(fixed) + optional):
+        least, most = self._arity
+        if n < least or (most is not None and n > most):
             want = ", ".join(self.operands)
             raise ShapeError(f"{self.name}: takes operands ({want}) but got {n}")
 

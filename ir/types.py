@@ -41,6 +41,8 @@ class TensorType:
     def of(axes: Iterable[Axis], dtype: DType) -> TensorType:
         """The type whose `axes` these are."""
         axes = tuple(axes)
+        if str not in map(type, axes):  # no named dim: the axes are the shape (checked in __post_init__)
+            return TensorType(axes, dtype)
         return TensorType(tuple(None if isinstance(a, str) else a for a in axes), dtype,
                           tuple(a if isinstance(a, str) else None for a in axes))
 
@@ -99,6 +101,8 @@ def broadcast_axes(*shapes: tuple[Axis, ...], what: str = "operands") -> tuple[A
     """Numpy broadcasting of dims with their names: an n > 1 wins over every dynamic dim (which must be n or 1);
     among dynamic dims, one name (against itself, 1 or anonymous `?`s, which must be it or 1) is kept, and two
     different names give an anonymous `?` (either may be 1)."""
+    if shapes and all(s == shapes[0] for s in shapes):  # equal shapes broadcast to themselves: the common case
+        return tuple(shapes[0])
     rank = max((len(s) for s in shapes), default=0)
     out: list[Axis] = []
     for i in range(rank):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..attrs import FINITE, Attr
@@ -10,9 +12,10 @@ from ..types import Axis, TensorType, broadcast_axes, broadcast_shapes
 from .common import define, numeric, one, same_dtype
 
 
-def _same_dim(op: str, a: Axis, b: Axis, what: str) -> Axis:
+def _same_dim(op: str, a: Axis, b: Axis, what: str | Callable[[], str]) -> Axis:
+    """The dim two operands agree on; `what` names them, or makes the name, only on error (matmuls build many)."""
     if isinstance(a, int) and isinstance(b, int) and a != b:
-        raise ShapeError(f"{op}: {what} differ ({a} vs {b})")
+        raise ShapeError(f"{op}: {what() if callable(what) else what} differ ({a} vs {b})")
     return a if a is not None else b
 
 
@@ -25,7 +28,8 @@ def matmul_type(op: str, a: TensorType, b: TensorType) -> TensorType:
     same_dtype(op, (a, b))
     sa = a.axes if a.rank > 1 else (1, *a.axes)
     sb = b.axes if b.rank > 1 else (*b.axes, 1)
-    _same_dim(op, sa[-1], sb[-2], f"contracted dims of operand 0 {list(a.shape)} and operand 1 {list(b.shape)}")
+    _same_dim(op, sa[-1], sb[-2],
+              lambda: f"contracted dims of operand 0 {list(a.shape)} and operand 1 {list(b.shape)}")
     batch = broadcast_axes(sa[:-2], sb[:-2], what=f"{op} batch dims")
     return TensorType.of((*batch, *(sa[-2:-1] if a.rank > 1 else ()), *(sb[-1:] if b.rank > 1 else ())), a.dtype)
 
