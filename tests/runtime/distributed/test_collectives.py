@@ -28,6 +28,11 @@ class Tripling:
         self.calls.append(([a.shape for a in arrays], op, group))
         return tuple(a * (3 if op == "sum" else 1) for a in arrays)
 
+    def broadcast(self, arrays: Sequence[np.ndarray], src: int, group: str) -> tuple[np.ndarray, ...]:
+        """Rank src's values, which here are this rank's plus 10 * src (so a result shows which src it came from)."""
+        self.calls.append(([a.shape for a in arrays], f"broadcast from {src}", group))
+        return tuple(a + 10 * src for a in arrays)
+
 
 def bucket_graph() -> Graph:
     b = Builder("M")
@@ -61,6 +66,35 @@ def test_the_relax_vm_calls_the_communicator_from_inside_the_step() -> None:
     np.testing.assert_array_equal(s2, (6 * X) ** 2)
     np.testing.assert_array_equal(t, 3 * Y)
     np.testing.assert_array_equal(exe.run(X, Y)[1], Y)
+
+
+def broadcast_graph() -> Graph:
+    b = Builder("M")
+    x, y = b.input("x", ((2, 3), DType.f32)), b.input("y", ((4,), DType.f32))
+    s, t = b.op("broadcast", b.op("add", x, x), y, src=2)
+    b.ret(b.op("mul", s, s), t)
+    return b.build()
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "tvm"])
+def test_broadcast_hands_the_communicator_its_bucket_and_source_rank(backend: str) -> None:
+    """ZeRO-1's gather: one call per bucket naming the source rank; the identity on one process."""
+    if backend == "tvm":
+        pytest.importorskip("tvm")
+        from kiln.runtime.tvm.compile import compile_graph
+        run = compile_graph(broadcast_graph(), target="llvm", params="inputs").run
+    else:
+        def run(*xs: np.ndarray) -> tuple[np.ndarray, ...]:
+            return interpret(broadcast_graph(), list(xs))
+    comm = Tripling()
+    with communicating(comm):
+        s2, t = run(X, Y)
+    assert comm.calls == [([(2, 3), (4,)], "broadcast from 2", "world")]
+    np.testing.assert_array_equal(s2, (2 * X + 20) ** 2)
+    np.testing.assert_array_equal(t, Y + 20)
+    s2, t = run(X, Y)
+    np.testing.assert_array_equal(s2, (2 * X) ** 2)
+    np.testing.assert_array_equal(t, Y)
 
 
 @pytest.mark.parametrize(("options", "message"), [
