@@ -24,6 +24,7 @@ import numpy as np
 
 from kiln.ir import DType, FunctionBuilder, Graph, Operand, Rewriter, SymRef, TensorType, verify
 from kiln.ir.ops.collective import Communicator, communicating
+from kiln.ir.ops.random import rank_seed
 from kiln.ir.symbols import SymbolResolver
 from kiln.passes.data_parallel import DataParallel, owners
 from kiln.runtime.backend import default_backend
@@ -178,9 +179,10 @@ class TrainStep:
             self._program = None
         program = self._program or self._trace()
         # copy=False: parameters and state come back as read-only views and go in again zero-copy next step
+        seed = rank_seed(next(self._seeds), self.communicator.rank if self.communicator is not None else 0)
         with communicating(self.communicator):
             outs = default_backend().run(program.graph, [*self._params, *self._states, np.float64(lr), *arrays],
-                                         "step", seed=next(self._seeds), copy=False)
+                                         "step", seed=seed, copy=False)
         n, k, b = program.n_outputs, len(program.trained), len(program.buffers)
         for i, value in [*zip(program.trained, outs[n:n + k]), *zip(program.buffers, outs[len(outs) - b:])]:
             self._params[i] = self._values[program.param_ids[i]] = value
