@@ -102,6 +102,8 @@ def check_ranks(tmp_path: Path, world: int) -> None:
         for rank in ranks:
             np.testing.assert_allclose(rank[f"zero0.{name}"], p.detach().numpy(), rtol=1e-5, atol=1e-6)
             np.testing.assert_array_equal(rank[f"zero1.{name}"], rank[f"zero0.{name}"])
+    bad_src = f"broadcast: source rank {world} is outside the group of {world} ranks"
+    assert [str(rank["bad_src"]) for rank in ranks] == [bad_src] * world
     full, shards = int(ranks[0]["zero0.state_arrays"]), [int(rank["zero1.state_arrays"]) for rank in ranks]
     assert sum(shards) == full and max(shards) < full
     # the last rank's hidden layer is one wider: every rank fails with the same one-line error naming it

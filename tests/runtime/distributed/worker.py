@@ -76,6 +76,12 @@ def checks(engine: TorchEngine, out: Path) -> None:
     # DLPack: torch reduces the very buffer kiln hands it
     buffer = np.arange(4, dtype=np.float32)
     result["same_pointer"] = np.asarray(engine.tensor(buffer).data_ptr() == buffer.ctypes.data)
+    # a broadcast from a rank outside the group: one error, before any communication
+    try:
+        engine.broadcast([buffer], world, "world")
+        result["bad_src"] = np.asarray("")
+    except kiln.DistributedError as e:
+        result["bad_src"] = np.asarray(str(e))
     # three Adam steps, plain data parallel and ZeRO-1
     for zero in (0, 1):
         kiln.seed(7)
