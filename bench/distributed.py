@@ -1,10 +1,12 @@
 """Data-parallel scaling of the captured training step on torch.distributed (gloo, 127.0.0.1): steps/s and scaling
 efficiency of 1, 2 and 4 processes of one thread each (weak scaling: 64 samples per rank and step) against one process
-with as many threads taking the same global batch, and the bytes each step all-reduces. The interpreter backend runs
+with as many threads taking the same global batch, and the bytes each step communicates (payload, and on the wire per
+rank by the ring model: 2 (N-1)/N of an all_reduce's payload, (N-1)/N of a broadcast's; `--zero 1` shards the
+update, ZeRO-1, whose gather is a broadcast from each owner). The interpreter backend runs
 the step (numpy; `--backend tvm` builds it with TVM, one thread per process). The figures feed docs/distributed.md's
 model of larger clusters.
 
-    .venv/bin/python bench/distributed.py [--procs 1,2,4] [--steps 20] [--backend interpreter|tvm]
+    .venv/bin/python bench/distributed.py [--procs 1,2,4] [--steps 20] [--backend interpreter|tvm] [--zero 0|1]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--procs", default="1,2,4")
     parser.add_argument("--steps", type=int, default=20, help="timed steps (after 3 untimed ones)")
     parser.add_argument("--backend", default="interpreter", choices=("interpreter", "tvm"))
+    parser.add_argument("--zero", type=int, default=0, choices=(0, 1), help="ZeRO stage of the data-parallel runs")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # "ddp" (a rank) or "threads:N" (one process)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -71,11 +74,11 @@ def worker(args: argparse.Namespace) -> None:
     y = rng.integers(0, 10, batch).astype(np.int64)
     kiln.seed(0)
     step = kiln.compile_step(MLP(), loss, optim.AdamW(), ((batch, 784), "f32"), ((batch,), "i64"),
-                             data_parallel=DataParallel() if engine else None, communicator=engine)
+                             data_parallel=DataParallel(zero=args.zero) if engine else None, communicator=engine)
     with threadpool_limits(limits=threads):
         for _ in range(3):
             step(1e-3, x, y)
-        sent = engine.bytes_sent if engine else 0
+        sent, wire = (engine.bytes_sent, engine.wire_bytes) if engine else (0, 0)
         if engine:
             engine.barrier()
         start = time.perf_counter()
@@ -84,7 +87,9 @@ def worker(args: argparse.Namespace) -> None:
         seconds = (time.perf_counter() - start) / args.steps
     if engine is None or engine.rank == 0:
         per_step = (engine.bytes_sent - sent) // args.steps if engine else 0
-        Path(args.out).write_text(json.dumps({"seconds": seconds, "bytes": per_step, "batch": batch}))
+        wire_step = (engine.wire_bytes - wire) // args.steps if engine else 0
+        Path(args.out).write_text(json.dumps({"seconds": seconds, "bytes": per_step, "wire": wire_step,
+                                              "batch": batch}))
     if engine:
         engine.dist.destroy_process_group()
 
@@ -96,7 +101,7 @@ def run(args: argparse.Namespace, mode: str, procs: int, out: Path) -> dict:
         s.bind(("127.0.0.1", 0))
         env["MASTER_PORT"] = str(s.getsockname()[1])
     cmd = [sys.executable, __file__, "--worker", f"{mode}:{procs}", "--out", str(out), "--steps", str(args.steps),
-           "--backend", args.backend]
+           "--backend", args.backend, "--zero", str(args.zero)]
     ranks = procs if mode == "ddp" else 1
     ps = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(ranks)]
     for p in ps:
@@ -130,11 +135,12 @@ def main() -> None:
     import tempfile
     procs = [int(p) for p in args.procs.split(",")]
     load = os.getloadavg()[0]
-    print(f"{MODEL}; {PER_RANK} samples per rank and step; backend {args.backend}; {os.cpu_count()} cores, "
+    print(f"{MODEL}; {PER_RANK} samples per rank and step; backend {args.backend}; ZeRO stage {args.zero}; "
+          f"{os.cpu_count()} cores, "
           f"load average {load:.1f} at start")
     print("| processes x threads | global batch | step ms | samples/s | scaling efficiency | vs 1 process x N threads "
-          "| all-reduced bytes/step |")
-    print("|---|---|---|---|---|---|---|")
+          "| payload bytes/step | wire bytes/step per rank |")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         base, one = None, None
         for n in procs:
@@ -145,7 +151,8 @@ def main() -> None:
             one = one or ddp
             peer = threaded["batch"] / threaded["seconds"]
             print(f"| {n} x 1 | {ddp['batch'] * n} | {ddp['seconds'] * 1e3:.1f} | {rate:.0f} | {rate / (n * base):.2f} "
-                  f"| {rate / peer:.2f} (1 x {n}: {threaded['seconds'] * 1e3:.1f} ms) | {ddp['bytes']} |")
+                  f"| {rate / peer:.2f} (1 x {n}: {threaded['seconds'] * 1e3:.1f} ms) | {ddp['bytes']} "
+                  f"| {ddp['wire']} |")
         if one is not None:
             model(one["seconds"], one["bytes"])
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from kiln.ir import DType, FunctionBuilder, Graph, Operand, Rewriter, SymRef, TensorType, verify
 from kiln.ir.ops.collective import Communicator, communicating
+from kiln.ir.ops.random import rank_seed
 from kiln.ir.symbols import SymbolResolver
 from kiln.passes.data_parallel import DataParallel, owners
 from kiln.runtime.backend import default_backend
@@ -106,7 +107,9 @@ def build_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, input_types
         raise ValueError("ZeRO-1 (data-parallel zero=1) cannot clip gradients yet: each rank updates only its share")
     updates = optimizer.emit_step(fb, [args[trainable[i].name] for i in mine], [grads[i] for i in mine],  # type: ignore[arg-type]
                                   states, lr)
-    new_params = _gathered(fb, trainable, mine, [new for new, _ in updates]) if sharded else [n for n, _ in updates]
+    new_params = [new for new, _ in updates]
+    if sharded:
+        new_params = _gathered(fb, trainable, owner, rank, [args[p.name] for p in trainable], new_params)
     new_states = [v for _, state in updates for v in state.values()]
     state_names = iter(tuple(s) for s in states)
     step = fb.finish([*out[:n_outputs], *new_params, *new_states, *out[n_outputs:n_forward]])
@@ -119,16 +122,16 @@ def build_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, input_types
         frozenset(index[trainable[i].name] for i in range(len(trainable)) if i not in mine))
 
 
-def _gathered(fb: FunctionBuilder, trainable: Sequence, mine: Sequence[int], new: Sequence[Operand]) -> list[Operand]:
-    """ZeRO-1's gather: every rank's new parameters, each updated by its owner alone, as one all_reduce(sum) per
-    dtype of the owner's value and the other ranks' zeros (exact: x + 0 = x)."""
-    mine_new = dict(zip(mine, new))
-    values = [mine_new[i] if i in mine_new else fb.emit("zeros", shape=p.type.shape, dtype=p.type.dtype)
-              for i, p in enumerate(trainable)]
-    gathered: list[Operand] = list(values)
-    for dtype in dict.fromkeys(p.type.dtype for p in trainable):
-        group = [i for i, p in enumerate(trainable) if p.type.dtype is dtype]
-        outs = fb.emit("all_reduce", *(values[i] for i in group), op="sum")
+def _gathered(fb: FunctionBuilder, trainable: Sequence, owner: Sequence[int], rank: int,
+              current: Sequence[Operand], new: Sequence[Operand]) -> list[Operand]:
+    """ZeRO-1's gather: every rank's new parameters, each updated by its owner alone, as one broadcast from each owner
+    per dtype of its parameters; a rank passes its `current` values where it is not the owner (their shapes only)."""
+    mine_new = dict(zip((i for i, r in enumerate(owner) if r == rank), new))
+    gathered: list[Operand] = [mine_new.get(i, current[i]) for i in range(len(trainable))]
+    for src, dtype in dict.fromkeys((r, p.type.dtype) for r, p in zip(owner, trainable)):
+        group = [i for i, p in enumerate(trainable) if owner[i] == src and p.type.dtype is dtype]
+        outs = fb.emit("broadcast", *(gathered[i] for i in group), src=src,
+                       names=[f"{trainable[i].name}.new" for i in group])
         for i, out in zip(group, outs if isinstance(outs, tuple) else (outs,)):
             gathered[i] = out
     return gathered
@@ -176,9 +179,10 @@ class TrainStep:
             self._program = None
         program = self._program or self._trace()
         # copy=False: parameters and state come back as read-only views and go in again zero-copy next step
+        seed = rank_seed(next(self._seeds), self.communicator.rank if self.communicator is not None else 0)
         with communicating(self.communicator):
             outs = default_backend().run(program.graph, [*self._params, *self._states, np.float64(lr), *arrays],
-                                         "step", seed=next(self._seeds), copy=False)
+                                         "step", seed=seed, copy=False)
         n, k, b = program.n_outputs, len(program.trained), len(program.buffers)
         for i, value in [*zip(program.trained, outs[n:n + k]), *zip(program.buffers, outs[len(outs) - b:])]:
             self._params[i] = self._values[program.param_ids[i]] = value

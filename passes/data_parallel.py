@@ -9,8 +9,8 @@ placed right after that producer. The step's update then reads the averaged grad
 all_reduce is the identity, so the program computes what it did before.
 
 ZeRO stage 1 (`zero=1`) shards the update: `owners` gives each trainable parameter the rank that keeps its
-optimizer state and updates it; the step builder reads `zero` and emits the update on the owner only, the other
-ranks contributing zeros to an all_reduce(sum) that hands every rank the owner's new value.
+optimizer state and updates it; the step builder reads `zero` and emits the update on the owner only, then a
+`broadcast {src = owner}` that hands every rank the owner's new values.
 """
 
 from __future__ import annotations

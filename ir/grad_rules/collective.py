@@ -1,8 +1,10 @@
 """Gradients of collectives. all_reduce's result is the same combination of every rank's operand on every rank, so
-the gradient reaching rank r's operand combines every rank's result gradient the same way: d x = all_reduce(g)."""
+the gradient reaching rank r's operand combines every rank's result gradient the same way: d x = all_reduce(g).
+broadcast has none: it is what a step's update ends with, never what a loss is computed through."""
 
 from __future__ import annotations
 
+from ..errors import PassError
 from ..gradients import GradContext, gradient
 from ..graph import Op, Value
 
@@ -17,3 +19,10 @@ def _all_reduce(ctx: GradContext, op: Op, out_grads: tuple[Value | None, ...]) -
     for i, g in zip(wanted, reduced if isinstance(reduced, tuple) else (reduced,)):
         grads[i] = g
     return tuple(grads)
+
+
+@gradient("broadcast")
+def _broadcast(ctx: GradContext, op: Op, out_grads: tuple[Value | None, ...]) -> tuple[Value | None, ...]:
+    """Only rank src's operands reach the results, and which rank this is the graph does not know."""
+    raise PassError(f"broadcast: no gradient (it would be a reduction to rank {op.attrs['src']} alone); "
+                    "broadcast the results of a step's update, not values a loss depends on")

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..attrs import STR, Attr, one_of
+from ..attrs import INT, STR, Attr, one_of
 from ..scoped import scoped
 from ..traits import Trait
 from .common import define, floating, same_dtype
@@ -29,6 +29,8 @@ class Communicator(Protocol):
     world_size: int
 
     def all_reduce(self, arrays: Sequence[np.ndarray], op: str, group: str) -> tuple[np.ndarray, ...]: ...
+
+    def broadcast(self, arrays: Sequence[np.ndarray], src: int, group: str) -> tuple[np.ndarray, ...]: ...
 
 
 _communicator: contextvars.ContextVar[Communicator | None] = contextvars.ContextVar("kiln_communicator", default=None)
@@ -61,4 +63,29 @@ define("all_reduce", ("xs*",), _all_reduce_infer, _all_reduce,
         "group": Attr(STR, "world", "the process group")},
        doc="every rank's operands combined elementwise across the group (one bucket: one communication); "
            "the identity on a single process",
+       traits={Trait.COLLECTIVE})
+
+
+def _rank(v: object) -> int:
+    rank = INT(v)
+    if rank < 0:
+        raise TypeError("expected a rank >= 0")
+    return rank
+
+
+def _broadcast_infer(ts, attrs):
+    same_dtype("broadcast", ts)  # one bucket is one flat buffer of one dtype
+    return tuple(ts)
+
+
+def _broadcast(xs, attrs):
+    communicator = _communicator.get()
+    return tuple(xs) if communicator is None else communicator.broadcast(xs, attrs["src"], attrs["group"])
+
+
+define("broadcast", ("xs*",), _broadcast_infer, _broadcast,
+       {"src": Attr(_rank, 0, "the rank whose operands every rank receives"),
+        "group": Attr(STR, "world", "the process group")},
+       doc="rank src's operands on every rank (the other ranks' operands only give the shapes: one bucket, one "
+           "communication); the identity on a single process",
        traits={Trait.COLLECTIVE})

@@ -23,6 +23,12 @@ def run_seed(seed: int) -> contextlib.AbstractContextManager[None]:
     return scoped(_run_seed, seed)
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """Rank `rank`'s run seed in a data-parallel group, so each rank draws its own masks: rank 0 (a single process)
+    keeps `seed`, the rank goes in bits 40 up (distinct for 2^40 steps)."""
+    return seed + (rank << 40)
+
+
 def _dropout_infer(ts, attrs):
     floating("dropout", 0, ts[0])
     if ts[1].dtype is not DType.bool or ts[1].rank != 0:

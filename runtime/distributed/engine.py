@@ -1,6 +1,6 @@
-"""The torch.distributed engine: kiln's collectives (`all_reduce`) on the process group torchrun starts (gloo on CPU,
-NCCL on CUDA). Arrays cross into torch through DLPack, so torch reduces kiln's own buffer in place; a bucket of
-several gradients is first packed into one flat buffer (one communication per bucket, as DDP does)."""
+"""The torch.distributed engine: kiln's collectives (`all_reduce`, `broadcast`) on the process group torchrun starts
+(gloo on CPU, NCCL on CUDA). Arrays cross into torch through DLPack, so torch works on kiln's own buffer in place; a
+bucket of several arrays is first packed into one flat buffer (one communication per bucket, as DDP does)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ class TorchEngine:
                 raise DistributedError(f"no process group to join: {', '.join(missing)} unset (launch with torchrun)")
             self._join(datetime.timedelta(seconds=timeout_s))
         self.rank, self.world_size = self.dist.get_rank(), self.dist.get_world_size()
-        self.bytes_sent = 0  # payload bytes all-reduced so far, for bench/distributed.py
+        self.bytes_sent = 0  # payload bytes of the collectives so far, for bench/distributed.py
+        self.wire_bytes = 0  # the bytes those put on the wire per rank (see _count)
 
     def _join(self, timeout: datetime.timedelta) -> None:
         """init_process_group on the rendezvous store under a prefix per torchrun attempt: a restarted group reuses
@@ -61,18 +62,34 @@ class TorchEngine:
 
     def all_reduce(self, arrays: Sequence[np.ndarray], op: str, group: str) -> tuple[np.ndarray, ...]:
         """Every rank's `arrays` summed or averaged elementwise, as new arrays (the operands are never written)."""
-        if group != "world":
-            raise DistributedError(f"all_reduce: process group {group!r} is unknown (only 'world' exists)")
-        flat = np.concatenate([np.ravel(a) for a in arrays]) if len(arrays) > 1 else np.array(arrays[0], order="C")
-        self.dist.all_reduce(self.tensor(flat.reshape(-1)), op=self.dist.ReduceOp.SUM)
-        self.bytes_sent += flat.nbytes
+        flat = self._bucket("all_reduce", arrays, group)
+        self.dist.all_reduce(self.tensor(flat), op=self.dist.ReduceOp.SUM)
+        self._count(flat, 2)
         if op == "mean":
             flat /= self.world_size
-        out, at = [], 0
-        for a in arrays:
-            out.append(flat.reshape(-1)[at:at + a.size].reshape(a.shape))
-            at += a.size
-        return tuple(out)
+        return _views(flat, arrays)
+
+    def broadcast(self, arrays: Sequence[np.ndarray], src: int, group: str) -> tuple[np.ndarray, ...]:
+        """Rank `src`'s `arrays` on every rank, as new arrays (the operands are never written)."""
+        if not 0 <= src < self.world_size:
+            raise DistributedError(f"broadcast: source rank {src} is outside the group of {self.world_size} ranks")
+        flat = self._bucket("broadcast", arrays, group)
+        self.dist.broadcast(self.tensor(flat), src=src)
+        self._count(flat, 1)
+        return _views(flat, arrays)
+
+    def _bucket(self, what: str, arrays: Sequence[np.ndarray], group: str) -> np.ndarray:
+        """One flat copy of a bucket's arrays, the buffer torch communicates in place."""
+        if group != "world":
+            raise DistributedError(f"{what}: process group {group!r} is unknown (only 'world' exists)")
+        return np.concatenate([np.ravel(a) for a in arrays]) if len(arrays) > 1 else np.array(arrays[0]).reshape(-1)
+
+    def _count(self, flat: np.ndarray, passes: int) -> None:
+        """Tally a collective's payload, and the bytes an optimal algorithm puts on the wire per rank: (N - 1) / N of
+        the payload for each pass over it (a ring all-reduce makes two, reduce-scatter then all-gather; a broadcast
+        one)."""
+        self.bytes_sent += flat.nbytes
+        self.wire_bytes += passes * (self.world_size - 1) * flat.nbytes // self.world_size
 
     def all_gather_object(self, value: object) -> list[object]:
         """Every rank's picklable `value`, in rank order."""
@@ -82,3 +99,12 @@ class TorchEngine:
 
     def barrier(self) -> None:
         self.dist.barrier()
+
+
+def _views(flat: np.ndarray, arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """`flat` cut back into arrays of the bucket's shapes (views, no copies)."""
+    out, at = [], 0
+    for a in arrays:
+        out.append(flat[at:at + a.size].reshape(a.shape))
+        at += a.size
+    return tuple(out)

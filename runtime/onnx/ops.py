@@ -154,8 +154,8 @@ def _filled(call: OnnxCall) -> OnnxResult:
     return call.node("ConstantOfShape", call.ints(call.attrs["shape"]), value=numpy_helper.from_array(one))
 
 
-@onnx_rule("all_reduce")
-def _all_reduce(call: OnnxCall) -> OnnxResult:
+@onnx_rule("all_reduce", "broadcast")
+def _collective(call: OnnxCall) -> OnnxResult:
     """An exported model runs on one process; a collective in it is a training step's, which ONNX cannot hold."""
     raise call.unsupported("it is a collective of data-parallel training; export the model, not its training step")
 

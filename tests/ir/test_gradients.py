@@ -369,6 +369,7 @@ case("quantize", "absmean-per-tensor", [r(3, 4)], lambda x: (None, x.float().abs
 # kinds with float operands whose gradient the cases above do not reach through a parameter
 NO_FLOAT_OPERANDS = {"constant", "zeros", "ones", "full"}
 BOOL_OPERANDS = {"logical_not", "logical_and", "logical_or", "logical_xor"}  # no float operand to differentiate
+NO_GRADIENT = {"broadcast"}  # refused with a PassError (test_broadcast_has_no_gradient)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -500,7 +501,7 @@ def test_every_op_kind_has_a_gradient_rule() -> None:
 
 def test_every_op_kind_with_float_operands_has_a_gradient_test() -> None:
     tested = {c.kind for c in CASES}
-    untested = sorted(set(registered()) - tested - NO_FLOAT_OPERANDS - BOOL_OPERANDS)
+    untested = sorted(set(registered()) - tested - NO_FLOAT_OPERANDS - BOOL_OPERANDS - NO_GRADIENT)
     assert not untested, f"op kinds without a gradient test in this file: {untested}"
 
 
@@ -763,4 +764,14 @@ def test_scatter_nd_reduce_refuses_the_gradients_it_lacks(reduction: str) -> Non
     y = b.scatter_nd_reduce(w, b.constant(np.array([[1], [2]])), b.constant(r(2, 3)), reduction=reduction)
     b.ret(b.sum(y))
     with pytest.raises(PassError, match=f"scatter_nd_reduce: no gradient for reduction '{reduction}'"):
+        Autodiff().apply(b.build())
+
+
+def test_broadcast_has_no_gradient() -> None:
+    """Only rank src's operands reach a broadcast's results, on every rank; the gradient would be a reduction to src
+    alone, which a rank-agnostic graph cannot say: autodiff refuses it in one line."""
+    b = Builder("M")
+    w = b.param("w", (3,), DType.f64, data=r(3))
+    b.ret(b.sum(b.op("broadcast", w, src=1)))
+    with pytest.raises(PassError, match=r"^broadcast: no gradient \(it would be a reduction to rank 1 alone\)"):
         Autodiff().apply(b.build())

@@ -532,6 +532,9 @@ case("dropout", "not-training-f16", [rand((4, 5), "f16"), arr(False, "bool")],
 case("all_reduce", "mean-bucket", [rand((2, 3)), rand((4,))], lambda a, b: (a.clone(), b.clone()), tol=EXACT)
 case("all_reduce", "sum-f64", [rand((3,), "f64")], lambda a: a.clone(), tol=EXACT, op="sum")
 case("all_reduce", "f16", [rand((2, 2), "f16")], lambda a: a.clone(), tol=EXACT)
+# torch.distributed.broadcast leaves the source rank's tensor as it is: on a group of one, rank 0 is the source
+case("broadcast", "bucket", [rand((2, 3)), rand((4,))], lambda a, b: (a.clone(), b.clone()), tol=EXACT)
+case("broadcast", "i64", [arr(np.arange(5), "i64")], lambda a: a.clone(), tol=EXACT)
 
 # -- data movement -----------------------------------------------------------------------------------------------
 
@@ -1258,6 +1261,9 @@ BAD = [
     Bad("all-reduce-bucket-dtypes", "all_reduce", (F23, ((2,), "f64")),
         r"^all_reduce: operand 1 has dtype f64 but operand 0 has f32"),
     Bad("all-reduce-op", "all_reduce", (F23,), r"all_reduce.*op.*expected one of 'mean', 'sum'", {"op": "max"}),
+    Bad("broadcast-bucket-dtypes", "broadcast", (F23, ((2,), "f16")),
+        r"^broadcast: operand 1 has dtype f16 but operand 0 has f32"),
+    Bad("broadcast-src", "broadcast", (F23,), r"broadcast.*src.*expected a rank >= 0", {"src": -1}),
     Bad("dtype-mismatch", "add", (F23, ((2, 3), "i32")), r"^add: operand 1 has dtype i32 but operand 0 has f32"),
     Bad("dtype-mismatch-f16", "maximum", (((3,), "f16"), ((3,), "bf16")), r"^maximum: operand 1 has dtype bf16"),
     Bad("no-broadcast", "mul", (F23, ((4,), "f32")), r"^mul: shapes \[2, 3\] and \[4\] do not broadcast"),

@@ -34,7 +34,7 @@ def test_the_trait_table() -> None:
     assert ops_with(T.EXACT) == MOVES | SOURCES | {"where", "cast"}
     assert ops_with(T.MEMORY_BOUND) == ELEMENTWISE | MOVES | SOURCES
     assert ops_with(T.STOCHASTIC) == {"dropout"}
-    assert ops_with(T.COLLECTIVE) == {"all_reduce"}
+    assert ops_with(T.COLLECTIVE) == {"all_reduce", "broadcast"}
     assert ops_with(T.COMMUTATIVE) == {"add", "mul", "equal", "logical_and", "logical_or", "logical_xor"}
 
 
@@ -47,6 +47,7 @@ def test_the_trait_table() -> None:
     ("maximum", {T.ELEMENTWISE, T.MEMORY_BOUND}),
     ("dropout", {T.ELEMENTWISE, T.STOCHASTIC, T.MEMORY_BOUND}),
     ("all_reduce", {T.COLLECTIVE}),  # rounds (a sum), reads every rank: neither exact nor memory bound
+    ("broadcast", {T.COLLECTIVE}),  # another rank's values: never folded, never merged by cse
     ("matmul", set()),
     ("softmax", set()),
     ("scatter_nd", {T.DATA_MOVEMENT, T.EXACT, T.MEMORY_BOUND}),  # reduction none: it only writes updates in place

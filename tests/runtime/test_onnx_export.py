@@ -283,15 +283,16 @@ def _flagged(kind: str, flag_as_input: bool) -> Graph:
 def test_every_op_kind_has_an_onnx_lowering_and_a_test():
     kinds = set(registered())
     assert {kind for kind, d in registered().items() if "onnx" not in d.rules} == set()
-    tested = {c.kind for _, c in CASES} | {"dropout", "batch_norm", "all_reduce"}
+    tested = {c.kind for _, c in CASES} | {"dropout", "batch_norm", "all_reduce", "broadcast"}
     assert kinds - tested == set(), "every op kind needs an export test"
 
 
-def test_a_collective_is_refused_in_one_line():
-    """ONNX models run on one process: a data-parallel step's all_reduce has no ONNX form, so export refuses it."""
+@pytest.mark.parametrize("kind", ["all_reduce", "broadcast"])
+def test_a_collective_is_refused_in_one_line(kind: str):
+    """ONNX models run on one process: a data-parallel step's collectives have no ONNX form, so export refuses them."""
     b = Builder("M")
-    b.ret(b.op("all_reduce", b.input("x", ((3,), DType.f32))))
-    with pytest.raises(KilnError, match=r"^all_reduce: cannot export to ONNX: it is a collective"):
+    b.ret(b.op(kind, b.input("x", ((3,), DType.f32))))
+    with pytest.raises(KilnError, match=rf"^{kind}: cannot export to ONNX: it is a collective"):
         to_onnx(b.build())
 
 

@@ -28,6 +28,11 @@ class Tripling:
         self.calls.append(([a.shape for a in arrays], op, group))
         return tuple(a * (3 if op == "sum" else 1) for a in arrays)
 
+    def broadcast(self, arrays: Sequence[np.ndarray], src: int, group: str) -> tuple[np.ndarray, ...]:
+        """Rank src's values, which here are this rank's plus 10 * src (so a result shows which src it came from)."""
+        self.calls.append(([a.shape for a in arrays], f"broadcast from {src}", group))
+        return tuple(a + 10 * src for a in arrays)
+
 
 def bucket_graph() -> Graph:
     b = Builder("M")
@@ -63,6 +68,35 @@ def test_the_relax_vm_calls_the_communicator_from_inside_the_step() -> None:
     np.testing.assert_array_equal(exe.run(X, Y)[1], Y)
 
 
+def broadcast_graph() -> Graph:
+    b = Builder("M")
+    x, y = b.input("x", ((2, 3), DType.f32)), b.input("y", ((4,), DType.f32))
+    s, t = b.op("broadcast", b.op("add", x, x), y, src=2)
+    b.ret(b.op("mul", s, s), t)
+    return b.build()
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "tvm"])
+def test_broadcast_hands_the_communicator_its_bucket_and_source_rank(backend: str) -> None:
+    """ZeRO-1's gather: one call per bucket naming the source rank; the identity on one process."""
+    if backend == "tvm":
+        pytest.importorskip("tvm")
+        from kiln.runtime.tvm.compile import compile_graph
+        run = compile_graph(broadcast_graph(), target="llvm", params="inputs").run
+    else:
+        def run(*xs: np.ndarray) -> tuple[np.ndarray, ...]:
+            return interpret(broadcast_graph(), list(xs))
+    comm = Tripling()
+    with communicating(comm):
+        s2, t = run(X, Y)
+    assert comm.calls == [([(2, 3), (4,)], "broadcast from 2", "world")]
+    np.testing.assert_array_equal(s2, (2 * X + 20) ** 2)
+    np.testing.assert_array_equal(t, Y + 20)
+    s2, t = run(X, Y)
+    np.testing.assert_array_equal(s2, (2 * X) ** 2)
+    np.testing.assert_array_equal(t, Y)
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ("bucket-bytes=-1", r"^data-parallel: bucket-bytes = -1 is negative"),
     ("zero=2", r"^data-parallel: zero = 2; only ZeRO stages 0 and 1 exist here"),
@@ -83,3 +117,49 @@ def test_zero1_owners_balance_the_bytes_largest_first() -> None:
     assert owners(types, 2) == (0, 1, 1, 1)  # 35 | 21 + 7 + 3 elements
     assert owners(types, 4) == (0, 2, 1, 3)
     assert owners(types, 1) == (0, 0, 0, 0)
+
+
+class Rank:
+    """Rank `rank` of two holding the same gradients (mean = x)."""
+
+    world_size = 2
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def all_reduce(self, arrays: Sequence[np.ndarray], op: str, group: str) -> tuple[np.ndarray, ...]:
+        return tuple(arrays)
+
+
+def test_each_rank_draws_its_own_dropout_masks_and_one_process_keeps_its_own() -> None:
+    """Issue 14: "Per-rank dropout seeds (today every rank draws the same mask): the rank folds into the run seed".
+    The oracle is kiln's documented mask, np.random.default_rng([op seed, run seed]) >= p, at run seed 5 + rank 2^40."""
+    import kiln
+    from kiln import nn, optim
+    from kiln.ir.ops.random import rank_seed
+
+    class Drop(kiln.Module):
+        def __init__(self) -> None:
+            self.fc, self.drop = nn.Linear(8, 8, device=kiln.Device("cpu").autodiff()), nn.Dropout(0.5)
+
+        def forward(self, x: kiln.Tensor) -> kiln.Tensor:
+            return self.drop(self.fc(x).exp())  # exp: no element is zero before the mask
+
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+
+    def loss(model: Drop, a: kiln.Tensor) -> tuple[kiln.Tensor, kiln.Tensor]:
+        y = model(a)  # the trace's one dropout: op seed 1
+        return y.sum(), y
+
+    def dropped(communicator: Rank | None) -> np.ndarray:
+        kiln.seed(0)
+        step = kiln.compile_step(Drop(), loss, optim.SGD(), ((8, 8), "f32"), seed=5,
+                                 data_parallel=DataParallel() if communicator else None, communicator=communicator)
+        return step(0.0, x)[1]
+
+    single, rank0, rank1 = dropped(None), dropped(Rank(0)), dropped(Rank(1))
+    np.testing.assert_array_equal(single, rank0)
+    assert ((rank0 == 0) != (rank1 == 0)).any()
+    for got, rank in ((single, 0), (rank1, 1)):
+        assert rank_seed(5, rank) == 5 + rank * 2 ** 40
+        np.testing.assert_array_equal(got != 0, np.random.default_rng([1, 5 + rank * 2 ** 40]).random((8, 8)) >= 0.5)

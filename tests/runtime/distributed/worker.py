@@ -3,6 +3,7 @@ MASTER_ADDR=127.0.0.1, MASTER_PORT in the environment, one thread) or by torchru
 
     python worker.py checks OUT                    gradients, DLPack, ZeRO-1, a disagreeing model -> OUT/rank<r>.npz
     python worker.py learner OUT CKPT [--kill-at N]   a data-parallel Learner run -> OUT/learner<r>.npz
+    python worker.py tvm OUT                       the averaged gradients and a ZeRO-1 step on TVM -> OUT/tvm<r>.npz
 
 `learner --kill-at N` SIGKILLs rank 1 after its N-th step on torchrun's first attempt (TORCHELASTIC_RESTART_COUNT=0);
 the restarted group resumes from the newest checkpoint in CKPT.
@@ -75,6 +76,12 @@ def checks(engine: TorchEngine, out: Path) -> None:
     # DLPack: torch reduces the very buffer kiln hands it
     buffer = np.arange(4, dtype=np.float32)
     result["same_pointer"] = np.asarray(engine.tensor(buffer).data_ptr() == buffer.ctypes.data)
+    # a broadcast from a rank outside the group: one error, before any communication
+    try:
+        engine.broadcast([buffer], world, "world")
+        result["bad_src"] = np.asarray("")
+    except kiln.DistributedError as e:
+        result["bad_src"] = np.asarray(str(e))
     # three Adam steps, plain data parallel and ZeRO-1
     for zero in (0, 1):
         kiln.seed(7)
@@ -95,6 +102,33 @@ def checks(engine: TorchEngine, out: Path) -> None:
     except kiln.DistributedError as e:
         result["disagreement"] = np.asarray(str(e))
     np.savez(out / f"rank{r}.npz", **result)
+
+
+def tvm_run(engine: TorchEngine, out: Path) -> None:
+    """The data-parallel gradients and two ZeRO-1 Adam steps built by TVM: the Relax VM calls the engine mid-step."""
+    from kiln.runtime.backend import set_default_backend
+    from kiln.runtime.tvm.backend import TVMBackend
+
+    backend = TVMBackend()
+    set_default_backend(backend)
+    r, world = engine.rank, engine.world_size
+    x, y = global_batch(world)
+    mine = slice(r * BATCH, (r + 1) * BATCH)
+    kiln.seed(7)
+    model = MLP()
+    types = (TensorType((BATCH, D_IN), DType.f32), TensorType((BATCH, D_OUT), DType.f32))
+    traced, _ = trace_function(model, lambda a, b: mse(model, a, b), *types)
+    graph = DataParallel(bucket_bytes=64).apply(differentiate(traced))
+    with communicating(engine):
+        grads = backend.run(graph, [x[mine], y[mine]], "forward_backward")[1:]
+    result = {f"grad{i}": g for i, g in enumerate(grads)}
+    result.update({f"init.{k}": v for k, v in params(model).items()})
+    kiln.seed(7)
+    step = kiln.compile_step(MLP(), mse, optim.Adam(), *types, data_parallel=DataParallel(zero=1), communicator=engine)
+    for k in range(2):
+        step(0.05, *(a[mine] + k for a in (x, y)))
+    result.update({f"zero1.{k}": v for k, v in params(step.model()).items()})
+    np.savez(out / f"tvm{r}.npz", **result)
 
 
 def learner_run(engine: TorchEngine, out: Path, ckpt: str, kill_at: int | None) -> None:
@@ -127,7 +161,7 @@ def learner_run(engine: TorchEngine, out: Path, ckpt: str, kill_at: int | None) 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("checks", "learner"))
+    parser.add_argument("mode", choices=("checks", "learner", "tvm"))
     parser.add_argument("out")
     parser.add_argument("ckpt", nargs="?")
     parser.add_argument("--kill-at", type=int)
@@ -135,6 +169,8 @@ def main() -> None:
     engine = TorchEngine(timeout_s=60)
     if args.mode == "checks":
         checks(engine, Path(args.out))
+    elif args.mode == "tvm":
+        tvm_run(engine, Path(args.out))
     else:
         learner_run(engine, Path(args.out), args.ckpt, args.kill_at)
     engine.dist.destroy_process_group()
