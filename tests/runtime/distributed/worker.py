@@ -23,7 +23,7 @@ import kiln
 from kiln import nn, optim
 from kiln.frontend.autograd import differentiate
 from kiln.frontend.trace import trace_function
-from kiln.ir import DType, Interpreter, TensorType
+from kiln.ir import DType, Graph, Interpreter, TensorType
 from kiln.ir.ops.collective import communicating
 from kiln.passes.data_parallel import DataParallel
 from kiln.runtime.distributed import TorchEngine
@@ -58,17 +58,24 @@ def params(model: kiln.Module) -> dict[str, np.ndarray]:
     return {path: np.asarray(p.state.get()) for path, p in model.leaves() if isinstance(p, kiln.Param)}
 
 
-def checks(engine: TorchEngine, out: Path) -> None:
-    r, world = engine.rank, engine.world_size
-    x, y = global_batch(world)
-    mine = slice(r * BATCH, (r + 1) * BATCH)
-    result: dict[str, np.ndarray] = {}
-    # the averaged gradients of forward_backward after the data-parallel pass (small buckets: several all_reduces)
+TYPES = (TensorType((BATCH, D_IN), DType.f32), TensorType((BATCH, D_OUT), DType.f32))
+
+
+def data_parallel_graph(engine: TorchEngine) -> tuple[np.ndarray, np.ndarray, slice, MLP, Graph]:
+    """The global batch, this rank's slice of it, the seeded model and its forward_backward after the data-parallel
+    pass (small buckets: several all_reduces)."""
+    x, y = global_batch(engine.world_size)
     kiln.seed(7)
     model = MLP()
-    types = (TensorType((BATCH, D_IN), DType.f32), TensorType((BATCH, D_OUT), DType.f32))
-    traced, _ = trace_function(model, lambda a, b: mse(model, a, b), *types)
+    traced, _ = trace_function(model, lambda a, b: mse(model, a, b), *TYPES)
     graph = DataParallel(bucket_bytes=64).apply(differentiate(traced))
+    return x, y, slice(engine.rank * BATCH, (engine.rank + 1) * BATCH), model, graph
+
+
+def checks(engine: TorchEngine, out: Path) -> None:
+    r, world = engine.rank, engine.world_size
+    x, y, mine, model, graph = data_parallel_graph(engine)
+    result: dict[str, np.ndarray] = {}
     with communicating(engine):
         grads = Interpreter(graph).run([x[mine], y[mine]], "forward_backward")[1:]
     result.update({f"grad{i}": g for i, g in enumerate(grads)})
@@ -85,7 +92,7 @@ def checks(engine: TorchEngine, out: Path) -> None:
     # three Adam steps, plain data parallel and ZeRO-1
     for zero in (0, 1):
         kiln.seed(7)
-        step = kiln.compile_step(MLP(), mse, optim.Adam(), types[0], types[1], data_parallel=DataParallel(zero=zero),
+        step = kiln.compile_step(MLP(), mse, optim.Adam(), *TYPES, data_parallel=DataParallel(zero=zero),
                                  communicator=engine)
         for k in range(3):
             step(0.05, *(a[mine] + k for a in (x, y)))
@@ -111,20 +118,14 @@ def tvm_run(engine: TorchEngine, out: Path) -> None:
 
     backend = TVMBackend()
     set_default_backend(backend)
-    r, world = engine.rank, engine.world_size
-    x, y = global_batch(world)
-    mine = slice(r * BATCH, (r + 1) * BATCH)
-    kiln.seed(7)
-    model = MLP()
-    types = (TensorType((BATCH, D_IN), DType.f32), TensorType((BATCH, D_OUT), DType.f32))
-    traced, _ = trace_function(model, lambda a, b: mse(model, a, b), *types)
-    graph = DataParallel(bucket_bytes=64).apply(differentiate(traced))
+    r = engine.rank
+    x, y, mine, model, graph = data_parallel_graph(engine)
     with communicating(engine):
         grads = backend.run(graph, [x[mine], y[mine]], "forward_backward")[1:]
     result = {f"grad{i}": g for i, g in enumerate(grads)}
     result.update({f"init.{k}": v for k, v in params(model).items()})
     kiln.seed(7)
-    step = kiln.compile_step(MLP(), mse, optim.Adam(), *types, data_parallel=DataParallel(zero=1), communicator=engine)
+    step = kiln.compile_step(MLP(), mse, optim.Adam(), *TYPES, data_parallel=DataParallel(zero=1), communicator=engine)
     for k in range(2):
         step(0.05, *(a[mine] + k for a in (x, y)))
     result.update({f"zero1.{k}": v for k, v in params(step.model()).items()})
