@@ -53,12 +53,16 @@ def _all_reduce_infer(ts, attrs):
     return tuple(ts)
 
 
-def _all_reduce(xs, attrs):
-    communicator = _communicator.get()
-    return tuple(xs) if communicator is None else communicator.all_reduce(xs, attrs["op"], attrs["group"])
+def _through_communicator(method: str, *attr_names: str):
+    """The reference of a collective: the identity on a single process, else the communicator's `method` on the
+    operands and the named attributes."""
+    def run(xs, attrs):
+        communicator = _communicator.get()
+        return tuple(xs) if communicator is None else getattr(communicator, method)(xs, *(attrs[a] for a in attr_names))
+    return run
 
 
-define("all_reduce", ("xs*",), _all_reduce_infer, _all_reduce,
+define("all_reduce", ("xs*",), _all_reduce_infer, _through_communicator("all_reduce", "op", "group"),
        {"op": Attr(one_of(*REDUCTIONS), "mean", "how the ranks' values combine"),
         "group": Attr(STR, "world", "the process group")},
        doc="every rank's operands combined elementwise across the group (one bucket: one communication); "
@@ -78,12 +82,7 @@ def _broadcast_infer(ts, attrs):
     return tuple(ts)
 
 
-def _broadcast(xs, attrs):
-    communicator = _communicator.get()
-    return tuple(xs) if communicator is None else communicator.broadcast(xs, attrs["src"], attrs["group"])
-
-
-define("broadcast", ("xs*",), _broadcast_infer, _broadcast,
+define("broadcast", ("xs*",), _broadcast_infer, _through_communicator("broadcast", "src", "group"),
        {"src": Attr(_rank, 0, "the rank whose operands every rank receives"),
         "group": Attr(STR, "world", "the process group")},
        doc="rank src's operands on every rank (the other ranks' operands only give the shapes: one bucket, one "

@@ -62,15 +62,30 @@ def torchrun(*args: str, restarts: int = 0, timeout: float = 400) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+PARAMS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+
+
 def torch_mlp(init: dict[str, np.ndarray]) -> tuple[list[torch.Tensor], object]:
     """worker.MLP in torch (kiln's Linear stores its weight [in, out]) and its MSE loss."""
     ps = [torch.tensor(init[k], dtype=torch.float64, requires_grad=True)
-          for k in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")]
+          for k in PARAMS]
 
     def loss(x: np.ndarray, y: np.ndarray) -> torch.Tensor:
         h = torch.nn.functional.gelu(torch.from_numpy(x).double() @ ps[0] + ps[1])
         return ((h @ ps[2] + ps[3] - torch.from_numpy(y).double()) ** 2).mean()
     return ps, loss
+
+
+def torch_adam(init: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, steps: int) -> dict[str, np.ndarray]:
+    """The parameters after `steps` torch Adam steps (lr 0.05) on the whole batch, shifted by k at step k as the
+    worker's steps are."""
+    ps, loss = torch_mlp(init)
+    adam = torch.optim.Adam(ps, lr=0.05)
+    for k in range(steps):
+        adam.zero_grad()
+        loss(x + k, y + k).backward()
+        adam.step()
+    return {name: p.detach().numpy() for name, p in zip(PARAMS, ps)}
 
 
 def relative(a: np.ndarray, b: np.ndarray) -> float:
@@ -92,15 +107,9 @@ def check_ranks(tmp_path: Path, world: int) -> None:
     assert all(bool(rank["same_pointer"]) for rank in ranks)
     # three data-parallel Adam steps are torch's on the concatenated batches; ZeRO-1 gives the same parameters bit
     # for bit, keeping each parameter's optimizer state on one rank only
-    ps, loss = torch_mlp(init)
-    adam = torch.optim.Adam(ps, lr=0.05)
-    for k in range(3):
-        adam.zero_grad()
-        loss(x + k, y + k).backward()
-        adam.step()
-    for name, p in zip(("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"), ps):
+    for name, p in torch_adam(init, x, y, 3).items():
         for rank in ranks:
-            np.testing.assert_allclose(rank[f"zero0.{name}"], p.detach().numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(rank[f"zero0.{name}"], p, rtol=1e-5, atol=1e-6)
             np.testing.assert_array_equal(rank[f"zero1.{name}"], rank[f"zero0.{name}"])
     bad_src = f"broadcast: source rank {world} is outside the group of {world} ranks"
     assert [str(rank["bad_src"]) for rank in ranks] == [bad_src] * world
@@ -155,12 +164,6 @@ def test_two_ranks_on_tvm_average_gradients_and_gather_zero1_updates(tmp_path: P
     for i, p in enumerate(ps):
         for r in range(2):
             assert relative(ranks[r][f"grad{i}"], p.grad.numpy()) <= 1e-5, (i, r)  # fast-math f32 kernels
-    ps, loss = torch_mlp(init)
-    adam = torch.optim.Adam(ps, lr=0.05)
-    for k in range(2):
-        adam.zero_grad()
-        loss(x + k, y + k).backward()
-        adam.step()
-    for name, p in zip(("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"), ps):
+    for name, p in torch_adam(init, x, y, 2).items():
         np.testing.assert_array_equal(ranks[1][f"zero1.{name}"], ranks[0][f"zero1.{name}"])
-        np.testing.assert_allclose(ranks[0][f"zero1.{name}"], p.detach().numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(ranks[0][f"zero1.{name}"], p, rtol=1e-4, atol=1e-5)
