@@ -34,6 +34,8 @@ class _Contraction:
     spatial: list[s_tir.schedule.LoopRV]  # remaining spatial loops, outermost first
     reduction: list[s_tir.schedule.LoopRV]
     line: s_tir.schedule.LoopRV | None = None  # innermost of `spatial` only the vector operand walks (conv rows)
+    vector_var: tirx.Var | None = None  # the block iterator of `vector`
+    stride: int = 1  # of the vector operand along `vector`: above 1 in a strided conv
 
 
 Indices = list[tirx.Expr]
@@ -119,13 +121,13 @@ def _match(sch: s_tir.Schedule, info: dl.SBlockInfo) -> _Contraction | None:
     if vec is None:
         return None
     # the vector operand walks C's last index with stride 1 (matmul, conv), else with a small constant stride (a
-    # strided conv: its loads become strided gathers, still far faster than the scalar fallback)
+    # strided conv: `_split_phases` stores that operand phase by phase so it is read with stride 1 after all)
     pairs = [(s, vec_op, other) for vec_op, other in ((lhs, rhs), (rhs, lhs))
              if not any(uses_var(e, vec.var) for e in other)
              and (s := stride(vec_op[-1], vec.var)) is not None and 1 <= s <= MAX_STRIDE]
     if not pairs:
         return None
-    _, vec_op, other = min(pairs, key=lambda p: p[0])
+    step, vec_op, other = min(pairs, key=lambda p: p[0])
     row = next(
         (
             it
@@ -146,7 +148,40 @@ def _match(sch: s_tir.Schedule, info: dl.SBlockInfo) -> _Contraction | None:
         spatial=[it.loop_rv for it in rest],
         reduction=[it.loop_rv for it in info.iters if it.kind == "R"],
         line=None if line is None else line.loop_rv,
+        vector_var=vec.var,
+        stride=step,
     )
+
+
+def _phases(step: int, ndim: int) -> tirx.IndexMap:
+    """The index map splitting the last of `ndim` dimensions into `step` phases: `w -> (w % step, w // step)`."""
+    return tirx.IndexMap.from_func(lambda *idx: (*idx[:-1], idx[-1] % step, idx[-1] // step), ndim=ndim)
+
+
+def _split_phases(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, roles: _Contraction) -> bool:
+    """Store the vector operand of a strided contraction phase by phase, so the kernel reads it with stride 1;
+    True if it did.
+
+    A conv of stride s reads `x[.., ow * s + kw]`: vectors along `ow` would be strided gathers (the 3x3/2 conv ran
+    at 1% of peak). Its padded input (or a copy of the input, when there is no padding) is laid out as
+    `x'[.., w % s, w // s]` instead, so the kernel reads `x'[.., kw % s, ow + kw // s]` and runs as the stride-1
+    conv does; the copy costs one pass over the input. A width that is no multiple of s keeps the gathers (TVM's
+    `transform_layout` with a `pad_value` left unbound loop variables in such a kernel).
+    """
+    if roles.stride == 1 or roles.vector_var is None:
+        return False
+    stmt = sch.get(main)
+    index = next(i for i, r in enumerate(stmt.reads) if stride(r.region[-1].min, roles.vector_var) == roles.stride)
+    source = stmt.reads[index].source
+    width = static_extent(source.shape[-1])
+    if width is None or width % roles.stride:
+        return False
+    producer = next((b for b in sch.get_producers(main) if sch.get(b).writes[0].source.same_as(source)), None)
+    if producer is None:
+        producer = sch.cache_read(main, index, "global")
+    sch.transform_layout(producer, ("write", 0), _phases(roles.stride, len(source.shape)))
+    sch.transform_block_layout(producer, _phases(roles.stride, len(sch.get(producer).iter_vars)))
+    return True
 
 
 class CPUMatmul(dl.ScheduleRule):
@@ -189,7 +224,7 @@ class CPUMatmul(dl.ScheduleRule):
         if roles is None:
             return None
         padded = self._pad_symbolic_rows(sch, reductions[0], roles)
-        if padded:
+        if padded or _split_phases(sch, reductions[0].block_rv, roles):
             infos = dl.normalize_prim_func(sch)
             reductions = [info for info in infos or [] if info.is_reduction()]
             roles = _match(sch, reductions[0]) if len(reductions) == 1 else None
