@@ -140,6 +140,24 @@ def test_batched_matmul_broadcasts_batch_dims() -> None:
     assert_matmul_rule_applies(mod)
 
 
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((4, 37, 64), (4, 64, 37)), ((3, 2, 19, 64), (3, 2, 64, 53))],
+                         ids=["attention-scores-37", "4d-batch-53-wide"])
+def test_batched_matmul_pads_ragged_columns_to_whole_vectors(a_shape: tuple[int, ...], b_shape: tuple[int, ...]
+                                                             ) -> None:
+    """Issue 13: "K = 64 attention matmuls" and "extents that are not multiples of the vector width or the tile"
+    (the 6x8x197 attention matmul ran 12x onnxruntime): the columns are padded to whole vector tiles, so the
+    vectorized update loop runs unguarded and only the store to the real output is masked; against numpy."""
+    mod = relax_module([a_shape, b_shape], relax.op.matmul)
+    a, b = rand(*a_shape), rand(*b_shape, seed=1)
+    check(run(mod, a, b), np.matmul(*f64(a, b)), EXACT)
+    (func,) = [f for f in fused_prim_funcs(mod) if _has_reduction(f)]
+    text = CPUMatmul().apply(func, TARGET, False).mod["main"].script()
+    head, update = text.split('T.sblock("matmul_update")', 1)
+    lane = re.findall(r"for (\w+) in T\.vectorized", head)[-1]
+    guard = re.search(r"T\.where\((.*)\)", update.split("T.sblock(", 1)[0])
+    assert "_pad" in head and (guard is None or lane not in guard.group(1))
+
+
 def test_dynamic_batch_one_compile_many_sizes() -> None:
     n = tirx.Var("n", "int64")
     mod = relax_module(
