@@ -8,6 +8,10 @@ each gradient joins the open bucket when its producer runs; a bucket closes when
 placed right after that producer. The step's update then reads the averaged gradients. On one process an
 all_reduce is the identity, so the program computes what it did before.
 
+With `overlap` (the default) each all_reduce is split in two: `all_reduce_start` where the bucket closes hands it
+to the engine, which communicates in the background while the rest of the backward computes, and
+`all_reduce_wait`, at the end of the backward where the update first reads the averages, blocks for the result.
+
 ZeRO stage 1 (`zero=1`) shards the update: `owners` gives each trainable parameter the rank that keeps its
 optimizer state and updates it; the step builder reads `zero` and emits the update on the owner only, then a
 `broadcast {src = owner}` that hands every rank the owner's new values.
@@ -51,6 +55,8 @@ class DataParallel(Pass):
     """ZeRO stage: 0 every rank updates every parameter, 1 each rank updates and keeps optimizer state for its share"""
     group: str = "world"
     """the process group the gradients are averaged over"""
+    overlap: bool = True
+    """start each bucket's all_reduce where it closes and wait for it at the end of the backward"""
 
     def __post_init__(self) -> None:
         if self.bucket_bytes < 0:
@@ -66,7 +72,8 @@ class DataParallel(Pass):
         n_forward = len(graph.functions["forward"].results)
         grads = fn.results[n_forward:]
         made = {id(r): i for i, op in enumerate(fn.ops) for r in op.results}
-        if not grads or any(fn.ops[made[id(r)]].kind == "all_reduce" for r in grads if id(r) in made):
+        if not grads or any(fn.ops[made[id(r)]].kind in ("all_reduce", "all_reduce_wait") for r in grads
+                            if id(r) in made):
             return graph  # nothing to average, or averaged already
         order = sorted(range(len(grads)), key=lambda g: made.get(id(grads[g]), -1))
         closing = self._buckets(grads, order, made)
@@ -74,15 +81,25 @@ class DataParallel(Pass):
         builder.args = list(fn.args)
         builder.taken = {a.name for a in fn.args} | {r.name for op in fn.ops for r in op.results}
         reduced: dict[int, Value] = {}
+        started: list[tuple[list[int], tuple[Value, ...], object]] = []
         for at in [-1, *range(len(fn.ops))]:
             if at >= 0:
                 builder.ops.append(fn.ops[at])
             for bucket in closing.get(at, ()):
                 members = [grads[g] for g in bucket]
-                outs = builder.emit("all_reduce", *members, op="mean", group=self.group,
-                                    loc=fn.ops[at].loc if at >= 0 else None, names=[f"{m.name}.mean" for m in members])
-                for g, out in zip(bucket, outs if isinstance(outs, tuple) else (outs,)):
-                    reduced[g] = out
+                loc = fn.ops[at].loc if at >= 0 else None
+                if self.overlap:
+                    sent = builder.emit("all_reduce_start", *members, op="mean", group=self.group,
+                                        bucket=len(started), loc=loc, names=[f"{m.name}.sent" for m in members])
+                    started.append((bucket, sent if isinstance(sent, tuple) else (sent,), loc))
+                    continue
+                outs = builder.emit("all_reduce", *members, op="mean", group=self.group, loc=loc,
+                                    names=[f"{m.name}.mean" for m in members])
+                reduced.update(zip(bucket, outs if isinstance(outs, tuple) else (outs,)))
+        for k, (bucket, sent, loc) in enumerate(started):  # the update is the averages' first reader
+            outs = builder.emit("all_reduce_wait", *sent, op="mean", group=self.group, bucket=k, loc=loc,
+                                names=[f"{grads[g].name}.mean" for g in bucket])
+            reduced.update(zip(bucket, outs if isinstance(outs, tuple) else (outs,)))
         results = (*fn.results[:n_forward], *(reduced[g] for g in range(len(grads))))
         return graph.replace(functions={**graph.functions, fn.name: Function(fn.name, fn.args, tuple(builder.ops),
                                                                                  results)})

@@ -23,10 +23,20 @@ class Tripling:
 
     def __init__(self) -> None:
         self.calls: list[tuple[list[tuple[int, ...]], str, str]] = []
+        self.started: dict[int, tuple[np.ndarray, ...]] = {}
 
     def all_reduce(self, arrays: Sequence[np.ndarray], op: str, group: str) -> tuple[np.ndarray, ...]:
         self.calls.append(([a.shape for a in arrays], op, group))
         return tuple(a * (3 if op == "sum" else 1) for a in arrays)
+
+    def all_reduce_start(self, arrays: Sequence[np.ndarray], op: str, group: str, bucket: int) -> None:
+        self.calls.append(([a.shape for a in arrays], f"start {op} {bucket}", group))
+        self.started[bucket] = tuple(a * (3 if op == "sum" else 1) for a in arrays)
+
+    def all_reduce_wait(self, arrays: Sequence[np.ndarray], op: str, group: str, bucket: int
+                        ) -> tuple[np.ndarray, ...]:
+        self.calls.append(([a.shape for a in arrays], f"wait {op} {bucket}", group))
+        return self.started.pop(bucket)
 
     def broadcast(self, arrays: Sequence[np.ndarray], src: int, group: str) -> tuple[np.ndarray, ...]:
         """Rank src's values, which here are this rank's plus 10 * src (so a result shows which src it came from)."""
@@ -66,6 +76,40 @@ def test_the_relax_vm_calls_the_communicator_from_inside_the_step() -> None:
     np.testing.assert_array_equal(s2, (6 * X) ** 2)
     np.testing.assert_array_equal(t, 3 * Y)
     np.testing.assert_array_equal(exe.run(X, Y)[1], Y)
+
+
+def split_graph() -> Graph:
+    """bucket_graph's all_reduce as data-parallel{overlap} places it: started, a computation, then waited on."""
+    b = Builder("M")
+    x, y = b.input("x", ((2, 3), DType.f32)), b.input("y", ((4,), DType.f32))
+    sent = b.op("all_reduce_start", b.op("add", x, x), y, op="sum", bucket=4)
+    busy = b.op("exp", y)  # runs while the bucket is in flight
+    s, t = b.op("all_reduce_wait", *sent, op="sum", bucket=4)
+    b.ret(b.op("mul", s, s), t, busy)
+    return b.build()
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "tvm"])
+def test_a_started_bucket_is_waited_on_with_all_reduces_result(backend: str) -> None:
+    """Issue 14: "bucketed so communication overlaps the remaining backward": the start hands the communicator the
+    bucket, the wait (paired by bucket number) takes all_reduce's result; both are the identity on one process."""
+    if backend == "tvm":
+        pytest.importorskip("tvm")
+        from kiln.runtime.tvm.compile import compile_graph
+        run = compile_graph(split_graph(), target="llvm", params="inputs").run
+    else:
+        def run(*xs: np.ndarray) -> tuple[np.ndarray, ...]:
+            return interpret(split_graph(), list(xs))
+    comm = Tripling()
+    with communicating(comm):
+        s2, t, busy = run(X, Y)
+    assert comm.calls == [([(2, 3), (4,)], "start sum 4", "world"), ([(2, 3), (4,)], "wait sum 4", "world")]
+    np.testing.assert_array_equal(s2, (6 * X) ** 2)
+    np.testing.assert_array_equal(t, 3 * Y)
+    np.testing.assert_allclose(busy, np.exp(Y), rtol=1e-6)
+    s2, t, _ = run(X, Y)
+    np.testing.assert_array_equal(s2, (2 * X) ** 2)
+    np.testing.assert_array_equal(t, Y)
 
 
 def broadcast_graph() -> Graph:
@@ -128,6 +172,13 @@ class Rank:
         self.rank = rank
 
     def all_reduce(self, arrays: Sequence[np.ndarray], op: str, group: str) -> tuple[np.ndarray, ...]:
+        return tuple(arrays)
+
+    def all_reduce_start(self, arrays: Sequence[np.ndarray], op: str, group: str, bucket: int) -> None:
+        pass
+
+    def all_reduce_wait(self, arrays: Sequence[np.ndarray], op: str, group: str, bucket: int
+                        ) -> tuple[np.ndarray, ...]:
         return tuple(arrays)
 
 
