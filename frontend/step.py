@@ -26,7 +26,7 @@ from kiln.ir import DType, FunctionBuilder, Graph, Operand, Rewriter, SymRef, Te
 from kiln.ir.ops.collective import Communicator, communicating
 from kiln.ir.ops.random import rank_seed
 from kiln.ir.symbols import SymbolResolver
-from kiln.passes.data_parallel import DataParallel, owners
+from kiln.passes.data_parallel import DataParallel, SyncBatchNorm, owners
 from kiln.runtime.backend import default_backend
 
 from .autograd import differentiate, warn_if_untrainable
@@ -78,6 +78,8 @@ def build_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, input_types
     gradients are averaged across `world` ranks first, and under ZeRO-1 this `rank` updates only its share."""
     traced, updated = trace_function(model, lambda *xs: loss_fn(model, *xs), *input_types)
     warn_if_untrainable(traced, stacklevel=4)  # the caller of the TrainStep
+    if data_parallel is not None and data_parallel.sync_batch_norm:
+        traced = SyncBatchNorm(data_parallel.group).apply(traced)
     graph = differentiate(traced)
     if data_parallel is not None:
         graph = data_parallel.apply(graph)

@@ -22,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kiln.ir import Function, FunctionBuilder, Graph, PassError, TensorType, Value
+from kiln.ir import Function, FunctionBuilder, Graph, Op, PassError, TensorType, Value
+from kiln.ir.gradients import count
+from kiln.ir.rewrite import Rewriter, rewrite
 
 from .base import Pass
 
@@ -57,6 +59,8 @@ class DataParallel(Pass):
     """the process group the gradients are averaged over"""
     overlap: bool = True
     """start each bucket's all_reduce where it closes and wait for it at the end of the backward"""
+    sync_batch_norm: bool = False
+    """batch norm's training statistics over the global batch (the step builder runs `SyncBatchNorm` first)"""
 
     def __post_init__(self) -> None:
         if self.bucket_bytes < 0:
@@ -119,3 +123,48 @@ class DataParallel(Pass):
                 closing.setdefault(made.get(id(grads[g]), -1), []).append(bucket)
                 bucket, size = [], 0
         return closing
+
+
+@dataclass(frozen=True)
+class SyncBatchNorm(Pass):
+    """Batch norm's training statistics over every rank's batch (torch's SyncBatchNorm): each `batch_norm` becomes
+    its arithmetic with the per-channel sums and counts all-reduced (sum), so every rank normalizes with the global
+    batch's mean and biased variance and updates its running statistics with them (unbiased by the global count).
+    Run before autodiff: the all_reduces' gradients carry the statistics' gradients across the ranks. The identity
+    in meaning on one process; a training flag unknown until run time selects between this and the running stats."""
+
+    name = "sync-batch-norm"
+    group: str = "world"
+    """the process group the statistics are taken over"""
+
+    def apply(self, graph: Graph) -> Graph:
+        return rewrite(graph, lambda: (self._rule,))
+
+    def _rule(self, rw: Rewriter, op: Op) -> tuple[Value, ...] | None:
+        if op.kind != "batch_norm":
+            return None
+        fb, (x, gamma, beta, rm, rv, training) = rw.builder, op.operands
+        eps, momentum, rank = op.attrs["eps"], op.attrs["momentum"], x.type.rank
+        axes, dtype = (0, *range(2, rank)), x.type.dtype
+
+        def c(v: float) -> Value:
+            return fb.constant(v, dtype)
+
+        def chan(v):  # [C] -> [C, 1, ...] against x [N, C, ...]
+            return v if rank == 2 else fb.emit("reshape", v, shape=(-1, *(1,) * (rank - 2)))
+
+        n = fb.emit("reshape", count(fb, x, axes, dtype), shape=(1,))
+        total, n = fb.emit("all_reduce", fb.emit("sum", x, axes=axes), n, op="sum", group=self.group)
+        mean = fb.emit("div", total, n)
+        xc = fb.emit("sub", x, chan(mean))
+        squares = fb.emit("all_reduce", fb.emit("sum", fb.emit("mul", xc, xc), axes=axes), op="sum", group=self.group)
+        var = fb.emit("div", squares, n)
+        scale = fb.emit("mul", gamma, fb.emit("rsqrt", fb.emit("add", var, c(eps))))
+        y = fb.emit("add", fb.emit("mul", xc, chan(scale)), chan(beta))
+        unbiased = fb.emit("div", fb.emit("mul", var, n), fb.emit("sub", n, c(1.0)))
+        new_mean = fb.emit("add", fb.emit("mul", rm, c(1 - momentum)), fb.emit("mul", mean, c(momentum)))
+        new_var = fb.emit("add", fb.emit("mul", rv, c(1 - momentum)), fb.emit("mul", unbiased, c(momentum)))
+        frozen = fb.emit("mul", gamma, fb.emit("rsqrt", fb.emit("add", rv, c(eps))))
+        y_eval = fb.emit("add", fb.emit("mul", fb.emit("sub", x, chan(rm)), chan(frozen)), chan(beta))
+        return (fb.emit("where", training, y, y_eval), fb.emit("where", training, new_mean, rm),
+                fb.emit("where", training, new_var, rv))

@@ -214,3 +214,22 @@ def test_each_rank_draws_its_own_dropout_masks_and_one_process_keeps_its_own() -
     for got, rank in ((single, 0), (rank1, 1)):
         assert rank_seed(5, rank) == 5 + rank * 2 ** 40
         np.testing.assert_array_equal(got != 0, np.random.default_rng([1, 5 + rank * 2 ** 40]).random((8, 8)) >= 0.5)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_sync_batch_norm_is_batch_norm_on_one_process(training: bool) -> None:
+    """On one process the all_reduces are identities: sync-batch-norm computes batch_norm's three results (the
+    interpreter's batch_norm, itself checked against torch, is the oracle), in training and with running stats."""
+    from kiln.passes.data_parallel import SyncBatchNorm
+
+    b = Builder("M")
+    x = b.input("x", ((None, 3, 2), DType.f32))
+    rng = np.random.default_rng(0)
+    stats = [b.param(n, (3,), data=rng.uniform(0.5, 1.5, 3).astype(np.float32)) for n in ("g", "b", "m", "v")]
+    b.ret(*b.op("batch_norm", x, *stats, b.flag("training", training), momentum=0.25))
+    graph = b.build()
+    synced = SyncBatchNorm().apply(graph)
+    assert "batch_norm" not in {op.kind for op in synced.functions["forward"].ops}
+    data = rng.standard_normal((5, 3, 2)).astype(np.float32)
+    for want, got in zip(interpret(graph, [data]), interpret(synced, [data])):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

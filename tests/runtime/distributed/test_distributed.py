@@ -144,6 +144,23 @@ def check_ranks(tmp_path: Path, world: int) -> None:
         assert int(rank["resume.saved_arrays"]) == 12 and int(rank["resume.rank_arrays"]) < 12
         for name in PARAMS:
             np.testing.assert_array_equal(rank[f"resume.resumed.{name}"], rank[f"resume.whole.{name}"])
+    # Issue 14: "batch-norm statistics synced across ranks" (torch's SyncBatchNorm): with sync-batch-norm every rank
+    # normalizes with the global batch's statistics, so its output is its slice of torch's on the concatenated batch,
+    # the averaged gradients and the new running statistics are torch's (F.batch_norm, training, momentum 0.1)
+    bn = {k.removeprefix("bn.init."): torch.tensor(v, dtype=torch.float64, requires_grad=True)
+          for k, v in ranks[0].items() if k.startswith("bn.init.")}
+    running_mean, running_var = bn.pop("bn.running_mean").detach(), bn.pop("bn.running_var").detach()
+    h = (torch.from_numpy(x).double() @ bn["fc.weight"] + bn["fc.bias"]).reshape(-1, 3, 2)
+    out = torch.nn.functional.batch_norm(h, running_mean, running_var, bn["bn.gamma"], bn["bn.beta"], training=True,
+                                         momentum=0.1, eps=1e-5)
+    ((out - torch.from_numpy(ranks[0]["bn.target"]).double()) ** 2).mean().backward()
+    for r, rank in enumerate(ranks):
+        mine = slice(r * worker.BATCH, (r + 1) * worker.BATCH)
+        np.testing.assert_allclose(rank["bn.out"], out.detach().numpy()[mine], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(rank["bn.running_mean"], running_mean.numpy(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(rank["bn.running_var"], running_var.numpy(), rtol=1e-6, atol=1e-7)
+        for name, p in bn.items():
+            assert relative(rank[f"bn.grad.{name}"], p.grad.numpy()) <= 1e-6, (name, r)
     # the last rank's hidden layer is one wider: every rank fails with the same one-line error naming it
     want = (f"the ranks hold different models: parameter fc1.weight: rank 0 has shape [5, 7], rank {world - 1} has "
             "[5, 8]")

@@ -28,7 +28,7 @@ from kiln.frontend.autograd import differentiate
 from kiln.frontend.trace import trace_function
 from kiln.ir import DType, Graph, Interpreter, TensorType
 from kiln.ir.ops.collective import communicating
-from kiln.passes.data_parallel import DataParallel
+from kiln.passes.data_parallel import DataParallel, SyncBatchNorm
 from kiln.runtime.distributed import TorchEngine
 from kiln.runtime.records.record import ModuleRecord
 from kiln.train import Checkpointing, DataLoader, Learner
@@ -200,6 +200,7 @@ def checks(engine: TorchEngine, out: Path) -> None:
     # a slow first bucket, started where it closes or reduced in one op
     result.update(overlap_times(SlowFirstBucket()))
     result.update(zero_resume(engine, out))
+    result.update(sync_batch_norm(engine))
     # a rank with another model: the Learner refuses to start, on every rank
     kiln.seed(7)
     other = MLP(hidden=D_HIDDEN + 1 if r == world - 1 else D_HIDDEN)
@@ -246,6 +247,41 @@ def learner(engine: TorchEngine, ckpt: str, zero: int, keep: int = 2) -> tuple[L
                   checkpointing=Checkpointing(ckpt, every_steps=2, keep=keep), data_parallel=DataParallel(zero=zero),
                   engine=engine, metrics=(Loss(),))
     return run, DataLoader((x, y), BATCH, shuffle=True, seed=4, drop_last=True)
+
+
+class Normed(kiln.Module):
+    """A linear layer whose output, as [batch, 3 channels, 2], batch norm normalizes."""
+
+    def __init__(self) -> None:
+        device = kiln.Device("cpu").autodiff()
+        self.fc, self.bn = nn.Linear(D_IN, 6, device=device), nn.BatchNorm1d(3, device=device)
+
+    def forward(self, x: kiln.Tensor) -> kiln.Tensor:
+        return self.bn(self.fc(x).reshape((-1, 3, 2)))
+
+
+def sync_batch_norm(engine: TorchEngine) -> dict[str, np.ndarray]:
+    """forward_backward of Normed on this rank's batch with batch-norm statistics synced: the output, the new
+    running statistics and the averaged gradients, by parameter name."""
+    x, _, mine, _, _ = data_parallel_graph(engine)
+    target = np.random.default_rng(5).standard_normal((BATCH * engine.world_size, 3, 2)).astype(np.float32)
+    kiln.seed(3)
+    model = Normed()
+    types = (TensorType((None, D_IN), DType.f32), TensorType((None, 3, 2), DType.f32))
+
+    def loss(a: kiln.Tensor, b: kiln.Tensor) -> tuple[kiln.Tensor, kiln.Tensor]:
+        out = model(a)
+        return ((out - b) ** 2).mean(), out
+
+    traced, _ = trace_function(model, loss, *types)
+    graph = DataParallel(sync_batch_norm=True).apply(differentiate(SyncBatchNorm().apply(traced)))
+    with communicating(engine):
+        outs = Interpreter(graph).run([x[mine], target[mine]], "forward_backward")
+    trained = [p.name for p in graph.params.values() if p.grad]
+    result = {"bn.out": outs[1], "bn.running_mean": outs[2], "bn.running_var": outs[3], "bn.target": target}
+    result.update({f"bn.grad.{name}": g for name, g in zip(trained, outs[4:])})
+    result.update({f"bn.init.{k}": v for k, v in params(model).items()})
+    return result
 
 
 def zero_resume(engine: TorchEngine, out: Path) -> dict[str, np.ndarray]:
