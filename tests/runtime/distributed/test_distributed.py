@@ -126,6 +126,8 @@ def check_ranks(tmp_path: Path, world: int) -> None:
             np.testing.assert_array_equal(rank[f"clip1.{name}"], rank[f"clip0.{name}"])
     bad_src = f"broadcast: source rank {world} is outside the group of {world} ranks"
     assert [str(rank["bad_src"]) for rank in ranks] == [bad_src] * world
+    unstarted = "all_reduce_wait: bucket 99 of group 'world' was never started"
+    assert [str(rank["unstarted"]) for rank in ranks] == [unstarted] * world
     full, shards = int(ranks[0]["zero0.state_arrays"]), [int(rank["zero1.state_arrays"]) for rank in ranks]
     assert sum(shards) == full and max(shards) < full
     # Issue 14: "bucketed so communication overlaps the remaining backward where the runtime allows". The first

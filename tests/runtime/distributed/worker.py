@@ -180,6 +180,12 @@ def checks(engine: TorchEngine, out: Path) -> None:
         result["bad_src"] = np.asarray("")
     except kiln.DistributedError as e:
         result["bad_src"] = np.asarray(str(e))
+    # a wait for a bucket never started: one error naming it, before any communication
+    try:
+        engine.all_reduce_wait([buffer], "mean", "world", 99)
+        result["unstarted"] = np.asarray("")
+    except kiln.DistributedError as e:
+        result["unstarted"] = np.asarray(str(e))
     # three Adam steps, plain data parallel and ZeRO-1
     for zero in (0, 1):
         kiln.seed(7)
