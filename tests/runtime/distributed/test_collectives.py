@@ -233,3 +233,52 @@ def test_sync_batch_norm_is_batch_norm_on_one_process(training: bool) -> None:
     data = rng.standard_normal((5, 3, 2)).astype(np.float32)
     for want, got in zip(interpret(graph, [data]), interpret(synced, [data])):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+class Recording(Rank):
+    """Rank 0 of two holding the same values, noting each collective's kind and op."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.ops: list[str] = []
+
+    def all_reduce(self, arrays: Sequence[np.ndarray], op: str, group: str) -> tuple[np.ndarray, ...]:
+        self.ops.append(f"all_reduce {op}")
+        return tuple(a * (2 if op == "sum" else 1) for a in arrays)
+
+    def all_reduce_start(self, arrays: Sequence[np.ndarray], op: str, group: str, bucket: int) -> None:
+        self.ops.append(f"start {op}")
+
+
+def test_compile_step_syncs_batch_norm_statistics_when_asked() -> None:
+    """DataParallel(sync_batch_norm=True): the step's forward all-reduces batch norm's sums and count (two ranks
+    holding the same batch: the mean and biased variance are this batch's, the count twice its own, which the
+    running variance's unbiasing shows); without the option batch norm's statistics stay local."""
+    import kiln
+    from kiln import nn, optim
+
+    class Normed(kiln.Module):
+        def __init__(self) -> None:
+            self.bn = nn.BatchNorm1d(3, device=kiln.Device("cpu").autodiff())
+
+        def forward(self, x: kiln.Tensor) -> kiln.Tensor:
+            return self.bn(x)
+
+    x = np.random.default_rng(1).standard_normal((4, 3, 2)).astype(np.float32)
+
+    def run(sync: bool) -> tuple[list[str], dict[str, np.ndarray]]:
+        comm = Recording()
+        kiln.seed(0)
+        step = kiln.compile_step(Normed(), lambda m, a: (m(a) ** 2).mean(), optim.SGD(), ((4, 3, 2), "f32"),
+                                 data_parallel=DataParallel(sync_batch_norm=sync), communicator=comm)
+        step(0.1, x)
+        return comm.ops, {p: np.asarray(v.state.get()) for p, v in step.model().leaves() if isinstance(v, kiln.Param)}
+
+    synced, local = run(True), run(False)
+    # the sums and count, then the squares' sums; the statistics lead back only to x, which needs no gradient
+    assert synced[0].count("all_reduce sum") == 2 and "all_reduce sum" not in local[0]
+    n = 8  # values per channel on one rank, 16 across the two
+    mean, var = x.mean(axis=(0, 2)), x.var(axis=(0, 2))
+    np.testing.assert_allclose(synced[1]["bn.running_mean"], 0.1 * mean, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(synced[1]["bn.running_var"], 0.9 + 0.1 * var * 2 * n / (2 * n - 1), rtol=1e-6)
+    np.testing.assert_allclose(local[1]["bn.running_var"], 0.9 + 0.1 * var * n / (n - 1), rtol=1e-6)
