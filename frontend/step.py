@@ -26,11 +26,12 @@ from kiln.ir import DType, FunctionBuilder, Graph, Operand, Rewriter, SymRef, Te
 from kiln.ir.ops.collective import Communicator, communicating
 from kiln.ir.ops.random import rank_seed
 from kiln.ir.symbols import SymbolResolver
-from kiln.passes.data_parallel import DataParallel, owners
+from kiln.passes.data_parallel import DataParallel, SyncBatchNorm, owners
 from kiln.runtime.backend import default_backend
 
 from .autograd import differentiate, warn_if_untrainable
 from .module import Module
+from .optim.accumulation import GradientAccumulation
 from .optim.optimizer import Optimizer, lr_type, with_values
 from .param import Param
 from .tensor import Tensor
@@ -77,6 +78,8 @@ def build_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, input_types
     gradients are averaged across `world` ranks first, and under ZeRO-1 this `rank` updates only its share."""
     traced, updated = trace_function(model, lambda *xs: loss_fn(model, *xs), *input_types)
     warn_if_untrainable(traced, stacklevel=4)  # the caller of the TrainStep
+    if data_parallel is not None and data_parallel.sync_batch_norm:
+        traced = SyncBatchNorm(data_parallel.group).apply(traced)
     graph = differentiate(traced)
     if data_parallel is not None:
         graph = data_parallel.apply(graph)
@@ -103,10 +106,14 @@ def build_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, input_types
     copier = Rewriter(graph, fb, symbols=lambda ref: symbol(ref.name))
     out = list(copier.inline(fn, [fb.input(a.name, a.type) for a in fn.args], rename=fb.unique))
     grads = out[n_forward:]
-    if sharded and getattr(optimizer, "grad_clipping", None) is not None:
-        raise ValueError("ZeRO-1 (data-parallel zero=1) cannot clip gradients yet: each rank updates only its share")
+    clipping = optimizer.grad_clipping if sharded else None
+    if sharded and isinstance(optimizer, GradientAccumulation) and optimizer.inner.grad_clipping is not None:
+        raise ValueError("ZeRO-1 (data-parallel zero=1) cannot clip accumulated gradients: the norm of the mean is "
+                         "over every parameter's gradient sum, and each rank keeps only its share of the sums")
+    if clipping is not None:  # the global norm: after the all-reduce every rank holds every averaged gradient
+        grads = clipping.emit(fb, grads)  # type: ignore[arg-type]
     updates = optimizer.emit_step(fb, [args[trainable[i].name] for i in mine], [grads[i] for i in mine],  # type: ignore[arg-type]
-                                  states, lr)
+                                  states, lr, clipped=clipping is not None)
     new_params = [new for new, _ in updates]
     if sharded:
         new_params = _gathered(fb, trainable, owner, rank, [args[p.name] for p in trainable], new_params)
@@ -211,7 +218,9 @@ class TrainStep:
         self._params = [self._values[pid] for pid in program.param_ids]
         self._states = []
         for i, names in zip(program.trained, program.state_names):
-            if i not in program.elsewhere:
+            if i in program.elsewhere:  # ZeRO-1: another rank's share (a resumed whole state is sharded here)
+                self.optimizer.state.pop(program.param_ids[i], None)
+            else:
                 state = self.optimizer.state_for(*params[program.param_ids[i]])
                 self._states += [state[name] for name in names]
 

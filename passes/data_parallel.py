@@ -8,6 +8,10 @@ each gradient joins the open bucket when its producer runs; a bucket closes when
 placed right after that producer. The step's update then reads the averaged gradients. On one process an
 all_reduce is the identity, so the program computes what it did before.
 
+With `overlap` (the default) each all_reduce is split in two: `all_reduce_start` where the bucket closes hands it
+to the engine, which communicates in the background while the rest of the backward computes, and
+`all_reduce_wait`, at the end of the backward where the update first reads the averages, blocks for the result.
+
 ZeRO stage 1 (`zero=1`) shards the update: `owners` gives each trainable parameter the rank that keeps its
 optimizer state and updates it; the step builder reads `zero` and emits the update on the owner only, then a
 `broadcast {src = owner}` that hands every rank the owner's new values.
@@ -18,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kiln.ir import Function, FunctionBuilder, Graph, PassError, TensorType, Value
+from kiln.ir import Function, FunctionBuilder, Graph, Op, PassError, TensorType, Value
+from kiln.ir.gradients import count
+from kiln.ir.rewrite import Rewriter, rewrite
 
 from .base import Pass
 
@@ -51,6 +57,10 @@ class DataParallel(Pass):
     """ZeRO stage: 0 every rank updates every parameter, 1 each rank updates and keeps optimizer state for its share"""
     group: str = "world"
     """the process group the gradients are averaged over"""
+    overlap: bool = True
+    """start each bucket's all_reduce where it closes and wait for it at the end of the backward"""
+    sync_batch_norm: bool = False
+    """batch norm's training statistics over the global batch (the step builder runs `SyncBatchNorm` first)"""
 
     def __post_init__(self) -> None:
         if self.bucket_bytes < 0:
@@ -66,7 +76,8 @@ class DataParallel(Pass):
         n_forward = len(graph.functions["forward"].results)
         grads = fn.results[n_forward:]
         made = {id(r): i for i, op in enumerate(fn.ops) for r in op.results}
-        if not grads or any(fn.ops[made[id(r)]].kind == "all_reduce" for r in grads if id(r) in made):
+        if not grads or any(fn.ops[made[id(r)]].kind in ("all_reduce", "all_reduce_wait") for r in grads
+                            if id(r) in made):
             return graph  # nothing to average, or averaged already
         order = sorted(range(len(grads)), key=lambda g: made.get(id(grads[g]), -1))
         closing = self._buckets(grads, order, made)
@@ -74,15 +85,25 @@ class DataParallel(Pass):
         builder.args = list(fn.args)
         builder.taken = {a.name for a in fn.args} | {r.name for op in fn.ops for r in op.results}
         reduced: dict[int, Value] = {}
+        started: list[tuple[list[int], tuple[Value, ...], object]] = []
         for at in [-1, *range(len(fn.ops))]:
             if at >= 0:
                 builder.ops.append(fn.ops[at])
             for bucket in closing.get(at, ()):
                 members = [grads[g] for g in bucket]
-                outs = builder.emit("all_reduce", *members, op="mean", group=self.group,
-                                    loc=fn.ops[at].loc if at >= 0 else None, names=[f"{m.name}.mean" for m in members])
-                for g, out in zip(bucket, outs if isinstance(outs, tuple) else (outs,)):
-                    reduced[g] = out
+                loc = fn.ops[at].loc if at >= 0 else None
+                if self.overlap:
+                    sent = builder.emit("all_reduce_start", *members, op="mean", group=self.group,
+                                        bucket=len(started), loc=loc, names=[f"{m.name}.sent" for m in members])
+                    started.append((bucket, sent if isinstance(sent, tuple) else (sent,), loc))
+                    continue
+                outs = builder.emit("all_reduce", *members, op="mean", group=self.group, loc=loc,
+                                    names=[f"{m.name}.mean" for m in members])
+                reduced.update(zip(bucket, outs if isinstance(outs, tuple) else (outs,)))
+        for k, (bucket, sent, loc) in enumerate(started):  # the update is the averages' first reader
+            outs = builder.emit("all_reduce_wait", *sent, op="mean", group=self.group, bucket=k, loc=loc,
+                                names=[f"{grads[g].name}.mean" for g in bucket])
+            reduced.update(zip(bucket, outs if isinstance(outs, tuple) else (outs,)))
         results = (*fn.results[:n_forward], *(reduced[g] for g in range(len(grads))))
         return graph.replace(functions={**graph.functions, fn.name: Function(fn.name, fn.args, tuple(builder.ops),
                                                                                  results)})
@@ -102,3 +123,48 @@ class DataParallel(Pass):
                 closing.setdefault(made.get(id(grads[g]), -1), []).append(bucket)
                 bucket, size = [], 0
         return closing
+
+
+@dataclass(frozen=True)
+class SyncBatchNorm(Pass):
+    """Batch norm's training statistics over every rank's batch (torch's SyncBatchNorm): each `batch_norm` becomes
+    its arithmetic with the per-channel sums and counts all-reduced (sum), so every rank normalizes with the global
+    batch's mean and biased variance and updates its running statistics with them (unbiased by the global count).
+    Run before autodiff: the all_reduces' gradients carry the statistics' gradients across the ranks. The identity
+    in meaning on one process; a training flag unknown until run time selects between this and the running stats."""
+
+    name = "sync-batch-norm"
+    group: str = "world"
+    """the process group the statistics are taken over"""
+
+    def apply(self, graph: Graph) -> Graph:
+        return rewrite(graph, lambda: (self._rule,))
+
+    def _rule(self, rw: Rewriter, op: Op) -> tuple[Value, ...] | None:
+        if op.kind != "batch_norm":
+            return None
+        fb, (x, gamma, beta, rm, rv, training) = rw.builder, op.operands
+        eps, momentum, rank = op.attrs["eps"], op.attrs["momentum"], x.type.rank
+        axes, dtype = (0, *range(2, rank)), x.type.dtype
+
+        def c(v: float) -> Value:
+            return fb.constant(v, dtype)
+
+        def chan(v):  # [C] -> [C, 1, ...] against x [N, C, ...]
+            return v if rank == 2 else fb.emit("reshape", v, shape=(-1, *(1,) * (rank - 2)))
+
+        n = fb.emit("reshape", count(fb, x, axes, dtype), shape=(1,))
+        total, n = fb.emit("all_reduce", fb.emit("sum", x, axes=axes), n, op="sum", group=self.group)
+        mean = fb.emit("div", total, n)
+        xc = fb.emit("sub", x, chan(mean))
+        squares = fb.emit("all_reduce", fb.emit("sum", fb.emit("mul", xc, xc), axes=axes), op="sum", group=self.group)
+        var = fb.emit("div", squares, n)
+        scale = fb.emit("mul", gamma, fb.emit("rsqrt", fb.emit("add", var, c(eps))))
+        y = fb.emit("add", fb.emit("mul", xc, chan(scale)), chan(beta))
+        unbiased = fb.emit("div", fb.emit("mul", var, n), fb.emit("sub", n, c(1.0)))
+        new_mean = fb.emit("add", fb.emit("mul", rm, c(1 - momentum)), fb.emit("mul", mean, c(momentum)))
+        new_var = fb.emit("add", fb.emit("mul", rv, c(1 - momentum)), fb.emit("mul", unbiased, c(momentum)))
+        frozen = fb.emit("mul", gamma, fb.emit("rsqrt", fb.emit("add", rv, c(eps))))
+        y_eval = fb.emit("add", fb.emit("mul", fb.emit("sub", x, chan(rm)), chan(frozen)), chan(beta))
+        return (fb.emit("where", training, y, y_eval), fb.emit("where", training, new_mean, rm),
+                fb.emit("where", training, new_var, rv))

@@ -31,6 +31,7 @@ _PASSES: dict[str, str] = {
     "materialize": "kiln.passes.materialize:Materialize",
     "quantize-weights": "kiln.passes.quantize_weights:QuantizeWeights",
     "data-parallel": "kiln.passes.data_parallel:DataParallel",
+    "sync-batch-norm": "kiln.passes.data_parallel:SyncBatchNorm",
 }
 
 

@@ -30,13 +30,14 @@ class GradientAccumulation(Optimizer):
                 "micro_step": np.zeros((), t.dtype.numpy)}
 
     def emit_step(self, fb: FunctionBuilder, params: Sequence[Value], grads: Sequence[Value],
-                  states: Sequence[dict[str, Value]], lr: Value) -> list[tuple[Value, dict[str, Value]]]:
+                  states: Sequence[dict[str, Value]], lr: Value, clipped: bool = False
+                  ) -> list[tuple[Value, dict[str, Value]]]:
         """Sum, then `inner`'s whole step (its clipping included) on the mean, kept only on the last micro-step."""
         counts = [emit(fb, "add", s["micro_step"], scalar(fb, 1.0, s["micro_step"])) for s in states]
         sums = [emit(fb, "add", s["grad_sum"], g) for s, g in zip(states, grads)]
         means = [emit(fb, "div", total, scalar(fb, float(self.steps), total)) for total in sums]
         inner_states = [{n: s[n] for n in self.inner.state_names} for s in states]
-        updates = self.inner.emit_step(fb, params, means, inner_states, lr)
+        updates = self.inner.emit_step(fb, params, means, inner_states, lr, clipped)
         out = []
         for param, state, count, total, (new, new_state) in zip(params, states, counts, sums, updates):
             last = emit(fb, "equal", count, scalar(fb, float(self.steps), count))

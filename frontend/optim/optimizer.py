@@ -81,9 +81,10 @@ class Optimizer:
         raise NotImplementedError
 
     def emit_step(self, fb: FunctionBuilder, params: Sequence[Value], grads: Sequence[Value],
-                  states: Sequence[dict[str, Value]], lr: Value) -> list[tuple[Value, dict[str, Value]]]:
-        """Clip the gradients (if configured) and emit every parameter's update."""
-        if self.grad_clipping is not None:
+                  states: Sequence[dict[str, Value]], lr: Value, clipped: bool = False
+                  ) -> list[tuple[Value, dict[str, Value]]]:
+        """Clip the gradients (if configured, unless the caller has: `clipped`) and emit every parameter's update."""
+        if self.grad_clipping is not None and not clipped:
             grads = self.grad_clipping.emit(fb, grads)
         return [self.update(fb, p, g, s, lr) for p, g, s in zip(params, grads, states)]
 

@@ -9,6 +9,7 @@ and the log's length (a resumed run cuts the log back to it), so the resumed run
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import time
@@ -105,9 +106,10 @@ class Learner:
                  log: str | os.PathLike[str] | None = None, log_format: LogFormat | None = None,
                  stream: TextIO | None = None, seed: int = 0,
                  data_parallel: DataParallel | None = None, engine: TorchEngine | None = None):
-        if data_parallel is not None and data_parallel.zero == 1 and checkpointing is not None:
-            raise ValueError("ZeRO-1 keeps each rank's share of the optimizer state on that rank, and checkpoints are "
-                             "written by rank 0 alone: use data_parallel zero=0 with checkpointing")
+        if data_parallel is not None and data_parallel.zero == 1 and checkpointing is not None \
+                and checkpointing.every_seconds is not None:
+            raise ValueError("ZeRO-1 checkpoints gather every rank's share of the optimizer state, so the ranks must "
+                             "agree when to save: use Checkpointing(every_steps=...), not every_seconds")
         self.data_parallel, self.engine = data_parallel, engine
         self.model, self.loss_fn, self.lr_schedule = model, loss_fn, lr_schedule
         self.optimizer = optimizer if accumulation == 1 else GradientAccumulation(optimizer, accumulation)
@@ -196,8 +198,29 @@ class Learner:
         check_same_model(engine, [(path, tuple(p.type.shape), p.type.dtype.value, str(p.id))
                                   for path, p in self.model.leaves() if isinstance(p, Param)])
         if engine.rank != 0:
-            self.log_path, self.stream, self.checkpointing = None, open(os.devnull, "w"), None
+            self.log_path, self.stream = None, open(os.devnull, "w")
+            if not self._sharded():  # under ZeRO-1 every rank takes part in the saves (it holds a shard)
+                self.checkpointing = None
         return train.sharded(engine.rank, engine.world_size)
+
+    def _sharded(self) -> bool:
+        """Whether each rank keeps only its share of the optimizer state (ZeRO-1 over more than one rank)."""
+        dp, engine = self.data_parallel, self.engine
+        return dp is not None and dp.zero == 1 and engine is not None and engine.world_size > 1
+
+    def _whole_optimizer(self) -> Optimizer:
+        """The optimizer with every parameter's state: under ZeRO-1 each rank's share, gathered from all ranks
+        (every rank calls this at the same step), else the optimizer itself."""
+        if not self._sharded():
+            return self.optimizer
+        assert self.engine is not None
+        mine = {pid: (self.optimizer.paths[pid], state) for pid, state in self.optimizer.state.items()}
+        whole = copy.copy(self.optimizer)
+        whole.state, whole.paths = {}, {}
+        for share in self.engine.all_gather_object(mine):
+            for pid, (path, state) in share.items():  # type: ignore[attr-defined]
+                whole.state[pid], whole.paths[pid] = state, path
+        return whole
 
     def evaluate(self, data: DataLoader | Iterable[Batch]) -> dict[str, float]:
         """The metrics over `data`, the trained module in `valid()` state run eagerly."""
@@ -259,9 +282,12 @@ class Learner:
     def _save(self) -> None:
         rule = self.checkpointing
         assert rule is not None
+        optimizer = self._whole_optimizer()
         folder = Path(rule.directory) / f"step-{self.position.step:09d}"
-        if not folder.exists():  # the same step's checkpoint holds the same state
-            checkpoint.save(rule.directory, self.position.step, self.trained(), self.optimizer,
+        if self.engine is not None and self.engine.rank != 0:  # a ZeRO-1 rank gave its share; rank 0 writes
+            pass
+        elif not folder.exists():  # the same step's checkpoint holds the same state
+            checkpoint.save(rule.directory, self.position.step, self.trained(), optimizer,
                             {"position": asdict(self.position), "lr": self._lr,
                              "schedule_iteration": self.lr_schedule.iteration,
                              "rng": {"seed": self.seed, "data_seed": self._data_seed}}, rule.keep)

@@ -26,3 +26,10 @@ def _broadcast(ctx: GradContext, op: Op, out_grads: tuple[Value | None, ...]) ->
     """Only rank src's operands reach the results, and which rank this is the graph does not know."""
     raise PassError(f"broadcast: no gradient (it would be a reduction to rank {op.attrs['src']} alone); "
                     "broadcast the results of a step's update, not values a loss depends on")
+
+
+@gradient("all_reduce_start")
+@gradient("all_reduce_wait")
+def _split(ctx: GradContext, op: Op, out_grads: tuple[Value | None, ...]) -> tuple[Value | None, ...]:
+    """The halves exist only after autodiff (data-parallel{overlap} splits the gradients' all_reduces)."""
+    raise PassError(f"{op.kind}: no gradient (data-parallel places it after autodiff); differentiate all_reduce")

@@ -32,6 +32,11 @@ class Communicator(Protocol):
 
     def broadcast(self, arrays: Sequence[np.ndarray], src: int, group: str) -> tuple[np.ndarray, ...]: ...
 
+    def all_reduce_start(self, arrays: Sequence[np.ndarray], op: str, group: str, bucket: int) -> None: ...
+
+    def all_reduce_wait(self, arrays: Sequence[np.ndarray], op: str, group: str, bucket: int
+                        ) -> tuple[np.ndarray, ...]: ...
+
 
 _communicator: contextvars.ContextVar[Communicator | None] = contextvars.ContextVar("kiln_communicator", default=None)
 
@@ -67,6 +72,36 @@ define("all_reduce", ("xs*",), _all_reduce_infer, _through_communicator("all_red
         "group": Attr(STR, "world", "the process group")},
        doc="every rank's operands combined elementwise across the group (one bucket: one communication); "
            "the identity on a single process",
+       traits={Trait.COLLECTIVE})
+
+
+def _started(xs, attrs):
+    """all_reduce_start hands the bucket to the communicator, which reduces it in the background; its results are
+    its operands, which only order the wait after it."""
+    communicator = _communicator.get()
+    if communicator is not None:
+        communicator.all_reduce_start(xs, attrs["op"], attrs["group"], attrs["bucket"])
+    return tuple(xs)
+
+
+def _bucket(v: object) -> int:
+    bucket = INT(v)
+    if bucket < 0:
+        raise TypeError("expected a bucket number >= 0")
+    return bucket
+
+
+_ASYNC_ATTRS = {"op": Attr(one_of(*REDUCTIONS), "mean", "how the ranks' values combine"),
+                "group": Attr(STR, "world", "the process group"),
+                "bucket": Attr(_bucket, 0, "pairs a wait with its start (unique in the function)")}
+define("all_reduce_start", ("xs*",), _all_reduce_infer, _started, _ASYNC_ATTRS,
+       doc="all_reduce's first half: the communication of the bucket begins and runs while later ops compute; "
+           "its results are its operands (the identity on a single process)",
+       traits={Trait.COLLECTIVE})
+define("all_reduce_wait", ("xs*",), _all_reduce_infer,
+       _through_communicator("all_reduce_wait", "op", "group", "bucket"), _ASYNC_ATTRS,
+       doc="all_reduce's second half: blocks until bucket's communication ends; its results are all_reduce's "
+           "(operands: the start's results; the identity on a single process)",
        traits={Trait.COLLECTIVE})
 
 

@@ -43,6 +43,7 @@ class TorchEngine:
         self.rank, self.world_size = self.dist.get_rank(), self.dist.get_world_size()
         self.bytes_sent = 0  # payload bytes of the collectives so far, for bench/distributed.py
         self.wire_bytes = 0  # the bytes those put on the wire per rank (see _count)
+        self._pending: dict[tuple[str, int], tuple[Any, np.ndarray, str]] = {}  # (group, bucket) -> work, buffer, op
 
     def _join(self, timeout: datetime.timedelta) -> None:
         """init_process_group on the rendezvous store under a prefix per torchrun attempt: a restarted group reuses
@@ -65,6 +66,32 @@ class TorchEngine:
         flat = self._bucket("all_reduce", arrays, group)
         self.dist.all_reduce(self.tensor(flat), op=self.dist.ReduceOp.SUM)
         self._count(flat, 2)
+        if op == "mean":
+            flat /= self.world_size
+        return _views(flat, arrays)
+
+    def all_reduce_start(self, arrays: Sequence[np.ndarray], op: str, group: str, bucket: int) -> None:
+        """Begin all_reduce of `arrays` (a copy, so the caller may go on using them) in the background."""
+        if (group, bucket) in self._pending:
+            raise DistributedError(f"all_reduce_start: bucket {bucket} of group {group!r} is started and not waited on")
+        flat = self._bucket("all_reduce", arrays, group)
+        self._pending[group, bucket] = (self.launch(flat), flat, op)
+        self._count(flat, 2)
+
+    def launch(self, flat: np.ndarray) -> Any:
+        """torch's asynchronous sum of `flat` across the group, in place: a handle whose wait() ends it."""
+        return self.dist.all_reduce(self.tensor(flat), op=self.dist.ReduceOp.SUM, async_op=True)
+
+    def all_reduce_wait(self, arrays: Sequence[np.ndarray], op: str, group: str, bucket: int
+                        ) -> tuple[np.ndarray, ...]:
+        """The result of the all_reduce that `all_reduce_start` began for this bucket, once it has ended."""
+        started = self._pending.pop((group, bucket), None)
+        if started is None:
+            raise DistributedError(f"all_reduce_wait: bucket {bucket} of group {group!r} was never started")
+        work, flat, started_op = started
+        if started_op != op or flat.size != sum(a.size for a in arrays):
+            raise DistributedError(f"all_reduce_wait: bucket {bucket} was started as another all_reduce")
+        work.wait()
         if op == "mean":
             flat /= self.world_size
         return _views(flat, arrays)

@@ -154,7 +154,7 @@ def _filled(call: OnnxCall) -> OnnxResult:
     return call.node("ConstantOfShape", call.ints(call.attrs["shape"]), value=numpy_helper.from_array(one))
 
 
-@onnx_rule("all_reduce", "broadcast")
+@onnx_rule("all_reduce", "all_reduce_start", "all_reduce_wait", "broadcast")
 def _collective(call: OnnxCall) -> OnnxResult:
     """An exported model runs on one process; a collective in it is a training step's, which ONNX cannot hold."""
     raise call.unsupported("it is a collective of data-parallel training; export the model, not its training step")

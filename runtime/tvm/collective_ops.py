@@ -1,5 +1,5 @@
-"""Relax lowering of the collectives (all_reduce, broadcast): a call, from inside the Relax VM, of a packed function
-kiln registers, which runs the collective through the communicator installed for the run
+"""Relax lowering of the collectives (all_reduce, its start/wait halves, broadcast): a call, from inside the Relax
+VM, of a packed function kiln registers, which runs the collective through the communicator installed for the run
 (`kiln.ir.ops.collective.communicating`), the identity on one process.
 The VM's own buffers reach it by DLPack, without copies.
 
@@ -21,15 +21,16 @@ from kiln.ir.ops.collective import REDUCTIONS, current_communicator
 from .rule import OpCall, RelaxResult, relax_rule
 
 
-def _registered(name: str, prims: int, collective: Callable[..., Sequence[np.ndarray]]) -> str:
+def _registered(name: str, prims: int, collective: Callable[..., Sequence[np.ndarray] | None]) -> str:
     """Register (once) packed function `name`: destination-passing, it takes the operands, `prims` prim values,
-    then the results, and runs `collective(communicator, arrays, *prims)`, or the identity when none is installed."""
+    then the results, and runs `collective(communicator, arrays, *prims)`, or the identity when none is installed
+    (or when the collective returns None: a start, whose results are its operands)."""
     def run(*args) -> None:
         n = (len(args) - prims) // 2
         arrays = [np.from_dlpack(t) for t in args[:n]]
         communicator = current_communicator()
-        values = arrays if communicator is None else collective(communicator, arrays, *args[n:n + prims])
-        for out, value in zip(args[n + prims:], values):
+        values = None if communicator is None else collective(communicator, arrays, *args[n:n + prims])
+        for out, value in zip(args[n + prims:], arrays if values is None else values):
             np.from_dlpack(out)[...] = value
     if tvm_ffi.get_global_func(name, allow_missing=True) is None:
         tvm_ffi.register_global_func(name, run)
@@ -41,6 +42,18 @@ def packed_name(op: str, group: str) -> str:
     return _registered(f"kiln.all_reduce.{op}.{group}", 0, lambda c, xs: c.all_reduce(xs, op, group))
 
 
+def start_name(op: str, group: str) -> str:
+    """The packed function running `all_reduce_start {op, group}` for the bucket number it is passed."""
+    return _registered(f"kiln.all_reduce_start.{op}.{group}", 1,
+                       lambda c, xs, bucket: c.all_reduce_start(xs, op, group, bucket))
+
+
+def wait_name(op: str, group: str) -> str:
+    """The packed function running `all_reduce_wait {op, group}` for the bucket number it is passed."""
+    return _registered(f"kiln.all_reduce_wait.{op}.{group}", 1,
+                       lambda c, xs, bucket: c.all_reduce_wait(xs, op, group, bucket))
+
+
 def broadcast_name(group: str) -> str:
     """The packed function running `broadcast {group}` from the source rank it is passed, registered on first use."""
     return _registered(f"kiln.broadcast.{group}", 1, lambda c, xs, src: c.broadcast(xs, src, group))
@@ -48,6 +61,8 @@ def broadcast_name(group: str) -> str:
 
 for _op in REDUCTIONS:  # the world group's functions exist as soon as the rules do (a loaded artifact calls them)
     packed_name(_op, "world")
+    start_name(_op, "world")
+    wait_name(_op, "world")
 broadcast_name("world")
 
 
@@ -63,6 +78,18 @@ def _packed_call(call: OpCall, name: str, *extra: relax.Expr) -> RelaxResult:
 @relax_rule("all_reduce")
 def _all_reduce_rule(call: OpCall) -> RelaxResult:
     return _packed_call(call, packed_name(call.attrs["op"], call.attrs["group"]))
+
+
+@relax_rule("all_reduce_start")
+def _all_reduce_start_rule(call: OpCall) -> RelaxResult:
+    """The bucket number travels as a prim value (one function per op and group); the VM goes on computing while
+    the engine communicates, until the wait's call."""
+    return _packed_call(call, start_name(call.attrs["op"], call.attrs["group"]), relax.prim_value(call.attrs["bucket"]))
+
+
+@relax_rule("all_reduce_wait")
+def _all_reduce_wait_rule(call: OpCall) -> RelaxResult:
+    return _packed_call(call, wait_name(call.attrs["op"], call.attrs["group"]), relax.prim_value(call.attrs["bucket"]))
 
 
 @relax_rule("broadcast")

@@ -369,7 +369,7 @@ case("quantize", "absmean-per-tensor", [r(3, 4)], lambda x: (None, x.float().abs
 # kinds with float operands whose gradient the cases above do not reach through a parameter
 NO_FLOAT_OPERANDS = {"constant", "zeros", "ones", "full"}
 BOOL_OPERANDS = {"logical_not", "logical_and", "logical_or", "logical_xor"}  # no float operand to differentiate
-NO_GRADIENT = {"broadcast"}  # refused with a PassError (test_broadcast_has_no_gradient)
+NO_GRADIENT = {"broadcast", "all_reduce_start", "all_reduce_wait"}  # refused with a PassError (test_*_no_gradient)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -764,6 +764,17 @@ def test_scatter_nd_reduce_refuses_the_gradients_it_lacks(reduction: str) -> Non
     y = b.scatter_nd_reduce(w, b.constant(np.array([[1], [2]])), b.constant(r(2, 3)), reduction=reduction)
     b.ret(b.sum(y))
     with pytest.raises(PassError, match=f"scatter_nd_reduce: no gradient for reduction '{reduction}'"):
+        Autodiff().apply(b.build())
+
+
+@pytest.mark.parametrize("kind", ["all_reduce_start", "all_reduce_wait"])
+def test_all_reduces_halves_have_no_gradient(kind: str) -> None:
+    """data-parallel{overlap} splits the gradients' all_reduces after autodiff; a graph differentiated through one
+    is refused in one line."""
+    b = Builder("M")
+    w = b.param("w", (3,), DType.f64, data=r(3))
+    b.ret(b.sum(b.op(kind, w)))
+    with pytest.raises(PassError, match=rf"^{kind}: no gradient \(data-parallel places it after autodiff\)"):
         Autodiff().apply(b.build())
 
 

@@ -532,6 +532,11 @@ case("dropout", "not-training-f16", [rand((4, 5), "f16"), arr(False, "bool")],
 case("all_reduce", "mean-bucket", [rand((2, 3)), rand((4,))], lambda a, b: (a.clone(), b.clone()), tol=EXACT)
 case("all_reduce", "sum-f64", [rand((3,), "f64")], lambda a: a.clone(), tol=EXACT, op="sum")
 case("all_reduce", "f16", [rand((2, 2), "f16")], lambda a: a.clone(), tol=EXACT)
+# its two halves (data-parallel{overlap}): on a group of one the start hands back its operands, the wait the result
+case("all_reduce_start", "bucket", [rand((2, 3)), rand((4,))], lambda a, b: (a.clone(), b.clone()), tol=EXACT,
+     bucket=2)
+case("all_reduce_wait", "sum-bucket", [rand((2, 3)), rand((4,))], lambda a, b: (a.clone(), b.clone()), tol=EXACT,
+     op="sum", bucket=2)
 # torch.distributed.broadcast leaves the source rank's tensor as it is: on a group of one, rank 0 is the source
 case("broadcast", "bucket", [rand((2, 3)), rand((4,))], lambda a, b: (a.clone(), b.clone()), tol=EXACT)
 case("broadcast", "i64", [arr(np.arange(5), "i64")], lambda a: a.clone(), tol=EXACT)

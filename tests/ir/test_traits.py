@@ -34,7 +34,7 @@ def test_the_trait_table() -> None:
     assert ops_with(T.EXACT) == MOVES | SOURCES | {"where", "cast"}
     assert ops_with(T.MEMORY_BOUND) == ELEMENTWISE | MOVES | SOURCES
     assert ops_with(T.STOCHASTIC) == {"dropout"}
-    assert ops_with(T.COLLECTIVE) == {"all_reduce", "broadcast"}
+    assert ops_with(T.COLLECTIVE) == {"all_reduce", "all_reduce_start", "all_reduce_wait", "broadcast"}
     assert ops_with(T.COMMUTATIVE) == {"add", "mul", "equal", "logical_and", "logical_or", "logical_xor"}
 
 
@@ -48,6 +48,8 @@ def test_the_trait_table() -> None:
     ("dropout", {T.ELEMENTWISE, T.STOCHASTIC, T.MEMORY_BOUND}),
     ("all_reduce", {T.COLLECTIVE}),  # rounds (a sum), reads every rank: neither exact nor memory bound
     ("broadcast", {T.COLLECTIVE}),  # another rank's values: never folded, never merged by cse
+    ("all_reduce_start", {T.COLLECTIVE}),  # hands the bucket to the engine: two starts are two communications
+    ("all_reduce_wait", {T.COLLECTIVE}),
     ("matmul", set()),
     ("softmax", set()),
     ("scatter_nd", {T.DATA_MOVEMENT, T.EXACT, T.MEMORY_BOUND}),  # reduction none: it only writes updates in place

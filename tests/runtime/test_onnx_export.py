@@ -283,11 +283,12 @@ def _flagged(kind: str, flag_as_input: bool) -> Graph:
 def test_every_op_kind_has_an_onnx_lowering_and_a_test():
     kinds = set(registered())
     assert {kind for kind, d in registered().items() if "onnx" not in d.rules} == set()
-    tested = {c.kind for _, c in CASES} | {"dropout", "batch_norm", "all_reduce", "broadcast"}
+    tested = {c.kind for _, c in CASES} | {"dropout", "batch_norm", "all_reduce", "broadcast", "all_reduce_start",
+                                           "all_reduce_wait"}
     assert kinds - tested == set(), "every op kind needs an export test"
 
 
-@pytest.mark.parametrize("kind", ["all_reduce", "broadcast"])
+@pytest.mark.parametrize("kind", ["all_reduce", "broadcast", "all_reduce_start", "all_reduce_wait"])
 def test_a_collective_is_refused_in_one_line(kind: str):
     """ONNX models run on one process: a data-parallel step's collectives have no ONNX form, so export refuses them."""
     b = Builder("M")

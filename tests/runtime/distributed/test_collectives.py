@@ -23,10 +23,20 @@ class Tripling:
 
     def __init__(self) -> None:
         self.calls: list[tuple[list[tuple[int, ...]], str, str]] = []
+        self.started: dict[int, tuple[np.ndarray, ...]] = {}
 
     def all_reduce(self, arrays: Sequence[np.ndarray], op: str, group: str) -> tuple[np.ndarray, ...]:
         self.calls.append(([a.shape for a in arrays], op, group))
         return tuple(a * (3 if op == "sum" else 1) for a in arrays)
+
+    def all_reduce_start(self, arrays: Sequence[np.ndarray], op: str, group: str, bucket: int) -> None:
+        self.calls.append(([a.shape for a in arrays], f"start {op} {bucket}", group))
+        self.started[bucket] = tuple(a * (3 if op == "sum" else 1) for a in arrays)
+
+    def all_reduce_wait(self, arrays: Sequence[np.ndarray], op: str, group: str, bucket: int
+                        ) -> tuple[np.ndarray, ...]:
+        self.calls.append(([a.shape for a in arrays], f"wait {op} {bucket}", group))
+        return self.started.pop(bucket)
 
     def broadcast(self, arrays: Sequence[np.ndarray], src: int, group: str) -> tuple[np.ndarray, ...]:
         """Rank src's values, which here are this rank's plus 10 * src (so a result shows which src it came from)."""
@@ -66,6 +76,40 @@ def test_the_relax_vm_calls_the_communicator_from_inside_the_step() -> None:
     np.testing.assert_array_equal(s2, (6 * X) ** 2)
     np.testing.assert_array_equal(t, 3 * Y)
     np.testing.assert_array_equal(exe.run(X, Y)[1], Y)
+
+
+def split_graph() -> Graph:
+    """bucket_graph's all_reduce as data-parallel{overlap} places it: started, a computation, then waited on."""
+    b = Builder("M")
+    x, y = b.input("x", ((2, 3), DType.f32)), b.input("y", ((4,), DType.f32))
+    sent = b.op("all_reduce_start", b.op("add", x, x), y, op="sum", bucket=4)
+    busy = b.op("exp", y)  # runs while the bucket is in flight
+    s, t = b.op("all_reduce_wait", *sent, op="sum", bucket=4)
+    b.ret(b.op("mul", s, s), t, busy)
+    return b.build()
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "tvm"])
+def test_a_started_bucket_is_waited_on_with_all_reduces_result(backend: str) -> None:
+    """Issue 14: "bucketed so communication overlaps the remaining backward": the start hands the communicator the
+    bucket, the wait (paired by bucket number) takes all_reduce's result; both are the identity on one process."""
+    if backend == "tvm":
+        pytest.importorskip("tvm")
+        from kiln.runtime.tvm.compile import compile_graph
+        run = compile_graph(split_graph(), target="llvm", params="inputs").run
+    else:
+        def run(*xs: np.ndarray) -> tuple[np.ndarray, ...]:
+            return interpret(split_graph(), list(xs))
+    comm = Tripling()
+    with communicating(comm):
+        s2, t, busy = run(X, Y)
+    assert comm.calls == [([(2, 3), (4,)], "start sum 4", "world"), ([(2, 3), (4,)], "wait sum 4", "world")]
+    np.testing.assert_array_equal(s2, (6 * X) ** 2)
+    np.testing.assert_array_equal(t, 3 * Y)
+    np.testing.assert_allclose(busy, np.exp(Y), rtol=1e-6)
+    s2, t, _ = run(X, Y)
+    np.testing.assert_array_equal(s2, (2 * X) ** 2)
+    np.testing.assert_array_equal(t, Y)
 
 
 def broadcast_graph() -> Graph:
@@ -130,6 +174,13 @@ class Rank:
     def all_reduce(self, arrays: Sequence[np.ndarray], op: str, group: str) -> tuple[np.ndarray, ...]:
         return tuple(arrays)
 
+    def all_reduce_start(self, arrays: Sequence[np.ndarray], op: str, group: str, bucket: int) -> None:
+        pass
+
+    def all_reduce_wait(self, arrays: Sequence[np.ndarray], op: str, group: str, bucket: int
+                        ) -> tuple[np.ndarray, ...]:
+        return tuple(arrays)
+
 
 def test_each_rank_draws_its_own_dropout_masks_and_one_process_keeps_its_own() -> None:
     """Issue 14: "Per-rank dropout seeds (today every rank draws the same mask): the rank folds into the run seed".
@@ -163,3 +214,71 @@ def test_each_rank_draws_its_own_dropout_masks_and_one_process_keeps_its_own() -
     for got, rank in ((single, 0), (rank1, 1)):
         assert rank_seed(5, rank) == 5 + rank * 2 ** 40
         np.testing.assert_array_equal(got != 0, np.random.default_rng([1, 5 + rank * 2 ** 40]).random((8, 8)) >= 0.5)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_sync_batch_norm_is_batch_norm_on_one_process(training: bool) -> None:
+    """On one process the all_reduces are identities: sync-batch-norm computes batch_norm's three results (the
+    interpreter's batch_norm, itself checked against torch, is the oracle), in training and with running stats."""
+    from kiln.passes.data_parallel import SyncBatchNorm
+
+    b = Builder("M")
+    x = b.input("x", ((None, 3, 2), DType.f32))
+    rng = np.random.default_rng(0)
+    stats = [b.param(n, (3,), data=rng.uniform(0.5, 1.5, 3).astype(np.float32)) for n in ("g", "b", "m", "v")]
+    b.ret(*b.op("batch_norm", x, *stats, b.flag("training", training), momentum=0.25))
+    graph = b.build()
+    synced = SyncBatchNorm().apply(graph)
+    assert "batch_norm" not in {op.kind for op in synced.functions["forward"].ops}
+    data = rng.standard_normal((5, 3, 2)).astype(np.float32)
+    for want, got in zip(interpret(graph, [data]), interpret(synced, [data])):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+class Recording(Rank):
+    """Rank 0 of two holding the same values, noting each collective's kind and op."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.ops: list[str] = []
+
+    def all_reduce(self, arrays: Sequence[np.ndarray], op: str, group: str) -> tuple[np.ndarray, ...]:
+        self.ops.append(f"all_reduce {op}")
+        return tuple(a * (2 if op == "sum" else 1) for a in arrays)
+
+    def all_reduce_start(self, arrays: Sequence[np.ndarray], op: str, group: str, bucket: int) -> None:
+        self.ops.append(f"start {op}")
+
+
+def test_compile_step_syncs_batch_norm_statistics_when_asked() -> None:
+    """DataParallel(sync_batch_norm=True): the step's forward all-reduces batch norm's sums and count (two ranks
+    holding the same batch: the mean and biased variance are this batch's, the count twice its own, which the
+    running variance's unbiasing shows); without the option batch norm's statistics stay local."""
+    import kiln
+    from kiln import nn, optim
+
+    class Normed(kiln.Module):
+        def __init__(self) -> None:
+            self.bn = nn.BatchNorm1d(3, device=kiln.Device("cpu").autodiff())
+
+        def forward(self, x: kiln.Tensor) -> kiln.Tensor:
+            return self.bn(x)
+
+    x = np.random.default_rng(1).standard_normal((4, 3, 2)).astype(np.float32)
+
+    def run(sync: bool) -> tuple[list[str], dict[str, np.ndarray]]:
+        comm = Recording()
+        kiln.seed(0)
+        step = kiln.compile_step(Normed(), lambda m, a: (m(a) ** 2).mean(), optim.SGD(), ((4, 3, 2), "f32"),
+                                 data_parallel=DataParallel(sync_batch_norm=sync), communicator=comm)
+        step(0.1, x)
+        return comm.ops, {p: np.asarray(v.state.get()) for p, v in step.model().leaves() if isinstance(v, kiln.Param)}
+
+    synced, local = run(True), run(False)
+    # the sums and count, then the squares' sums; the statistics lead back only to x, which needs no gradient
+    assert synced[0].count("all_reduce sum") == 2 and "all_reduce sum" not in local[0]
+    n = 8  # values per channel on one rank, 16 across the two
+    mean, var = x.mean(axis=(0, 2)), x.var(axis=(0, 2))
+    np.testing.assert_allclose(synced[1]["bn.running_mean"], 0.1 * mean, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(synced[1]["bn.running_var"], 0.9 + 0.1 * var * 2 * n / (2 * n - 1), rtol=1e-6)
+    np.testing.assert_allclose(local[1]["bn.running_var"], 0.9 + 0.1 * var * n / (n - 1), rtol=1e-6)

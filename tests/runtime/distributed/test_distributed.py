@@ -76,14 +76,17 @@ def torch_mlp(init: dict[str, np.ndarray]) -> tuple[list[torch.Tensor], object]:
     return ps, loss
 
 
-def torch_adam(init: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, steps: int) -> dict[str, np.ndarray]:
+def torch_adam(init: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, steps: int,
+               clip: float | None = None) -> dict[str, np.ndarray]:
     """The parameters after `steps` torch Adam steps (lr 0.05) on the whole batch, shifted by k at step k as the
-    worker's steps are."""
+    worker's steps are, the gradients clipped to global norm `clip` if given."""
     ps, loss = torch_mlp(init)
     adam = torch.optim.Adam(ps, lr=0.05)
     for k in range(steps):
         adam.zero_grad()
         loss(x + k, y + k).backward()
+        if clip is not None:
+            assert float(torch.nn.utils.clip_grad_norm_(ps, clip)) > clip  # the clipping is live
         adam.step()
     return {name: p.detach().numpy() for name, p in zip(PARAMS, ps)}
 
@@ -103,6 +106,10 @@ def check_ranks(tmp_path: Path, world: int) -> None:
     for i, p in enumerate(ps):
         for r in range(world):
             assert relative(ranks[r][f"grad{i}"], p.grad.numpy()) <= 1e-6, (i, r)
+    # overlap: each bucket started where it closes and waited on at the end gives the one-op all_reduce's gradients
+    for i in range(len(ps)):
+        for rank in ranks:
+            np.testing.assert_array_equal(rank[f"grad{i}"], rank[f"sync.grad{i}"])
     # the gradients crossed into torch without a copy
     assert all(bool(rank["same_pointer"]) for rank in ranks)
     # three data-parallel Adam steps are torch's on the concatenated batches; ZeRO-1 gives the same parameters bit
@@ -111,10 +118,51 @@ def check_ranks(tmp_path: Path, world: int) -> None:
         for rank in ranks:
             np.testing.assert_allclose(rank[f"zero0.{name}"], p, rtol=1e-5, atol=1e-6)
             np.testing.assert_array_equal(rank[f"zero1.{name}"], rank[f"zero0.{name}"])
+    # gradient clipping under ZeRO-1: the global norm from every averaged gradient (each rank holds them all after
+    # the all-reduce), so the result is plain data parallel's bit for bit, and torch's clip_grad_norm_ + Adam
+    for name, p in torch_adam(init, x, y, 3, clip=worker.CLIP).items():
+        for rank in ranks:
+            np.testing.assert_allclose(rank[f"clip0.{name}"], p, rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(rank[f"clip1.{name}"], rank[f"clip0.{name}"])
     bad_src = f"broadcast: source rank {world} is outside the group of {world} ranks"
     assert [str(rank["bad_src"]) for rank in ranks] == [bad_src] * world
+    unstarted = "all_reduce_wait: bucket 99 of group 'world' was never started"
+    assert [str(rank["unstarted"]) for rank in ranks] == [unstarted] * world
     full, shards = int(ranks[0]["zero0.state_arrays"]), [int(rank["zero1.state_arrays"]) for rank in ranks]
     assert sum(shards) == full and max(shards) < full
+    # Issue 14: "bucketed so communication overlaps the remaining backward where the runtime allows". The first
+    # bucket's all_reduce takes DELAY s more (a slow network); started where it closes, it runs while the wide
+    # layers' gradients compute, so forward_backward takes well under the one-op all_reduce's compute + DELAY; the
+    # gradients are the same bit for bit
+    for r, rank in enumerate(ranks):
+        for i in range(8):
+            np.testing.assert_array_equal(rank[f"slow.overlap.grad{i}"], rank[f"slow.sync.grad{i}"])
+        sync, overlapped = float(rank["slow.sync.time"]), float(rank["slow.overlap.time"])
+        assert sync - overlapped >= 0.5 * worker.SlowFirstBucket.DELAY, (r, sync, overlapped)
+    # Issue 14: "fit(resume=dir) continues exactly" under ZeRO-1 (with clipping): rank 0's checkpoint holds every
+    # rank's share of the optimizer state (AdamW: 3 arrays x 4 parameters); a Learner resumed from the step-6
+    # checkpoint re-shards it and ends with the uninterrupted run's parameters bit for bit
+    for rank in ranks:
+        assert int(rank["resume.saved_arrays"]) == 12 and int(rank["resume.rank_arrays"]) < 12
+        for name in PARAMS:
+            np.testing.assert_array_equal(rank[f"resume.resumed.{name}"], rank[f"resume.whole.{name}"])
+    # Issue 14: "batch-norm statistics synced across ranks" (torch's SyncBatchNorm): with sync-batch-norm every rank
+    # normalizes with the global batch's statistics, so its output is its slice of torch's on the concatenated batch,
+    # the averaged gradients and the new running statistics are torch's (F.batch_norm, training, momentum 0.1)
+    bn = {k.removeprefix("bn.init."): torch.tensor(v, dtype=torch.float64, requires_grad=True)
+          for k, v in ranks[0].items() if k.startswith("bn.init.")}
+    running_mean, running_var = bn.pop("bn.running_mean").detach(), bn.pop("bn.running_var").detach()
+    h = (torch.from_numpy(x).double() @ bn["fc.weight"] + bn["fc.bias"]).reshape(-1, 3, 2)
+    out = torch.nn.functional.batch_norm(h, running_mean, running_var, bn["bn.gamma"], bn["bn.beta"], training=True,
+                                         momentum=0.1, eps=1e-5)
+    ((out - torch.from_numpy(ranks[0]["bn.target"]).double()) ** 2).mean().backward()
+    for r, rank in enumerate(ranks):
+        mine = slice(r * worker.BATCH, (r + 1) * worker.BATCH)
+        np.testing.assert_allclose(rank["bn.out"], out.detach().numpy()[mine], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(rank["bn.running_mean"], running_mean.numpy(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(rank["bn.running_var"], running_var.numpy(), rtol=1e-6, atol=1e-7)
+        for name, p in bn.items():
+            assert relative(rank[f"bn.grad.{name}"], p.grad.numpy()) <= 1e-6, (name, r)
     # the last rank's hidden layer is one wider: every rank fails with the same one-line error naming it
     want = (f"the ranks hold different models: parameter fc1.weight: rank 0 has shape [5, 7], rank {world - 1} has "
             "[5, 8]")
@@ -131,11 +179,15 @@ def test_four_ranks(tmp_path: Path) -> None:
 
 
 @SLOW
-def test_a_killed_worker_restarts_the_group_and_resumes_with_no_step_lost_or_repeated(tmp_path: Path) -> None:
+@pytest.mark.parametrize("zero", ["0", "1"])
+def test_a_killed_worker_restarts_the_group_and_resumes_with_no_step_lost_or_repeated(tmp_path: Path,
+                                                                                     zero: str) -> None:
+    """zero=1: ZeRO-1 with gradient clipping, its checkpoints holding every rank's optimizer shard."""
     (tmp_path / "whole").mkdir()
     (tmp_path / "killed").mkdir()
-    torchrun("learner", str(tmp_path / "whole"), str(tmp_path / "whole-ckpt"))
-    torchrun("learner", str(tmp_path / "killed"), str(tmp_path / "killed-ckpt"), "--kill-at", "7", restarts=1)
+    torchrun("learner", str(tmp_path / "whole"), str(tmp_path / "whole-ckpt"), "--zero", zero)
+    torchrun("learner", str(tmp_path / "killed"), str(tmp_path / "killed-ckpt"), "--kill-at", "7", "--zero", zero,
+             restarts=1)
     for r in range(2):
         whole, killed = (dict(np.load(tmp_path / run / f"learner{r}.npz")) for run in ("whole", "killed"))
         # 96 samples, 6 per rank and step: 8 steps an epoch, 24 in all; the restarted attempt resumed from the

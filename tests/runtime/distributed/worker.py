@@ -1,8 +1,8 @@
 """One rank of the data-parallel tests, started by tests/runtime/distributed/test_distributed.py (RANK, WORLD_SIZE,
 MASTER_ADDR=127.0.0.1, MASTER_PORT in the environment, one thread) or by torchrun:
 
-    python worker.py checks OUT                    gradients, DLPack, ZeRO-1, a disagreeing model -> OUT/rank<r>.npz
-    python worker.py learner OUT CKPT [--kill-at N]   a data-parallel Learner run -> OUT/learner<r>.npz
+    python worker.py checks OUT                    gradients, DLPack, ZeRO-1, overlap, another model -> OUT/rank<r>.npz
+    python worker.py learner OUT CKPT [--kill-at N] [--zero 1]   a data-parallel Learner run -> OUT/learner<r>.npz
     python worker.py tvm OUT                       the averaged gradients and a ZeRO-1 step on TVM -> OUT/tvm<r>.npz
 
 `learner --kill-at N` SIGKILLs rank 1 after its N-th step on torchrun's first attempt (TORCHELASTIC_RESTART_COUNT=0);
@@ -15,7 +15,10 @@ import argparse
 import json
 import os
 import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,13 +28,15 @@ from kiln.frontend.autograd import differentiate
 from kiln.frontend.trace import trace_function
 from kiln.ir import DType, Graph, Interpreter, TensorType
 from kiln.ir.ops.collective import communicating
-from kiln.passes.data_parallel import DataParallel
+from kiln.passes.data_parallel import DataParallel, SyncBatchNorm
 from kiln.runtime.distributed import TorchEngine
+from kiln.runtime.records.record import ModuleRecord
 from kiln.train import Checkpointing, DataLoader, Learner
 from kiln.train import checkpoint as checkpoints
 from kiln.train.metrics import Loss
 
 BATCH, D_IN, D_HIDDEN, D_OUT = 6, 5, 7, 3  # per rank
+CLIP = 0.5  # the global gradient norm clipped to (the worker's gradients' norms are larger)
 
 
 class MLP(kiln.Module):
@@ -61,15 +66,97 @@ def params(model: kiln.Module) -> dict[str, np.ndarray]:
 TYPES = (TensorType((BATCH, D_IN), DType.f32), TensorType((BATCH, D_OUT), DType.f32))
 
 
-def data_parallel_graph(engine: TorchEngine) -> tuple[np.ndarray, np.ndarray, slice, MLP, Graph]:
+def data_parallel_graph(engine: TorchEngine, overlap: bool = True) -> tuple[np.ndarray, np.ndarray, slice, MLP, Graph]:
     """The global batch, this rank's slice of it, the seeded model and its forward_backward after the data-parallel
-    pass (small buckets: several all_reduces)."""
+    pass (small buckets: several all_reduces, started and waited on apart or, without `overlap`, in one op each)."""
     x, y = global_batch(engine.world_size)
     kiln.seed(7)
     model = MLP()
     traced, _ = trace_function(model, lambda a, b: mse(model, a, b), *TYPES)
-    graph = DataParallel(bucket_bytes=64).apply(differentiate(traced))
+    graph = DataParallel(bucket_bytes=64, overlap=overlap).apply(differentiate(traced))
     return x, y, slice(engine.rank * BATCH, (engine.rank + 1) * BATCH), model, graph
+
+
+class _Done:
+    """A finished future as torch's work handle: wait() returns once it is done."""
+
+    def __init__(self, future: Any) -> None:
+        self.future = future
+
+    def wait(self) -> None:
+        self.future.result()
+
+
+class SlowFirstBucket(TorchEngine):
+    """A slow network for the first collective after `reset()`: it takes DELAY seconds more, synchronous or started
+    in the background (one worker thread, so the ranks' collectives keep their order)."""
+
+    DELAY = 0.15
+
+    def __init__(self) -> None:
+        super().__init__(timeout_s=60)
+        self.pool = ThreadPoolExecutor(1)
+        self.reset()
+
+    def reset(self) -> None:
+        self.collectives = 0
+
+    def _slow(self) -> None:
+        self.collectives += 1
+        if self.collectives == 1:
+            time.sleep(self.DELAY)
+
+    def all_reduce(self, arrays, op, group):  # type: ignore[no-untyped-def]
+        self._slow()
+        return super().all_reduce(arrays, op, group)
+
+    def launch(self, flat: np.ndarray) -> Any:
+        def run(delay: float) -> None:
+            time.sleep(delay)
+            self.dist.all_reduce(self.tensor(flat), op=self.dist.ReduceOp.SUM)
+        self.collectives += 1
+        return _Done(self.pool.submit(run, self.DELAY if self.collectives == 1 else 0.0))
+
+
+class Wide(kiln.Module):
+    """A backward heavy enough to hide a slow bucket behind: the last layer's gradient is computed first and small
+    (its own bucket), the wide first layers' after it."""
+
+    def __init__(self) -> None:
+        device = kiln.Device("cpu").autodiff()
+        self.fc1, self.fc2, self.fc3 = (nn.Linear(768, 768, device=device) for _ in range(3))
+        self.head = nn.Linear(768, 4, device=device)
+
+    def forward(self, x: kiln.Tensor) -> kiln.Tensor:
+        relu = nn.functional.relu
+        return self.head(relu(self.fc3(relu(self.fc2(relu(self.fc1(x)))))))
+
+
+def overlap_times(engine: SlowFirstBucket) -> dict[str, np.ndarray]:
+    """Wall time of forward_backward with the first bucket's all_reduce DELAY s slow, started and waited on apart
+    (overlap) and in one op, and with no delay; and the overlapped run's averaged gradients against the other's."""
+    kiln.seed(1)
+    model = Wide()
+    types = (TensorType((512, 768), DType.f32), TensorType((512, 4), DType.f32))
+    traced, _ = trace_function(model, lambda a, b: mse(model, a, b), *types)
+    rng = np.random.default_rng(engine.rank)
+    x, y = rng.standard_normal((512, 768)).astype(np.float32), rng.standard_normal((512, 4)).astype(np.float32)
+    out: dict[str, np.ndarray] = {}
+    for overlap in (True, False):
+        interpreter = Interpreter(DataParallel(bucket_bytes=4 * 768 * 4, overlap=overlap).apply(differentiate(traced)))
+        with communicating(engine):
+            interpreter.run([x, y], "forward_backward")  # warm
+            times = []
+            for _ in range(2):
+                engine.barrier()
+                engine.reset()
+                start = time.perf_counter()
+                grads = interpreter.run([x, y], "forward_backward")[1:]
+                times.append(time.perf_counter() - start)
+        how = "overlap" if overlap else "sync"
+        out[f"slow.{how}.time"] = np.asarray(min(times))
+        out.update({f"slow.{how}.grad{i}": g for i, g in enumerate(grads)})
+    return out
 
 
 def checks(engine: TorchEngine, out: Path) -> None:
@@ -80,6 +167,10 @@ def checks(engine: TorchEngine, out: Path) -> None:
         grads = Interpreter(graph).run([x[mine], y[mine]], "forward_backward")[1:]
     result.update({f"grad{i}": g for i, g in enumerate(grads)})
     result.update({f"init.{k}": v for k, v in params(model).items()})
+    *_, synchronous = data_parallel_graph(engine, overlap=False)
+    with communicating(engine):
+        result.update({f"sync.grad{i}": g for i, g in enumerate(Interpreter(synchronous).run(
+            [x[mine], y[mine]], "forward_backward")[1:])})
     # DLPack: torch reduces the very buffer kiln hands it
     buffer = np.arange(4, dtype=np.float32)
     result["same_pointer"] = np.asarray(engine.tensor(buffer).data_ptr() == buffer.ctypes.data)
@@ -89,6 +180,12 @@ def checks(engine: TorchEngine, out: Path) -> None:
         result["bad_src"] = np.asarray("")
     except kiln.DistributedError as e:
         result["bad_src"] = np.asarray(str(e))
+    # a wait for a bucket never started: one error naming it, before any communication
+    try:
+        engine.all_reduce_wait([buffer], "mean", "world", 99)
+        result["unstarted"] = np.asarray("")
+    except kiln.DistributedError as e:
+        result["unstarted"] = np.asarray(str(e))
     # three Adam steps, plain data parallel and ZeRO-1
     for zero in (0, 1):
         kiln.seed(7)
@@ -98,6 +195,18 @@ def checks(engine: TorchEngine, out: Path) -> None:
             step(0.05, *(a[mine] + k for a in (x, y)))
         result.update({f"zero{zero}.{k}": v for k, v in params(step.model()).items()})
         result[f"zero{zero}.state_arrays"] = np.asarray(sum(len(s) for s in step.optimizer.state.values()))
+    # clipping by the global norm: ZeRO-1 (each rank updating its share) and plain data parallel
+    for zero in (0, 1):
+        kiln.seed(7)
+        step = kiln.compile_step(MLP(), mse, optim.Adam(grad_clipping=optim.GradientClipping.norm(CLIP)), *TYPES,
+                                 data_parallel=DataParallel(zero=zero), communicator=engine)
+        for k in range(3):
+            step(0.05, *(a[mine] + k for a in (x, y)))
+        result.update({f"clip{zero}.{k}": v for k, v in params(step.model()).items()})
+    # a slow first bucket, started where it closes or reduced in one op
+    result.update(overlap_times(SlowFirstBucket()))
+    result.update(zero_resume(engine, out))
+    result.update(sync_batch_norm(engine))
     # a rank with another model: the Learner refuses to start, on every rank
     kiln.seed(7)
     other = MLP(hidden=D_HIDDEN + 1 if r == world - 1 else D_HIDDEN)
@@ -132,16 +241,73 @@ def tvm_run(engine: TorchEngine, out: Path) -> None:
     np.savez(out / f"tvm{r}.npz", **result)
 
 
-def learner_run(engine: TorchEngine, out: Path, ckpt: str, kill_at: int | None) -> None:
-    r = engine.rank
+def learner(engine: TorchEngine, ckpt: str, zero: int, keep: int = 2) -> tuple[Learner, DataLoader]:
+    """The Learner runs' learner (AdamW, its gradients clipped under ZeRO-1) checkpointing every 2 steps, and data:
+    96 samples, 6 per rank and step."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((96, D_IN)).astype(np.float32)
     y = np.tanh(x @ rng.standard_normal((D_IN, D_OUT))).astype(np.float32)
     kiln.seed(7)
-    run = Learner(MLP(), optim.AdamW(), mse, optim.ConstantLr(0.02), stream=open(os.devnull, "w"),
-                  checkpointing=Checkpointing(ckpt, every_steps=2, keep=2), data_parallel=DataParallel(),
+    adamw = optim.AdamW(grad_clipping=optim.GradientClipping.norm(CLIP) if zero else None)
+    run = Learner(MLP(), adamw, mse, optim.ConstantLr(0.02), stream=open(os.devnull, "w"),
+                  checkpointing=Checkpointing(ckpt, every_steps=2, keep=keep), data_parallel=DataParallel(zero=zero),
                   engine=engine, metrics=(Loss(),))
-    loader = DataLoader((x, y), BATCH, shuffle=True, seed=4, drop_last=True)
+    return run, DataLoader((x, y), BATCH, shuffle=True, seed=4, drop_last=True)
+
+
+class Normed(kiln.Module):
+    """A linear layer whose output, as [batch, 3 channels, 2], batch norm normalizes."""
+
+    def __init__(self) -> None:
+        device = kiln.Device("cpu").autodiff()
+        self.fc, self.bn = nn.Linear(D_IN, 6, device=device), nn.BatchNorm1d(3, device=device)
+
+    def forward(self, x: kiln.Tensor) -> kiln.Tensor:
+        return self.bn(self.fc(x).reshape((-1, 3, 2)))
+
+
+def sync_batch_norm(engine: TorchEngine) -> dict[str, np.ndarray]:
+    """forward_backward of Normed on this rank's batch with batch-norm statistics synced: the output, the new
+    running statistics and the averaged gradients, by parameter name."""
+    x, _, mine, _, _ = data_parallel_graph(engine)
+    target = np.random.default_rng(5).standard_normal((BATCH * engine.world_size, 3, 2)).astype(np.float32)
+    kiln.seed(3)
+    model = Normed()
+    types = (TensorType((None, D_IN), DType.f32), TensorType((None, 3, 2), DType.f32))
+
+    def loss(a: kiln.Tensor, b: kiln.Tensor) -> tuple[kiln.Tensor, kiln.Tensor]:
+        out = model(a)
+        return ((out - b) ** 2).mean(), out
+
+    traced, _ = trace_function(model, loss, *types)
+    graph = DataParallel(sync_batch_norm=True).apply(differentiate(SyncBatchNorm().apply(traced)))
+    with communicating(engine):
+        outs = Interpreter(graph).run([x[mine], target[mine]], "forward_backward")
+    trained = [p.name for p in graph.params.values() if p.grad]
+    result = {"bn.out": outs[1], "bn.running_mean": outs[2], "bn.running_var": outs[3], "bn.target": target}
+    result.update({f"bn.grad.{name}": g for name, g in zip(trained, outs[4:])})
+    result.update({f"bn.init.{k}": v for k, v in params(model).items()})
+    return result
+
+
+def zero_resume(engine: TorchEngine, out: Path) -> dict[str, np.ndarray]:
+    """ZeRO-1 checkpoints: a 2-epoch run, and a second Learner resumed from its step-6 checkpoint to the end; the
+    number of optimizer-state arrays in a checkpoint (all ranks' shares) and in each rank's optimizer."""
+    whole, loader = learner(engine, str(out / "zero-ckpt"), zero=1, keep=20)
+    end = whole.fit(loader, epochs=2)
+    resumed, loader = learner(engine, str(out / "zero-ckpt"), zero=1, keep=20)
+    again = resumed.fit(loader, epochs=2, resume=out / "zero-ckpt" / "step-000000006")
+    saved = ModuleRecord.load(out / "zero-ckpt" / "step-000000006" / "optimizer.bpk")
+    result = {f"resume.whole.{k}": v for k, v in params(end).items()}
+    result.update({f"resume.resumed.{k}": v for k, v in params(again).items()})
+    result["resume.saved_arrays"] = np.asarray(len(saved))
+    result["resume.rank_arrays"] = np.asarray(sum(len(s) for s in resumed.optimizer.state.values()))
+    return result
+
+
+def learner_run(engine: TorchEngine, out: Path, ckpt: str, kill_at: int | None, zero: int) -> None:
+    r = engine.rank
+    run, loader = learner(engine, ckpt, zero)
     seen: list[int] = []
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     real = run._record
@@ -166,6 +332,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("ckpt", nargs="?")
     parser.add_argument("--kill-at", type=int)
+    parser.add_argument("--zero", type=int, default=0)
     args = parser.parse_args()
     engine = TorchEngine(timeout_s=60)
     if args.mode == "checks":
@@ -173,7 +340,7 @@ def main() -> None:
     elif args.mode == "tvm":
         tvm_run(engine, Path(args.out))
     else:
-        learner_run(engine, Path(args.out), args.ckpt, args.kill_at)
+        learner_run(engine, Path(args.out), args.ckpt, args.kill_at, args.zero)
     engine.dist.destroy_process_group()
 
 
