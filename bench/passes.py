@@ -11,6 +11,7 @@ and cse under equivalence checking), also per op of the forward function.
     .venv/bin/python bench/passes.py --sizes 1000,10000  # a quick run
     .venv/bin/python bench/passes.py --passes --sizes 10000,100000,1000000
     .venv/bin/python bench/passes.py --passes --sizes 10000 --only autodiff --only "cse, checked"
+    .venv/bin/python bench/passes.py --passes --sizes 10000,100000 --repeat 3   # best of 3: steadier under load
     .venv/bin/python bench/passes.py --no-gc             # without Python's cyclic GC, to see its share
 
 `--only` skips the first table (it times the IR stages on every size, minutes at 1M ops) to time just those columns.
@@ -92,17 +93,20 @@ def trainable(n_ops: int) -> Graph:
     return graph.with_function(b.fn.finish([loss]))
 
 
-def measure_passes(n_ops: int, stages: list[tuple[str, str, str]]) -> dict[str, Any]:
-    """CPU µs per forward op of each of `stages` (PASS_STAGES rows; preparation untimed), one run each."""
+def measure_passes(n_ops: int, stages: list[tuple[str, str, str]], repeat: int = 1) -> dict[str, Any]:
+    """CPU µs per forward op of each of `stages` (PASS_STAGES rows; preparation untimed), best of `repeat` runs."""
     base = trainable(n_ops)
     ops = len(base.functions["forward"].ops)
     row: dict[str, Any] = {"ops": ops, "us_per_op": {}}
     for column, before, pipeline in stages:
         prepared = PassManager.parse(before).run(base) if before else base
         manager = PassManager.parse(pipeline, check_equivalence=column.endswith("checked"))
-        gc.collect()
-        _, seconds = timed(lambda manager=manager, prepared=prepared: manager.run(prepared))
-        row["us_per_op"][column] = 1e6 * seconds / ops
+        best = float("inf")
+        for _ in range(repeat):
+            gc.collect()
+            _, seconds = timed(lambda manager=manager, prepared=prepared: manager.run(prepared))
+            best = min(best, seconds)
+        row["us_per_op"][column] = 1e6 * best / ops
     row["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return row
 
@@ -164,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1000,10000,100000,1000000",
                         help="comma-separated op counts, run in increasing order (default: %(default)s)")
     parser.add_argument("--repeat", type=int, default=None,
-                        help="runs per size, best taken (default: 5 up to 10k ops, 3 up to 100k, then 1)")
+                        help="runs per size, best taken (default: 5 up to 10k ops, 3 up to 100k, then 1; "
+                             "the --passes table: 1)")
     parser.add_argument("--passes", action="store_true", help="also time every other pass (a second table)")
     parser.add_argument("--only", action="append", choices=[c for c, _, _ in PASS_STAGES], metavar="COLUMN",
                         help="with --passes, time only this column (repeatable), e.g. --only autodiff")
@@ -188,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         stages = [s for s in PASS_STAGES if not args.only or s[0] in args.only]
         pass_rows = []
         for n in sizes:
-            pass_rows.append(measure_passes(n, stages))
+            pass_rows.append(measure_passes(n, stages, args.repeat or 1))
             print(f"{n:>9,} ops: every pass timed", file=sys.stderr, flush=True)
         print("\n" + passes_table(pass_rows, stages))
     return 0

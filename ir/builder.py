@@ -16,6 +16,7 @@ import numpy as np
 
 from . import init as initializers
 from . import registry
+from .attrs import validate_attrs
 from .dtypes import DType
 from .errors import ShapeError, VerifyError
 from .graph import FlagNode, Function, Graph, Init, Node, Op, Operand, ParamNode, ReparamNode, SymRef, Value
@@ -73,12 +74,17 @@ class FunctionBuilder:
         return results[0] if len(results) == 1 else results
 
     def make(self, kind: str, operands: tuple[Operand, ...], attrs: Mapping[str, Any],
-             names: Sequence[str | None] = (), loc: Location | None = None) -> Op:
+             names: Sequence[str | None] = (), loc: Location | None = None,
+             types: tuple[TensorType, ...] | None = None) -> Op:
         """An op with inferred result types, not yet appended; at `loc`, else at the builder's `loc`. A shape
-        error names the location."""
+        error names the location. `types`, when a rewrite knows them by construction (it keeps an op's result
+        type), skip inference but not attribute validation; the verifier re-infers them."""
         loc = loc if loc is not None else self.loc
         try:
-            full, types = registry.infer(kind, [o.type for o in operands], attrs)
+            if types is None:
+                full, types = registry.infer(kind, [o.type for o in operands], attrs)
+            else:
+                full = validate_attrs(kind, registry.lookup(kind).attrs, attrs)
         except ShapeError as e:
             raise located(loc, e) from None
         names = list(names) + [None] * (len(types) - len(names))

@@ -91,7 +91,8 @@ class Interpreter:
 
         with run_seed(seed), np.errstate(all="ignore"):
             for op in fn.ops:
-                outs = _evaluate(op.kind, [value(o) for o in op.operands], op.attrs, [r.type for r in op.results])
+                arrays = [env[id(o)] if id(o) in env else value(o) for o in op.operands]  # values inline: per operand
+                outs = _evaluate(op.kind, arrays, op.attrs, [r.type for r in op.results])
                 for r, out in zip(op.results, outs):
                     env[id(r)] = out
         return tuple(value(r) for r in fn.results)

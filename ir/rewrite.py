@@ -23,6 +23,7 @@ from .gcpause import gc_paused
 from .graph import Function, Graph, Op, Operand, SymRef, Value
 from .location import Location, fuse, located
 from .tracking import RewriteHook, active_hook
+from .types import TensorType
 
 _MAX_DEPTH = 32
 
@@ -53,6 +54,13 @@ class Rewriter:
     def emit(self, kind: str, *operands: Operandish, **attrs: Any) -> Value:
         """Create a single-result op through the builder and offer it to the rules."""
         op = self.builder.make(kind, self.builder.operands(kind, operands), attrs)
+        (result,) = self.process(op)
+        return result  # type: ignore[return-value]
+
+    def emit_as(self, type: TensorType, kind: str, *operands: Operandish, **attrs: Any) -> Value:
+        """`emit` of an op whose result type the rule knows by construction (the type of the op it rewrites):
+        inference is skipped, so a rule emitting many ops stays cheap; the verifier re-infers the type."""
+        op = self.builder.make(kind, self.builder.operands(kind, operands), attrs, types=(type,))
         (result,) = self.process(op)
         return result  # type: ignore[return-value]
 

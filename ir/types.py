@@ -81,7 +81,12 @@ class TensorType:
 
     def matches(self, shape: Sequence[int]) -> bool:
         """Whether a concrete shape is an instance of this (possibly dynamic) type."""
-        return len(shape) == len(self.shape) and all(d is None or d == s for d, s in zip(self.shape, shape))
+        if len(shape) != len(self.shape):
+            return False
+        for d, s in zip(self.shape, shape):  # a plain loop: the interpreter checks every result of every op
+            if d is not None and d != s:
+                return False
+        return True
 
     def __str__(self) -> str:
         dims = "".join(_axis_text(a) + "x" for a in self.axes)

@@ -42,12 +42,12 @@ def strategy_of(graph: Graph) -> str:
 
 def forward_ops(fn: Function, n_forward: int) -> list[Op]:
     """The ops the first `n_forward` results depend on, in order."""
-    needed = {id(r) for r in fn.results[:n_forward] if isinstance(r, Value)}
+    needed = {r for r in fn.results[:n_forward] if isinstance(r, Value)}  # Values hash by identity in C: no id()
     ops = []
     for op in reversed(fn.ops):
-        if any(id(r) in needed for r in op.results):
+        if not needed.isdisjoint(op.results):
             ops.append(op)
-            needed.update(id(o) for o in op.operands if isinstance(o, Value))
+            needed.update(o for o in op.operands if isinstance(o, Value))
     return ops[::-1]
 
 

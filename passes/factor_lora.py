@@ -26,10 +26,11 @@ def _factored(rw: Rewriter, op: Op) -> Sequence[Operand] | None:
         return None
     x, rest = op.operands[0], op.operands[2:]
     base, a, b = (SymRef(name, rw.graph.symbol(name).type) for name in node.operands)
-    product = rw.emit(op.kind, x, base, *rest)
-    delta = rw.emit("matmul", rw.emit("matmul", x, a), b)
-    scaled = rw.emit("mul", delta, rw.builder.constant(node.attrs["scale"], delta.type.dtype))
-    return (rw.emit("add", product, scaled),)
+    t = op.results[0].type  # every product below but x @ a has it: the factored sum equals the op's result
+    product = rw.emit_as(t, op.kind, x, base, *rest)
+    delta = rw.emit_as(t, "matmul", rw.emit("matmul", x, a), b)
+    scaled = rw.emit_as(t, "mul", delta, rw.builder.constant(node.attrs["scale"], t.dtype))
+    return (rw.emit_as(t, "add", product, scaled),)
 
 
 @dataclass(frozen=True)

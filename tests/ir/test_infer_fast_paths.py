@@ -55,3 +55,12 @@ def test_dtypes_hash_by_identity_and_survive_pickling() -> None:
     table = {d: d.value for d in DType}
     assert all(table[pickle.loads(pickle.dumps(d))] == d.value for d in DType)
     assert DType("f32") in {DType.f32} and DType["bf16"] is DType.bf16
+
+
+@pytest.mark.parametrize(("shape", "concrete", "want"), [
+    ((None, 16), (3, 16), True), ((None, 16), (3, 15), False), ((2, 3), (2, 3), True), ((2, 3), (2, 3, 1), False),
+    ((), (), True), ((None,), (), False),
+])
+def test_a_concrete_shape_matches_a_type_dim_by_dim(shape, concrete, want) -> None:
+    """"Whether a concrete shape is an instance of this (possibly dynamic) type": `?` takes any size, others equal."""
+    assert TensorType(shape, DType.f32).matches(concrete) is want

@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from kiln.ir import Builder, DType, FunctionBuilder, Graph, Interpreter, Op, Rewriter, SymRef, TensorType, verify
+from kiln.ir import (
+    Builder,
+    DType,
+    FunctionBuilder,
+    Graph,
+    Interpreter,
+    Op,
+    Rewriter,
+    SymRef,
+    TensorType,
+    VerifyError,
+    verify,
+)
 
 X = TensorType((2, 3), DType.f64)
 W = TensorType((3, 3), DType.f64)
@@ -68,3 +81,25 @@ def test_in_place_rewrite_without_changes_returns_the_function_itself() -> None:
     graph = source()
     fn = graph.functions["forward"]
     assert Rewriter.in_place(graph, fn, [lambda rw, op: None]).run(fn) is fn
+
+
+def _emit_as(result_type: TensorType) -> Graph:
+    """forward with relu(y) replaced by `emit_as(result_type, "neg", y) + y`: neg's type stated, not inferred (a
+    [1, 3] type still broadcasts against y, so the rewriter's own check of the replacement's type passes)."""
+    def relu_as_neg(rw: Rewriter, op: Op):
+        if op.kind != "relu":
+            return None
+        y = op.operands[0]
+        return (rw.emit("add", rw.emit_as(result_type, "neg", y), y),)
+
+    graph = source()
+    fn = Rewriter.in_place(graph, graph.functions["forward"], [relu_as_neg]).run(graph.functions["forward"])
+    return graph.with_function(fn)
+
+
+def test_a_stated_result_type_is_rechecked_by_the_verifier() -> None:
+    """`emit_as` skips inference for a type known by construction; the verifier re-infers it, so a wrong one is a
+    VerifyError naming the op, and a right one verifies."""
+    verify(_emit_as(TensorType((2, 3), DType.f64)))
+    with pytest.raises(VerifyError, match=r"neg.*tensor<1x3xf64>.*infers \(tensor<2x3xf64>\)"):
+        verify(_emit_as(TensorType((1, 3), DType.f64)))
