@@ -110,6 +110,11 @@ def _numpy_mlp(w: Weights, x: np.ndarray) -> np.ndarray:
     return x @ w["layers.4.weight"] + w["layers.4.bias"]
 
 
+def encoder_widths(d: int) -> tuple[int, int, int]:
+    """(width, heads, feed-forward width) of the benchmarks' `d`-wide encoder layers: heads of 64, feed-forward 4d."""
+    return d, d // 64, 4 * d
+
+
 def torch_encoder(d: int, heads: int, ff: int) -> Callable[[Weights, str], TorchFn]:
     """torch's own TransformerEncoderLayer (eval + inference_mode takes its fused fast path) of these widths, loaded
     with a kiln `nn.TransformerEncoderLayer(d, heads, ff)`'s weights."""

@@ -3,7 +3,7 @@ torch eager, with GFLOP/s and % of the measured FMA peak, on MLPs, encoder layer
 
     .venv/bin/python bench/matrix.py [--rounds 3] [--only SUBSTRING] [--markdown out.md]
 
-Rows: the MLP 784-512-512-10 at batch 1 and 256; encoder layers (`nn.TransformerEncoderLayer(d, d/64, 4d)`) with
+Rows: the MLP 784-512-512-10 at batch 1 and 256; encoder layers (`inference.encoder_widths(d)`: d/64 heads, 4d) with
 d = 256/512/768 at batch 1 x 128 and 8 x 128 tokens; conv 1x1, 3x3, depthwise 3x3 and strided 3x3/2 at 56² (64
 channels), 28² (128), 14² (256) and 7² (512), batch 1. onnxruntime and both OpenVINO columns run one ONNX file
 (`kiln.runtime.onnx.export`) with all graph optimizations; OpenVINO f32 is `INFERENCE_PRECISION_HINT=f32`,
@@ -26,7 +26,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from inference import TorchFn, Weights, Workload, torch_encoder, torch_mlp, traced  # bench/ is the script's directory
+from inference import (  # bench/ is the script's directory
+    TorchFn,
+    Weights,
+    Workload,
+    encoder_widths,
+    torch_encoder,
+    torch_mlp,
+    traced,
+)
 from peers import onnxruntime_runner, openvino_runner, openvino_version
 from roofline import cpu_model, graph_flops, peak_gflops
 from timing import SETTLE_S, Runner, interleaved
@@ -51,8 +59,8 @@ def rows() -> list[Workload]:
     mlp = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
     out = [Workload(f"mlp b{b} 784-512-512-10", mlp, (b, 784), torch_mlp) for b in (1, 256)]
     for d in (256, 512, 768):
-        layer = nn.TransformerEncoderLayer(d, d // 64, 4 * d)
-        out += [Workload(f"encoder d{d} {b}x128", layer, (b, 128, d), torch_encoder(d, d // 64, 4 * d))
+        layer = nn.TransformerEncoderLayer(*encoder_widths(d))
+        out += [Workload(f"encoder d{d} {b}x128", layer, (b, 128, d), torch_encoder(*encoder_widths(d)))
                 for b in (1, 8)]
     for size, c in ((56, 64), (28, 128), (14, 256), (7, 512)):
         for kind, k, stride, groups in (("1x1", 1, 1, 1), ("3x3", 3, 1, 1), ("depthwise 3x3", 3, 1, c),

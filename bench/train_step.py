@@ -2,18 +2,26 @@
 eager and torch.compile, with identical initial weights and inputs and the same thread count; and the peak live
 activation bytes of `forward_backward` under each checkpointing strategy.
 
-Workloads: an MLP 784 -> 512 -> 512 -> 10 on a batch of 64 (cross-entropy), and a transformer encoder layer
-(d 256, 4 heads, feed-forward 1024, dropout 0) on a batch of 8 x 128 tokens (squared error against a target).
-kiln runs on each backend named by --backends (the interpreter; TVM when `kiln.runtime.tvm.backend` exists);
-torch.compile compiles the model (forward and backward) and keeps the optimizer eager.
+Workloads: an MLP 784 -> 512 -> 512 -> 10 on a batch of 64 (cross-entropy), and encoder layers of
+`inference.encoder_widths` (the inference matrix's, dropout 0; squared error against a target): d 256 on a batch of
+8 x 128 tokens ("transformer") and d 768 on 1 x 128 ("encoder768"). kiln runs on each backend named by --backends
+(the interpreter; TVM when `kiln.runtime.tvm.backend` exists); torch.compile compiles the model (forward and
+backward) and keeps the optimizer eager. Each workload runs in one fresh process (empty kiln compile cache) that
+interleaves rounds of every implementation (`timing.interleaved`, rotated order, a pause between blocks so thread
+pools go idle), so a busy host slows all of them alike: ms is the median of per-round medians, "x torch eager" the
+median of per-round ratios. GFLOP/s counts the matmuls of kiln's `forward_backward` (`roofline.graph_flops`), % peak
+is against bench/peak.c's FMA peak on the same threads per second of CPU time x threads (what the cores can do,
+whatever share of them a busy host leaves this run).
 
     .venv/bin/python bench/train_step.py                    # every workload and backend, 2 threads
-    .venv/bin/python bench/train_step.py --steps 5 --backends interpreter --no-compile   # a quick run
+    .venv/bin/python bench/train_step.py --rounds 1 --backends interpreter --no-compile   # a quick run
+    .venv/bin/python bench/train_step.py --backends tvm --no-compile --rounds 5   # the issue 14 speed table
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import importlib.util
 import json
@@ -33,12 +41,11 @@ import numpy as np
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--steps", type=int, default=10, help="timed steps (the median is reported)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the first")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every implementation")
     parser.add_argument("--backends", default="interpreter,tvm")
-    parser.add_argument("--workloads", default="mlp,transformer")
+    parser.add_argument("--workloads", default="mlp,transformer,encoder768")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    parser.add_argument("--run", help=argparse.SUPPRESS)  # WORKLOAD:IMPLEMENTATION, in a child process
+    parser.add_argument("--run", help=argparse.SUPPRESS)  # WORKLOAD:IMPLEMENTATION,..., in a child process
     return parser.parse_args()
 
 
@@ -46,7 +53,10 @@ ARGS = parse_args()
 os.environ["TVM_NUM_THREADS"] = str(ARGS.threads)  # read when TVM's thread pool starts: before kiln imports TVM
 
 import torch  # noqa: E402
+from inference import encoder_widths, torch_encoder  # noqa: E402  (bench/ is the script's directory)
+from roofline import cpu_model, graph_flops, peak_gflops  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
+from timing import SETTLE_S, interleaved  # noqa: E402
 
 import kiln  # noqa: E402
 from kiln import nn, optim  # noqa: E402
@@ -102,77 +112,54 @@ def mlp() -> Workload:
                     reference, lambda out, y: torch.nn.functional.cross_entropy(out, y))
 
 
-def transformer() -> Workload:
-    d, heads, ffn = 256, 4, 1024
-    model = seeded(nn.TransformerEncoderLayer(d, heads, ffn, dropout=0.0, device=DEVICE))
-    reference = torch.nn.TransformerEncoderLayer(d, heads, ffn, dropout=0.0, activation="gelu", batch_first=True)
-    a = model.attention
-
-    def t(p: kiln.Param) -> torch.Tensor:
-        return torch.from_numpy(p.state.get().T.copy())
-
-    def v(p: kiln.Param) -> torch.Tensor:
-        return torch.from_numpy(p.state.get().copy())
-
-    with torch.no_grad():
-        attn = reference.self_attn
-        attn.in_proj_weight.copy_(torch.cat([t(a.query.weight), t(a.key.weight), t(a.value.weight)]))
-        attn.in_proj_bias.copy_(torch.cat([v(a.query.bias), v(a.key.bias), v(a.value.bias)]))
-        attn.out_proj.weight.copy_(t(a.output.weight))
-        attn.out_proj.bias.copy_(v(a.output.bias))
-        for ours, theirs in ((model.ff_in, reference.linear1), (model.ff_out, reference.linear2)):
-            theirs.weight.copy_(t(ours.weight))
-            theirs.bias.copy_(v(ours.bias))
-        for ours, theirs in ((model.norm1, reference.norm1), (model.norm2, reference.norm2)):
-            theirs.weight.copy_(v(ours.gamma))
-            theirs.bias.copy_(v(ours.beta))
+def encoder(d: int, batch: int) -> Workload:
+    width, heads, ffn = encoder_widths(d)
+    model = seeded(nn.TransformerEncoderLayer(width, heads, ffn, dropout=0.0, device=DEVICE))
+    weights = {path: np.array(p.state.get()) for path, p in model.leaves() if isinstance(p, kiln.Param)}
+    reference = torch_encoder(width, heads, ffn)(weights, "cpu").train()  # dropout 0: train mode, same math
     rng = np.random.default_rng(0)
-    inputs = [rng.standard_normal((8, 128, d)).astype(np.float32) for _ in range(2)]
-    return Workload(f"transformer layer d{d} h{heads} ffn{ffn}, batch 8x128", model,
+    inputs = [rng.standard_normal((batch, 128, d)).astype(np.float32) for _ in range(2)]
+    return Workload(f"transformer layer d{d} h{heads} ffn{ffn}, batch {batch}x128", model,
                     lambda m, x, y: nn.mse_loss(m(x), y), inputs, reference, torch.nn.functional.mse_loss)
 
 
-WORKLOADS = {"mlp": mlp, "transformer": transformer}
+WORKLOADS: dict[str, Callable[[], Workload]] = {"mlp": mlp, "transformer": lambda: encoder(256, 8),
+                                              "encoder768": lambda: encoder(768, 1)}
 
 
-def timed(step: Callable[[], float]) -> tuple[float, float, float]:
-    """(first call seconds, first loss, median seconds of the timed steps)."""
-    start = time.perf_counter()
-    loss = step()
-    first = time.perf_counter() - start
-    for _ in range(ARGS.warmup):
-        step()
-    times = []
-    for _ in range(ARGS.steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return first, loss, statistics.median(times)
+def run_kiln(w: Workload, backend: Backend) -> Callable[[], float]:
+    specs = [(x.shape, kiln.ir.DType.from_numpy(x.dtype)) for x in w.inputs]
+    step = kiln.compile_step(w.model, w.loss_fn, optim.Adam(), *specs)
+
+    def run() -> float:
+        previous = set_default_backend(backend)  # the step asks for the default backend on each call
+        try:
+            return step(LR, *w.inputs)
+        finally:
+            set_default_backend(previous)
+    return run
 
 
-def run_kiln(w: Workload, backend: Backend) -> tuple[float, float, float]:
-    previous = set_default_backend(backend)
-    try:
-        specs = [(x.shape, kiln.ir.DType.from_numpy(x.dtype)) for x in w.inputs]
-        step = kiln.compile_step(w.model, w.loss_fn, optim.Adam(), *specs)
-        return timed(lambda: step(LR, *w.inputs))
-    finally:
-        set_default_backend(previous)
-
-
-def run_torch(w: Workload, compiled: bool) -> tuple[float, float, float]:
-    model = torch.compile(w.torch_model) if compiled else w.torch_model
-    opt = torch.optim.Adam(w.torch_model.parameters(), LR)
+def run_torch(w: Workload, compiled: bool) -> Callable[[], float]:
+    model = copy.deepcopy(w.torch_model)  # its own weights: the implementations share a process
+    opt = torch.optim.Adam(model.parameters(), LR)
+    forward = torch.compile(model) if compiled else model
     inputs = [torch.from_numpy(x) for x in w.inputs]
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
-        loss = w.torch_loss(model(inputs[0]), inputs[1])
+        loss = w.torch_loss(forward(inputs[0]), inputs[1])
         loss.backward()
         opt.step()
         return loss.item()
+    return step
 
-    return timed(step)
+
+def step_flops(w: Workload) -> int:
+    """The matmul FLOPs of one step: those of the traced `forward_backward` (the update adds O(parameters))."""
+    specs = [(x.shape, kiln.ir.DType.from_numpy(x.dtype)) for x in w.inputs]
+    traced, _ = trace_function(w.model, lambda *xs: w.loss_fn(w.model, *xs), *specs)
+    return graph_flops(PassManager.parse("autodiff,cse,dce").run(traced), "forward_backward")
 
 
 def checkpoint_rows(w: Workload) -> list[str]:
@@ -196,37 +183,44 @@ IMPLEMENTATIONS = {
 }
 
 
-def run(workload: str, implementation: str) -> tuple[float, float, float]:
-    """One implementation on one workload, in this process."""
+def run(workload: str, implementations: list[str]) -> dict[str, tuple[float, float, list[float]]]:
+    """Every implementation on one workload in this process: (first call s, first loss, per-round median ms)."""
     torch.manual_seed(0)
     torch.set_num_threads(ARGS.threads)
     w = WORKLOADS[workload]()
     with threadpool_limits(limits=ARGS.threads, user_api="blas"):
-        if implementation == "kiln-interpreter":
-            return run_kiln(w, InterpreterBackend())
-        if implementation == "kiln-tvm":
-            from kiln.runtime.tvm.backend import TVMBackend
-            return run_kiln(w, TVMBackend())
-        return run_torch(w, compiled=implementation == "torch-compile")
+        steps, firsts = {}, {}
+        for implementation in implementations:
+            if implementation == "kiln-interpreter":
+                steps[implementation] = run_kiln(w, InterpreterBackend())
+            elif implementation == "kiln-tvm":
+                from kiln.runtime.tvm.backend import TVMBackend
+                steps[implementation] = run_kiln(w, TVMBackend())
+            else:
+                steps[implementation] = run_torch(w, compiled=implementation == "torch-compile")
+            start = time.perf_counter()
+            loss = steps[implementation]()
+            firsts[implementation] = (time.perf_counter() - start, loss)
+        per_round = interleaved(steps, ARGS.rounds, quiet=False, settle_s=SETTLE_S)
+    return {name: (*firsts[name], per_round[name]) for name in implementations}
 
 
-def isolated(workload: str, implementation: str) -> tuple[float, float, float] | None:
-    """`run` in a fresh process, so no thread pool (TVM's spin-waiting workers, OpenMP) outlives its run, with an
-    empty kiln compile cache."""
-    argv = [sys.executable, __file__, "--run", f"{workload}:{implementation}", "--threads", str(ARGS.threads),
-            "--steps", str(ARGS.steps), "--warmup", str(ARGS.warmup)]
+def isolated(workload: str, implementations: list[str]) -> dict[str, tuple[float, float, list[float]]] | None:
+    """`run` in a fresh process, so no thread pool outlives its workload, with an empty kiln compile cache."""
+    argv = [sys.executable, __file__, "--run", f"{workload}:{','.join(implementations)}", "--threads",
+            str(ARGS.threads), "--rounds", str(ARGS.rounds)]
     with tempfile.TemporaryDirectory() as cache:  # an empty compile cache: the first step compiles
         proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "KILN_CACHE_DIR": cache})
     if proc.returncode:
-        print(f"note: {workload} {implementation} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+        print(f"note: {workload} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
         return None
-    return tuple(json.loads(proc.stdout.splitlines()[-1]))  # type: ignore[return-value]
+    return json.loads(proc.stdout.splitlines()[-1])
 
 
 def main() -> None:
     if ARGS.run:
-        workload, implementation = ARGS.run.split(":")
-        print(json.dumps(run(workload, implementation)))
+        workload, implementations = ARGS.run.split(":")
+        print(json.dumps(run(workload, implementations.split(","))))
         return
     implementations = [f"kiln-{b}" for b in ARGS.backends.split(",")] + ["torch-eager"]
     if importlib.util.find_spec("kiln.runtime.tvm.backend") is None and "kiln-tvm" in implementations:
@@ -234,31 +228,36 @@ def main() -> None:
         implementations.remove("kiln-tvm")
     if not ARGS.no_compile:
         implementations.append("torch-compile")
+    per_core = peak_gflops(ARGS.threads, cpu_time=True)  # per CPU-second: what the cores do, not the share we got
+    peak, loads = per_core and per_core * ARGS.threads, [os.getloadavg()[0]]
     rows, memory = [], []
     for key in ARGS.workloads.split(","):
         w = WORKLOADS[key]()
-        results = {}
-        for implementation in implementations:
-            print(f"{w.name}: {IMPLEMENTATIONS[implementation]} ...", file=sys.stderr, flush=True)
-            results[implementation] = isolated(key, implementation)
-        eager = results["torch-eager"]
-        for implementation, result in results.items():
-            if result is None:
-                rows.append(f"| {w.name} | {IMPLEMENTATIONS[implementation]} | failed | | | |")
-                continue
-            first, loss, median = result
-            ratio = f"{median / eager[2]:.2f}" if eager else ""
-            rows.append(f"| {w.name} | {IMPLEMENTATIONS[implementation]} | {median * 1e3:.1f} | {ratio} | "
-                        f"{first:.2f} | {loss:.6f} |")
+        print(f"{w.name}: {', '.join(implementations)} ...", file=sys.stderr, flush=True)
+        flops = step_flops(w)
+        results = isolated(key, implementations)
+        loads.append(os.getloadavg()[0])
+        if results is None:
+            rows += [f"| {w.name} | {IMPLEMENTATIONS[i]} | failed | | | | | |" for i in implementations]
+            continue
+        eager = results["torch-eager"][2]
+        for implementation, (first, loss, per_round) in results.items():
+            ms = statistics.median(per_round)
+            ratio = statistics.median(t / e for t, e in zip(per_round, eager, strict=True))
+            rate = flops / ms / 1e6
+            share = f"{100 * rate / peak:.0f}%" if peak else "-"
+            rows.append(f"| {w.name} | {IMPLEMENTATIONS[implementation]} | {ms:.1f} | {ratio:.2f} | "
+                        f"{flops / 1e9:.2f} | {rate:.1f} | {share} | {first:.2f} | {loss:.6f} |")
         memory += checkpoint_rows(w)
-    print(f"`{' '.join(['.venv/bin/python', *sys.argv])}` on {datetime.date.today()}, CPython "
+    print(f"`{' '.join(['.venv/bin/python', *sys.argv])}` on {datetime.date.today()}: {cpu_model()}, CPython "
           f"{platform.python_version()}, numpy {np.__version__}, torch {torch.__version__}, {ARGS.threads} threads "
-          f"(torch.set_num_threads, BLAS, TVM_NUM_THREADS), {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.1f}; each row in its own process, median of {ARGS.steps} steps after "
-          f"{ARGS.warmup} warm-up steps, Adam lr {LR}, identical initial weights and inputs.\n")
-    print("| workload | implementation | ms / step | x torch eager | first step s (trace + compile) | "
-          "first loss |")
-    print("|---|---|---:|---:|---:|---:|")
+          f"(torch.set_num_threads, BLAS, TVM_NUM_THREADS), {os.cpu_count()} CPUs, FMA peak {peak or 0:.1f} GFLOP/s "
+          f"on {ARGS.threads} cores (bench/peak.c, per CPU-second x cores), load average "
+          f"{' / '.join(f'{x:.1f}' for x in loads)} (start / after each workload); each workload in its own process, "
+          f"{ARGS.rounds} interleaved rounds, Adam lr {LR}, identical initial weights and inputs.\n")
+    print("| workload | implementation | ms / step | x torch eager | GFLOP / step | GFLOP/s | % peak | "
+          "first step s (trace + compile) | first loss |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
     print("\nPeak live activation bytes of `forward_backward` (liveness over the op order; op results, gradients "
           "included, parameters and inputs not):\n")

@@ -117,11 +117,13 @@ def _splits(sch: s_tir.Schedule) -> int:
 
 @pytest.mark.parametrize(
     ("shape", "panels"),
-    [((1024, 256, 1024), True), ((300, 200, 1000), True), ((2, 150, 256, 512), True), ((64, 784, 512), False)],
-    ids=["ffn-1024x256x1024", "ragged-panels", "batch-dims-count-as-rows", "few-rows"],
+    [((1024, 256, 1024), True), ((300, 200, 1000), True), ((2, 150, 256, 512), True), ((64, 784, 512), False),
+     ((24, 2048, 4096), True)],
+    ids=["ffn-1024x256x1024", "ragged-panels", "batch-dims-count-as-rows", "few-rows", "few-rows-weight-past-l3"],
 )
 def test_matmul_groups_column_tiles_into_cached_panels(shape: tuple[int, ...], panels: bool) -> None:
-    """A weight too big for L2 is walked in panels (one more split) once enough rows reuse each panel."""
+    """A weight too big for L2 is walked in panels (one more split) once enough rows reuse each panel, or under few
+    rows once it is `STREAMED_PANELS` panels or more (32 MiB here: past the L3 share of any core)."""
     *lead, k, n = shape
     mod = relax_module([(*lead, k), (k, n), (n,)], lambda x, w, b: relax.op.nn.relu(relax.op.matmul(x, w) + b))
     (func,) = fused_prim_funcs(mod)

@@ -23,6 +23,7 @@ PANEL_SHARE = 8  # a panel of the vector operand takes 1/8 of L2 (128 KiB of Zen
 MAX_STRIDE = 4  # the largest stride of the vector operand along C's last index the rule still vectorizes
 MIN_PANEL_ROWS = 256  # fewer rows than this stream the vector operand whole (see `CPUMatmul._column_panels`)
 PANEL_TILE_ROWS = 8  # a matmul streaming its operand in L2 panels uses at least this many rows per register tile
+STREAMED_PANELS = 64  # an operand of this many panels (8 L2s, 4 MiB on Zen 3) goes in panels even under few rows
 
 
 @dataclass(frozen=True)
@@ -414,17 +415,23 @@ class CPUMatmul(dl.ScheduleRule):
 
         Without panels each row tile streams the whole operand: with a 256x1024 float32 weight (1 MiB, the
         size of an L2) the transformer's FFN matmul ran at 170-176 GFLOP/s, with 128 KiB panels at 206
-        (215 with a 256x256 weight). The 64-row MLP layers were 4% slower with panels.
+        (215 with a 256x256 weight). The 64-row MLP layers were 4% slower with panels. An operand of
+        `STREAMED_PANELS` panels or more goes in panels whatever the rows: it no longer stays in the core's share of
+        L3, so every row tile re-reads it from memory. On a Zen 3 core (512 KiB L2) the 768-wide encoder's FFN
+        matmuls at 128 rows (9.4 MiB weights) ran at 6-11 GFLOP/s streamed and 33-37 in panels, 128x1024x1024
+        (4 MiB) at 17 and 37, while 128x768x768 (2.4 MiB) stayed 15% faster streamed.
         """
         if roles.row is None:
             return [], vec_o
         rows = [static_extent(loop_extent(sch, loop)) for loop in [*roles.spatial, roles.row]]
         extents = [static_extent(loop_extent(sch, loop)) for loop in [*roles.reduction, vec_o, vec_i]]
-        if None in extents + rows or math.prod(rows) < MIN_PANEL_ROWS:
+        if None in extents + rows:
             return [], vec_o
         *depths, tiles, tile = extents
         tile_bytes = math.prod(depths) * tile * sch.get(main).writes[0].source.dtype.bits // 8
-        if tile_bytes * tiles <= self.panel_bytes:
+        operand = tile_bytes * tiles
+        if operand <= self.panel_bytes or (math.prod(rows) < MIN_PANEL_ROWS
+                                           and operand < STREAMED_PANELS * self.panel_bytes):
             return [], vec_o
         panel, vec_o = sch.split(vec_o, [None, max(1, self.panel_bytes // tile_bytes)])
         return [panel], vec_o
