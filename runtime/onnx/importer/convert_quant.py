@@ -72,11 +72,10 @@ def _saturate(call: NodeCall, y: Value, zero_point: Value | None, dtype: DType) 
 def _quantize(call: NodeCall, x: Value, scale: Value, zero_point: Value | None, dtype: DType, axis: int = 1,
              block: int = 0) -> Value:
     """saturate(round_half_even(x / scale) + zero_point), the division in x's type as ONNX's reference does; a
-    float8 code is x / scale + zero_point cast to it (rounding to nearest even, saturating unless `saturate=0`)."""
+    float8 code is x / scale cast to it (rounding to nearest even, saturating unless `saturate=0`), its zero point
+    zero (checked by the caller), so -0 stays -0 as in ONNX's reference."""
     ratio = call.emit("div", x, _as(call, _along(call, scale, x, axis, block), x.type.dtype))
     if dtype.is_float8:
-        if zero_point is not None:
-            ratio = call.emit("add", ratio, _as(call, _along(call, zero_point, x, axis, block), ratio.type.dtype))
         return cast_to(call, ratio, dtype)
     _code_range(dtype)  # refuse a code type kiln cannot compute on before its zero point is touched
     rounded = _as(call, call.emit("round", ratio), DType.f32)
@@ -96,8 +95,17 @@ def _quantize_linear(call: NodeCall) -> Value:
     """Per tensor and per axis (`axis`, opset 13), per block (`block_size`, opset 21); `saturate` concerns only
     float8 codes."""
     x, scale, zero_point = call.input(0), call.input(1), call.optional(2)
-    return _quantize(call, x, scale, zero_point, _output_dtype(call, zero_point), call.attr("axis", 1),
-                    call.attr("block_size", 0))
+    dtype = _output_dtype(call, zero_point)
+    if dtype.is_float8 and zero_point is not None:
+        _zero_float8_zero_point(call)
+    return _quantize(call, x, scale, zero_point, dtype, call.attr("axis", 1), call.attr("block_size", 0))
+
+
+def _zero_float8_zero_point(call: NodeCall) -> None:
+    """ONNX's float8 zero point must be zero (its reference refuses any other in DequantizeLinear)."""
+    known = call.value(2, "a float8 zero point")
+    if known is not None and np.any(known.astype(np.float32) != 0):
+        raise Unsupported(f"a float8 zero point of {known.astype(np.float32).tolist()}: ONNX's must be zero")
 
 
 @converts("DequantizeLinear", since=10)
@@ -109,7 +117,9 @@ def _dequantize_linear(call: NodeCall) -> Value:
         raise Unsupported(f"{x.type.dtype.value} codes: kiln's sub-byte dtypes are packed storage, never computed on")
     axis, block = call.attr("axis", 1), call.attr("block_size", 0)
     codes = _as(call, x, DType.f32)
-    if zero_point is not None:
+    if zero_point is not None and x.type.dtype.is_float8:
+        _zero_float8_zero_point(call)
+    elif zero_point is not None:
         codes = call.emit("sub", codes, _as(call, _along(call, zero_point, x, axis, block), DType.f32))
     y = call.emit("mul", codes, _as(call, _along(call, scale, x, axis, block), DType.f32))
     given = call.attr("output_dtype", 0)
