@@ -1,4 +1,4 @@
-"""Element types of kiln tensors and their numpy storage types (ml_dtypes for bf16 and sub-byte codes)."""
+"""Element types of kiln tensors and their numpy storage types (ml_dtypes for bf16, float8 and sub-byte codes)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,17 @@ class DType(enum.Enum):
     f32 = "f32"
     f16 = "f16"
     bf16 = "bf16"
+    f8e4m3fn = "f8e4m3fn"
+    f8e4m3fnuz = "f8e4m3fnuz"
+    f8e5m2 = "f8e5m2"
+    f8e5m2fnuz = "f8e5m2fnuz"
     i64 = "i64"
     i32 = "i32"
     i16 = "i16"
     i8 = "i8"
+    u64 = "u64"
+    u32 = "u32"
+    u16 = "u16"
     u8 = "u8"
     bool = "bool"
     i4 = "i4"
@@ -36,6 +43,16 @@ class DType(enum.Enum):
     @property
     def is_int(self) -> bool:
         return self in _INTS
+
+    @property
+    def is_float8(self) -> bool:
+        """The 8-bit floats (ONNX's FLOAT8E4M3FN ... FLOAT8E5M2FNUZ): storage types, computed on in f32."""
+        return self in _FLOAT8
+
+    @property
+    def finite_max(self) -> float:
+        """The greatest finite value of a floating dtype (what a saturating cast clamps to)."""
+        return float(ml_dtypes.finfo(self.numpy).max)
 
     @property
     def kind(self) -> str:
@@ -61,9 +78,9 @@ class DType(enum.Enum):
 
     @property
     def compute(self) -> DType:
-        """The dtype arithmetic on this one runs in: f32 for f16 and bf16 (as torch computes on CPU, rounding
-        results back), the dtype itself otherwise. The interpreter, Relax and ONNX lowerings all widen by it."""
-        return DType.f32 if self in (DType.f16, DType.bf16) else self
+        """The dtype arithmetic on this one runs in: f32 for f16, bf16 and the float8s (as torch computes on CPU,
+        rounding results back), the dtype itself otherwise. The interpreter, Relax and ONNX lowerings widen by it."""
+        return DType.f32 if self in _NARROW_FLOATS else self
 
     @property
     def bits(self) -> int:
@@ -85,14 +102,21 @@ class DType(enum.Enum):
         return f"DType.{self.value}"
 
 
-_FLOATS = {DType.f64, DType.f32, DType.f16, DType.bf16}
-_INTS = {DType.i64, DType.i32, DType.i16, DType.i8, DType.u8}
+_FLOAT8 = {DType.f8e4m3fn, DType.f8e4m3fnuz, DType.f8e5m2, DType.f8e5m2fnuz}
+_NARROW_FLOATS = {DType.f16, DType.bf16, *_FLOAT8}
+_FLOATS = {DType.f64, DType.f32, DType.f16, DType.bf16, *_FLOAT8}
+_INTS = {DType.i64, DType.i32, DType.i16, DType.i8, DType.u64, DType.u32, DType.u16, DType.u8}
 _PACKED = {DType.i4, DType.u4, DType.nf4}
 _BITS = {DType.f64: 64, DType.f32: 32, DType.f16: 16, DType.bf16: 16, DType.i64: 64, DType.i32: 32,
-         DType.i16: 16, DType.i8: 8, DType.u8: 8, DType.bool: 8, DType.i4: 4, DType.u4: 4, DType.nf4: 4}
+         DType.i16: 16, DType.i8: 8, DType.u64: 64, DType.u32: 32, DType.u16: 16, DType.u8: 8,
+         DType.f8e4m3fn: 8, DType.f8e4m3fnuz: 8, DType.f8e5m2: 8, DType.f8e5m2fnuz: 8, DType.bool: 8, DType.i4: 4,
+         DType.u4: 4, DType.nf4: 4}
 _NUMPY = {DType.f64: np.dtype(np.float64), DType.f32: np.dtype(np.float32), DType.f16: np.dtype(np.float16),
           DType.bf16: np.dtype(ml_dtypes.bfloat16), DType.i64: np.dtype(np.int64),
           DType.i32: np.dtype(np.int32), DType.i16: np.dtype(np.int16), DType.i8: np.dtype(np.int8),
+          DType.u64: np.dtype(np.uint64), DType.u32: np.dtype(np.uint32), DType.u16: np.dtype(np.uint16),
+          DType.f8e4m3fn: np.dtype(ml_dtypes.float8_e4m3fn), DType.f8e4m3fnuz: np.dtype(ml_dtypes.float8_e4m3fnuz),
+          DType.f8e5m2: np.dtype(ml_dtypes.float8_e5m2), DType.f8e5m2fnuz: np.dtype(ml_dtypes.float8_e5m2fnuz),
           DType.u8: np.dtype(np.uint8), DType.bool: np.dtype(np.bool_), DType.i4: np.dtype(ml_dtypes.int4),
           DType.u4: np.dtype(ml_dtypes.uint4), DType.nf4: np.dtype(ml_dtypes.uint4)}
 _FROM_NUMPY = {v: k for k, v in _NUMPY.items() if k is not DType.nf4}

@@ -77,6 +77,9 @@ class OnnxCall:
         return self.const(np.asarray(value, self.types[i].dtype.numpy))
 
     def cast(self, name: str, dtype: DType) -> str:
+        """kiln's cast; to a float8 it does not saturate (overflow is NaN, or inf for f8e5m2), so `saturate=0`."""
+        if dtype.is_float8:
+            return self.node("Cast", name, to=onnx_dtype(dtype), saturate=0)
         return self.node("Cast", name, to=onnx_dtype(dtype))
 
     def dim(self, i: int, axis: int) -> int | str:

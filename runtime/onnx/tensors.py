@@ -29,6 +29,9 @@ _TO_ONNX: dict[DType, int] = {
     DType.bf16: TensorProto.BFLOAT16, DType.i64: TensorProto.INT64, DType.i32: TensorProto.INT32,
     DType.i16: TensorProto.INT16, DType.i8: TensorProto.INT8, DType.u8: TensorProto.UINT8,
     DType.bool: TensorProto.BOOL, DType.i4: TensorProto.INT4, DType.u4: TensorProto.UINT4,
+    DType.u64: TensorProto.UINT64, DType.u32: TensorProto.UINT32, DType.u16: TensorProto.UINT16,
+    DType.f8e4m3fn: TensorProto.FLOAT8E4M3FN, DType.f8e4m3fnuz: TensorProto.FLOAT8E4M3FNUZ,
+    DType.f8e5m2: TensorProto.FLOAT8E5M2, DType.f8e5m2fnuz: TensorProto.FLOAT8E5M2FNUZ,
 }
 _FROM_ONNX: dict[int, DType] = {onnx_type: dtype for dtype, onnx_type in _TO_ONNX.items()}
 

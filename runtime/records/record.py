@@ -46,6 +46,9 @@ _TO_BURN: dict[DType, BurnDType] = {
     DType.i16: BurnDType("I16"),
     DType.i8: BurnDType("I8"),
     DType.u8: BurnDType("U8"),
+    DType.u16: BurnDType("U16"),
+    DType.u32: BurnDType("U32"),
+    DType.u64: BurnDType("U64"),
     DType.bool: BurnDType("Bool", store="Native"),
 }
 _FROM_BURN: dict[BurnDType, DType] = {

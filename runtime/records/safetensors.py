@@ -27,6 +27,7 @@ METADATA_KEY = "__metadata__"
 _TO_ST: dict[DType, str] = {
     DType.f64: "F64", DType.f32: "F32", DType.f16: "F16", DType.bf16: "BF16", DType.i64: "I64",
     DType.i32: "I32", DType.i16: "I16", DType.i8: "I8", DType.u8: "U8", DType.bool: "BOOL",
+    DType.u64: "U64", DType.u32: "U32", DType.u16: "U16", DType.f8e4m3fn: "F8_E4M3", DType.f8e5m2: "F8_E5M2",
 }
 _FROM_ST: dict[str, DType] = {name: dtype for dtype, name in _TO_ST.items()}
 

@@ -39,7 +39,7 @@ from kiln.ir.location import located
 from kiln.ir.symbols import SymbolResolver
 
 from . import collective_ops, nn_ops, ops, quant_ops, random_ops, shape_ops, spatial_ops  # noqa: F401  (register rules)
-from .dtypes import to_storage, tvm_dtype
+from .dtypes import check_lowerable, to_storage, tvm_dtype
 from .op_map import OpSources
 from .rule import NeedsSeed, OpCall
 from .signature import FunctionSignature
@@ -125,6 +125,7 @@ class _FunctionLowering:
         self.sources = OpSources()
 
     def _input_var(self, index: int, name: str, t: TensorType) -> relax.Var:
+        check_lowerable(f"input %{name} of @{self.fn.name}", t.dtype)
         shape = []
         for axis, d in enumerate(t.shape):
             if d is not None:
@@ -206,6 +207,9 @@ class _FunctionLowering:
               types: Sequence[TensorType], attrs: dict, results: Sequence[TensorType]) -> list[relax.Expr]:
         """Run the op's Relax rule and emit its results, checked against (and cast to) the declared types."""
         opdef = registry.lookup(kind)
+        for role, ts in (("operand", types), ("result", results)):
+            for i, t in enumerate(ts):
+                check_lowerable(f"{kind}: {role} {i}", t.dtype)
         rule = opdef.rules.get("relax")
         if rule is None:
             raise KilnError(f"op {kind!r} has no Relax lowering")

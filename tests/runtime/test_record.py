@@ -31,6 +31,9 @@ ARRAYS = {
     "i16": np.array([-300, 300], np.int16),
     "i8": np.array([-128, 127], np.int8),
     "u8": np.array([0, 255], np.uint8),
+    "u16": np.array([0, 65535], np.uint16),  # burn-notes 1.3: "U64, U32, U16, U8" are Burn dtypes
+    "u32": np.array([0, 2**32 - 1], np.uint32),
+    "u64": np.array([0, 2**64 - 1], np.uint64),
     "bool": np.array([[True, False], [False, True]]),
 }
 
@@ -61,14 +64,20 @@ def test_dtypes_map_to_burn_names_and_back():
 
 
 def test_dtypes_without_a_counterpart_are_record_errors():
-    with pytest.raises(RecordError, match="Burn dtype U32 has no kiln dtype"):
-        kiln_dtype(BurnDType("U32"))
+    for dtype in (DType.f8e4m3fn, DType.f8e4m3fnuz, DType.f8e5m2, DType.f8e5m2fnuz):  # Burn's DType has no float8
+        with pytest.raises(RecordError, match=f"kiln dtype {dtype.value} has no Burn dtype"):
+            burn_dtype(dtype)
     codes = ModuleRecord({"codes": RecordEntry(1, DType.nf4, (2,), np.zeros(2, DType.nf4.numpy))})
     with pytest.raises(RecordError, match="tensor 'codes': kiln dtype nf4 has no Burn dtype"):
         codes.to_bytes()
-    pack = to_bytes([PackTensor("wide", "U32", (1,), 5, np.zeros(1, np.uint32))])
-    with pytest.raises(RecordError, match="tensor 'wide': Burn dtype U32"):
-        ModuleRecord.from_bytes(pack)
+
+
+def test_burn_unsigned_tensors_read_as_kiln_unsigned_dtypes():
+    """burn-notes 1.3: U64/U32/U16 tensors are 8/4/2 bytes an element; kiln reads them as u64/u32/u16."""
+    pack = to_bytes([PackTensor("wide", "U32", (1,), 5, np.array([2**32 - 1], np.uint32))])
+    wide = ModuleRecord.from_bytes(pack)["wide"]
+    assert wide.dtype is DType.u32
+    np.testing.assert_array_equal(wide.array(), np.array([2**32 - 1], np.uint32))
 
 
 # round trips --------------------------------------------------------------------------------------------------

@@ -105,14 +105,23 @@ def _cast(call: NodeCall) -> Output:
     vector = call.vector(0)
     if vector is not None and dtype in (DType.i64, DType.i32) and call.known[0] is None:
         return vector  # a run-time shape stays one through an integer cast
-    x = call.input(0)
-    return x if x.type.dtype == dtype else call.emit("cast", x, dtype=dtype)
+    return cast_to(call, call.input(0), dtype)
 
 
 @converts("CastLike", since=15)
 def _cast_like(call: NodeCall) -> Value:
-    x, like = call.input(0), call.input(1)
-    return x if x.type.dtype == like.type.dtype else call.emit("cast", x, dtype=like.type.dtype)
+    return cast_to(call, call.input(0), call.input(1).type.dtype)
+
+
+def cast_to(call: NodeCall, x: Value, dtype: DType) -> Value:
+    """x as dtype under the node's `saturate` attribute (opset 19, default 1): a float cast to a float8 saturates
+    to its finite range (NaN stays NaN); `saturate=0` leaves kiln's cast, whose overflow is NaN (inf for f8e5m2)."""
+    if x.type.dtype == dtype:
+        return x
+    if dtype.is_float8 and x.type.dtype.is_float and call.attr("saturate", 1):
+        top = dtype.finite_max
+        x = call.emit("minimum", call.emit("maximum", x, call.constant(-top, like=x)), call.constant(top, like=x))
+    return call.emit("cast", x, dtype=dtype)
 
 
 @converts("Gemm", since=7)

@@ -20,15 +20,18 @@ from kiln.ir import DType, Value
 
 from ..tensors import kiln_dtype
 from .call import NodeCall
+from .convert_basic import cast_to
 from .convert_nn import convolve
 from .registry import Unsupported, converts
 
-_CODE_DTYPES = (DType.i8, DType.u8, DType.i16)  # ONNX's integer code types kiln computes on (i4/u4 are packed)
+# ONNX's integer code types kiln computes on (i4/u4 are packed); float8 codes are cast to, not rounded and clamped
+_CODE_DTYPES = (DType.i8, DType.u8, DType.i16, DType.u16)
 
 
 def _code_range(dtype: DType) -> tuple[int, int]:
     if dtype not in _CODE_DTYPES:
-        raise Unsupported(f"{dtype.value} codes: kiln quantizes to {', '.join(d.value for d in _CODE_DTYPES)}")
+        raise Unsupported(f"{dtype.value} codes: kiln quantizes to {', '.join(d.value for d in _CODE_DTYPES)} "
+                          "and the float8s")
     info = np.iinfo(dtype.numpy)
     return int(info.min), int(info.max)
 
@@ -68,9 +71,13 @@ def _saturate(call: NodeCall, y: Value, zero_point: Value | None, dtype: DType) 
 
 def _quantize(call: NodeCall, x: Value, scale: Value, zero_point: Value | None, dtype: DType, axis: int = 1,
              block: int = 0) -> Value:
-    """saturate(round_half_even(x / scale) + zero_point), the division in x's type as ONNX's reference does."""
-    _code_range(dtype)  # refuse a code type kiln cannot compute on before its zero point is touched
+    """saturate(round_half_even(x / scale) + zero_point), the division in x's type as ONNX's reference does; a
+    float8 code is x / scale cast to it (rounding to nearest even, saturating unless `saturate=0`), its zero point
+    zero (checked by the caller), so -0 stays -0 as in ONNX's reference."""
     ratio = call.emit("div", x, _as(call, _along(call, scale, x, axis, block), x.type.dtype))
+    if dtype.is_float8:
+        return cast_to(call, ratio, dtype)
+    _code_range(dtype)  # refuse a code type kiln cannot compute on before its zero point is touched
     rounded = _as(call, call.emit("round", ratio), DType.f32)
     return _saturate(call, rounded, None if zero_point is None else _along(call, zero_point, x, axis, block), dtype)
 
@@ -86,10 +93,19 @@ def _output_dtype(call: NodeCall, zero_point: Value | None) -> DType:
 @converts("QuantizeLinear", since=10)
 def _quantize_linear(call: NodeCall) -> Value:
     """Per tensor and per axis (`axis`, opset 13), per block (`block_size`, opset 21); `saturate` concerns only
-    the float8 codes kiln has no dtype for."""
+    float8 codes."""
     x, scale, zero_point = call.input(0), call.input(1), call.optional(2)
-    return _quantize(call, x, scale, zero_point, _output_dtype(call, zero_point), call.attr("axis", 1),
-                    call.attr("block_size", 0))
+    dtype = _output_dtype(call, zero_point)
+    if dtype.is_float8 and zero_point is not None:
+        _zero_float8_zero_point(call)
+    return _quantize(call, x, scale, zero_point, dtype, call.attr("axis", 1), call.attr("block_size", 0))
+
+
+def _zero_float8_zero_point(call: NodeCall) -> None:
+    """ONNX's float8 zero point must be zero (its reference refuses any other in DequantizeLinear)."""
+    known = call.value(2, "a float8 zero point")
+    if known is not None and np.any(known.astype(np.float32) != 0):
+        raise Unsupported(f"a float8 zero point of {known.astype(np.float32).tolist()}: ONNX's must be zero")
 
 
 @converts("DequantizeLinear", since=10)
@@ -101,7 +117,9 @@ def _dequantize_linear(call: NodeCall) -> Value:
         raise Unsupported(f"{x.type.dtype.value} codes: kiln's sub-byte dtypes are packed storage, never computed on")
     axis, block = call.attr("axis", 1), call.attr("block_size", 0)
     codes = _as(call, x, DType.f32)
-    if zero_point is not None:
+    if zero_point is not None and x.type.dtype.is_float8:
+        _zero_float8_zero_point(call)
+    elif zero_point is not None:
         codes = call.emit("sub", codes, _as(call, _along(call, zero_point, x, axis, block), DType.f32))
     y = call.emit("mul", codes, _as(call, _along(call, scale, x, axis, block), DType.f32))
     given = call.attr("output_dtype", 0)

@@ -20,7 +20,7 @@ from kiln.frontend.onnx_backend import KilnBackend, KilnReferenceBackend
 
 REASONS = {
     "outside": "op outside issue 12's coverage list",
-    "dtype": "an element type kiln has no dtype for (uint16/32/64, string, float8, int2, float4, sequences)",
+    "dtype": "an element type kiln has no dtype for (string, int2, float4, float8e8m0, sequences, optionals)",
     "packed": "kiln's int4/uint4 are packed quantization codes, which cast refuses",
     "opset": "the model's opset is below 7 or in a domain other than ai.onnx",
     "training": "Dropout in training mode: kiln imports models for inference",
