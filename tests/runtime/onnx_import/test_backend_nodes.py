@@ -28,7 +28,6 @@ REASONS = {
                "intermediate to f16: one of its intermediates rounds differently in kiln (not traced to the op)",
     "bn-training": "BatchNormalization with training_mode = 1 (batch statistics, running-stat outputs): kiln "
                    "imports models for inference",
-    "resize-crop": "Resize tf_crop_and_resize (roi, extrapolation_value): kiln's resize has no region of interest",
     "castlike-fold": "Pad's constant value is a CastLike of a constant to a run-time tensor's dtype, which the "
                      "importer does not fold (it folds a node whose inputs are all known)",
 }
