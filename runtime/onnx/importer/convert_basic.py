@@ -109,7 +109,7 @@ def _cast(call: NodeCall) -> Output:
     return x if x.type.dtype == dtype else call.emit("cast", x, dtype=dtype)
 
 
-@converts("CastLike", since=15)
+@converts("CastLike", since=15, type_only=(1,))
 def _cast_like(call: NodeCall) -> Value:
     x, like = call.input(0), call.input(1)
     return x if x.type.dtype == like.type.dtype else call.emit("cast", x, dtype=like.type.dtype)
