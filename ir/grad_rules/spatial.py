@@ -64,7 +64,6 @@ def _resize(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
     if g is None or not ctx.wanted_float(op, 0):
         return (None,)
     x, a = op.operands[0], op.attrs
-    for axis, n_out in enumerate(a["size"], 2):
-        scale = a["scales"][axis - 2] if a["scales"] is not None else None
-        g = matmul_along(ctx, g, axis, resize_matrix(x.type.shape[axis], n_out, scale, a).T)
+    for axis in range(2, x.type.rank):
+        g = matmul_along(ctx, g, axis, resize_matrix(a, axis - 2, x.type.shape[axis]).T)
     return (g,)

@@ -71,7 +71,7 @@ define("pad", ("x",), _pad_infer, one(_pad),
 
 RESIZE_MODES = ("nearest", "linear", "cubic")
 COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn",
-                    "half_pixel_symmetric")
+                    "half_pixel_symmetric", "tf_crop_and_resize")
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
@@ -87,17 +87,27 @@ def _resize_infer(ts: list[TensorType], attrs: dict[str, Any]) -> tuple[TensorTy
         raise ShapeError(f"resize: size = {list(size)} must hold {nd} positive ints, one per spatial dim of {x}")
     if scales is not None and (len(scales) != nd or any(not s > 0 for s in scales)):
         raise ShapeError(f"resize: scales = {list(scales)} must hold {nd} positive numbers")
+    if (attrs["coordinate_mode"] == "tf_crop_and_resize") != (attrs["roi"] is not None) or (
+            attrs["roi"] is not None and len(attrs["roi"]) != 2 * nd):
+        raise ShapeError(f"resize: coordinate_mode {attrs['coordinate_mode']} takes roi = {attrs['roi']} (tf_crop_and_"
+                         f"resize needs {2 * nd} numbers, the starts then the ends of the spatial dims; others none)")
     if any(d is None or d < 1 for d in x.shape[2:]):
         raise ShapeError(f"resize: operand 0 (x) needs static, non-empty spatial dims, got {x}")
     return (x.with_shape((*x.shape[:2], *size)),)
 
 
-def _source(i: np.ndarray, n_in: int, n_out: int, scale: float, coordinate_mode: str) -> np.ndarray:
+def _source(i: np.ndarray, n_in: int, n_out: int, scale: float, coordinate_mode: str,
+            roi: tuple[float, float] | None) -> np.ndarray:
     """The input coordinate each output index i samples (ONNX's coordinate_transformation_mode; its "resized
     length" is n_in * scale, which a scale that does not hit an integer size makes fractional)."""
     if coordinate_mode == "align_corners":
         length = n_in * scale
         return i * (n_in - 1) / (length - 1) if n_out > 1 else np.zeros_like(i)
+    if coordinate_mode == "tf_crop_and_resize":  # the roi [start, end] (fractions of n_in - 1) spread over the length
+        start, end = roi  # type: ignore[misc]
+        length = n_in * scale
+        step = i * (end - start) / (length - 1) if n_out > 1 else np.full_like(i, (end - start) / 2)
+        return (start + step) * (n_in - 1)
     if coordinate_mode == "half_pixel_symmetric":  # half_pixel, re-centred on the part of the length kept
         return n_in / 2 * (1 - n_out / (n_in * scale)) + (i + 0.5) / scale - 0.5
     if coordinate_mode == "asymmetric":
@@ -117,13 +127,24 @@ def _cubic(d: np.ndarray, a: float) -> np.ndarray:
     return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
 
 
-def resize_taps(n_in: int, n_out: int, scale: float | None, attrs: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Along one axis, for each output index: the input indices it reads and their weights, both [taps, n_out]
-    (nearest: one tap of weight 1; linear: two; cubic: four; antialias widens a shrinking axis's filter by
-    1 / scale). The one statement of resize's arithmetic: the reference, the gradient and the lowerings all read
-    it. Taps beyond the edges read the edge element, or under exclude_outside get weight 0 (the rest rescaled)."""
-    scale = scale or n_out / n_in
-    x = _source(np.arange(n_out, dtype=np.float64), n_in, n_out, scale, attrs["coordinate_mode"])
+def resize_taps(attrs: dict[str, Any], k: int, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Along spatial axis k (of n_in elements), for each output index: the input indices it reads and their
+    weights, both [taps, n_out] (nearest: one tap of weight 1; linear: two; cubic: four; antialias widens a
+    shrinking axis's filter by 1 / scale), and which outputs take the extrapolation value instead
+    (tf_crop_and_resize's samples outside the input; None in other modes). The one statement of resize's
+    arithmetic: the reference, the gradient and the lowerings all read it. Taps beyond the edges read the edge
+    element, or under exclude_outside get weight 0 (the rest rescaled)."""
+    n_out, nd, roi = attrs["size"][k], len(attrs["size"]), attrs["roi"]
+    scale = (attrs["scales"][k] if attrs["scales"] is not None else None) or n_out / n_in
+    x = _source(np.arange(n_out, dtype=np.float64), n_in, n_out, scale, attrs["coordinate_mode"],
+                None if roi is None else (roi[k], roi[nd + k]))
+    outside = None if roi is None else (x < 0) | (x > n_in - 1)
+    idx, w = _taps(x, n_in, n_out, scale, attrs)
+    return idx, w, outside
+
+
+def _taps(x: np.ndarray, n_in: int, n_out: int, scale: float, attrs: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The indices and weights sampling source coordinates x."""
     mode = attrs["mode"]
     if mode == "nearest":
         rounding = {"round_prefer_floor": lambda v: np.ceil(v - 0.5), "round_prefer_ceil": lambda v: np.floor(v + 0.5),
@@ -151,30 +172,35 @@ def resize_taps(n_in: int, n_out: int, scale: float | None, attrs: dict[str, Any
     return np.clip(idx, 0, n_in - 1), w
 
 
-def resize_matrix(n_in: int, n_out: int, scale: float | None, attrs: dict[str, Any]) -> np.ndarray:
-    """The [n_in, n_out] matrix one axis of the resize multiplies by (its gradient multiplies by the transpose)."""
-    idx, w = resize_taps(n_in, n_out, scale, attrs)
-    m = np.zeros((n_in, n_out))
-    np.add.at(m, (idx, np.broadcast_to(np.arange(n_out), idx.shape)), w)
+def resize_matrix(attrs: dict[str, Any], k: int, n_in: int) -> np.ndarray:
+    """The [n_in, n_out] matrix spatial axis k multiplies by, extrapolated outputs' columns zero (its gradient
+    multiplies by the transpose)."""
+    idx, w, outside = resize_taps(attrs, k, n_in)
+    if outside is not None:
+        w = np.where(outside, 0.0, w)
+    m = np.zeros((n_in, w.shape[1]))
+    np.add.at(m, (idx, np.broadcast_to(np.arange(w.shape[1]), idx.shape)), w)
     return m
 
 
 def _resize(xs, attrs):
-    """Axis by axis: gather the taps, then blend them with their weights in x's dtype (nearest only gathers)."""
+    """Axis by axis: gather the taps, then blend them with their weights in x's dtype (nearest only gathers);
+    extrapolated outputs then take the extrapolation value."""
     y = xs[0]
     for axis, n_out in enumerate(attrs["size"], 2):
-        scale = attrs["scales"][axis - 2] if attrs["scales"] is not None else None
-        idx, w = resize_taps(y.shape[axis], n_out, scale, attrs)
-        if attrs["mode"] == "nearest":
-            y = np.take(y, idx[0], axis=axis)
-            continue
+        idx, w, outside = resize_taps(attrs, axis - 2, y.shape[axis])
         shape = [1] * y.ndim
         shape[axis] = n_out
-        total = None
-        for i, wi in zip(idx, w):
-            term = np.take(y, i, axis=axis) * wi.reshape(shape).astype(y.dtype)
-            total = term if total is None else total + term
-        y = total
+        if attrs["mode"] == "nearest":
+            y = np.take(y, idx[0], axis=axis)
+        else:
+            total = None
+            for i, wi in zip(idx, w):
+                term = np.take(y, i, axis=axis) * wi.reshape(shape).astype(y.dtype)
+                total = term if total is None else total + term
+            y = total
+        if outside is not None:
+            y = np.where(outside.reshape(shape), np.asarray(attrs["extrapolation"], y.dtype), y)
     return (y,)
 
 
@@ -187,5 +213,8 @@ define("resize", ("x",), _resize_infer, _resize,
         "nearest_mode": Attr(one_of(*NEAREST_MODES), "round_prefer_floor"),
         "cubic_coeff_a": Attr(FLOAT, -0.75, "the cubic kernel's coefficient (-0.5: Keys, -0.75: torch's bicubic)"),
         "exclude_outside": Attr(BOOL, False, "taps beyond the edges weigh 0 (the others rescaled to sum 1)"),
-        "antialias": Attr(BOOL, False, "linear and cubic widen their filter by 1 / scale on a shrinking axis")},
+        "antialias": Attr(BOOL, False, "linear and cubic widen their filter by 1 / scale on a shrinking axis"),
+        "roi": Attr(optional(lambda v: tuple(FLOAT(s) for s in v)), None,
+                    "tf_crop_and_resize's region: starts then ends per spatial dim, fractions of (size - 1)"),
+        "extrapolation": Attr(FLOAT, 0.0, "tf_crop_and_resize's value where a sample falls outside x")},
        doc="nearest, linear or cubic resampling of the spatial dims of x [N, C, *S] to `size`, axis by axis")

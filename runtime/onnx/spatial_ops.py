@@ -30,14 +30,17 @@ def _resize(call: OnnxCall) -> OnnxResult:
     a, t = call.attrs, call.types[0]
     axes = list(range(2, t.rank))
     modes = {"mode": a["mode"], "coordinate_transformation_mode": a["coordinate_mode"], "axes": axes}
+    roi = "" if a["roi"] is None else call.const(np.asarray(a["roi"], np.float32))
+    if roi:
+        modes["extrapolation_value"] = a["extrapolation"]
     if a["mode"] == "nearest":
         modes["nearest_mode"] = a["nearest_mode"]
     else:
         modes.update(cubic_coeff_a=a["cubic_coeff_a"], exclude_outside=int(a["exclude_outside"]),
                      antialias=int(a["antialias"]))
     if a["scales"] is None:
-        return call.node("Resize", call.inputs[0], "", "", call.ints(a["size"]), **modes)
+        return call.node("Resize", call.inputs[0], roi, "", call.ints(a["size"]), **modes)
     if any(int(np.floor(n * s)) != out for n, s, out in zip(t.shape[2:], a["scales"], a["size"])):
         raise call.unsupported(f"size {list(a['size'])} is not floor(input * scales {list(a['scales'])}), the only "
                                "size ONNX's Resize makes from scales")
-    return call.node("Resize", call.inputs[0], "", call.const(np.asarray(a["scales"], np.float32)), **modes)
+    return call.node("Resize", call.inputs[0], roi, call.const(np.asarray(a["scales"], np.float32)), **modes)

@@ -30,20 +30,22 @@ def _pad(call: OpCall) -> RelaxResult:
 @relax_rule("resize")
 def _resize(call: OpCall) -> RelaxResult:
     """Axis by axis, gathers at the op's taps blended by constant weights, so TVM computes just what the
-    reference does (Relax's resize2d derives its scale from the sizes, not ONNX's given scales)."""
+    reference does (Relax's resize2d derives its scale from the sizes, not ONNX's given scales); extrapolated
+    outputs are a `where` against the extrapolation value."""
     a, y, dtype = call.attrs, call.args[0], call.dtype()
     rank = call.types[0].rank
     for axis, n_out in enumerate(a["size"], 2):
-        scale = a["scales"][axis - 2] if a["scales"] is not None else None
-        idx, w = resize_taps(call.types[0].shape[axis], n_out, scale, a)
+        idx, w, outside = resize_taps(a, axis - 2, call.types[0].shape[axis])
+        shape = [n_out if i == axis else 1 for i in range(rank)]
         if a["mode"] == "nearest":
             y = call.emit(R.take(y, relax.const(idx[0].astype("int64")), axis))
-            continue
-        shape = [n_out if i == axis else 1 for i in range(rank)]
-        total = None
-        for i, wi in zip(idx, w):
-            term = R.multiply(call.emit(R.take(y, relax.const(i.astype("int64")), axis)),
-                              relax.const(wi.reshape(shape).astype(dtype)))
-            total = term if total is None else R.add(total, term)
-        y = call.emit(total)
+        else:
+            total = None
+            for i, wi in zip(idx, w):
+                term = R.multiply(call.emit(R.take(y, relax.const(i.astype("int64")), axis)),
+                                  relax.const(wi.reshape(shape).astype(dtype)))
+                total = term if total is None else R.add(total, term)
+            y = call.emit(total)
+        if outside is not None:
+            y = call.emit(R.where(relax.const(outside.reshape(shape)), relax.const(a["extrapolation"], dtype), y))
     return y

@@ -227,6 +227,14 @@ case("resize", "bilinear", [r(1, 2, 3, 4)], lambda x: F.interpolate(x, [5, 7], m
      mode="linear", coordinate_mode="pytorch_half_pixel")
 case("resize", "nearest-down", [r(1, 1, 5, 6)], lambda x: F.interpolate(x, [2, 4], mode="nearest"), size=(2, 4),
      coordinate_mode="asymmetric", nearest_mode="floor")
+# tf_crop_and_resize against grid_sample at the same points (rows -2, 0, 2, 4, 6: two a pixel outside, whose
+# extrapolated outputs take no gradient; cols 0.3 ... 2.7), as in test_ops_reference.
+case("resize", "tf-crop-and-resize", [r(1, 2, 5, 4)],
+     lambda x: F.grid_sample(x, torch.stack(torch.meshgrid(torch.tensor([0.3, 1.1, 1.9, 2.7], dtype=x.dtype) / 1.5 - 1,
+                                                           torch.tensor([-2.0, 0, 2, 4, 6], dtype=x.dtype) / 2 - 1,
+                                                           indexing="xy"), -1)[None],
+                             align_corners=True),
+     size=(5, 4), mode="linear", coordinate_mode="tf_crop_and_resize", roi=(-0.5, 0.1, 1.5, 0.9), extrapolation=2.5)
 case("resize", "bicubic-antialias", [r(1, 2, 7, 6)], lambda x: F.interpolate(x, [3, 8], mode="bicubic", antialias=True),
      size=(3, 8), mode="cubic", cubic_coeff_a=-0.5, exclude_outside=True, antialias=True)
 case("avg_pool2d", "with-pad", [r(2, 2, 6, 5)], lambda x: F.avg_pool2d(x, 3, stride=2, padding=1),

@@ -891,6 +891,28 @@ case("resize", "linear-antialias", [rand((2, 1, 9, 7))],
      coordinate_mode="half_pixel", exclude_outside=True, antialias=True)
 case("resize", "f64", [rand((1, 1, 3, 3), "f64")], lambda x: F.interpolate(x, [5, 4], mode="bilinear"), size=[5, 4],
      mode="linear", coordinate_mode="pytorch_half_pixel")
+# tf_crop_and_resize: "x_original = start_x * (length_original - 1) + x_resized * (end_x - start_x) *
+# (length_original - 1) / (length_resized - 1)", samples outside the input taking extrapolation_value. Against
+# torch's grid_sample (align_corners=True reads the same corner-based coordinates) at points chosen to lie inside
+# or over a pixel outside, where its zero padding gives the extrapolation value 0.
+
+
+def crop_and_resize(x, rows, cols):
+    """grid_sample at input rows/cols (pixel units) of x [N, C, H, W]; zero beyond the edges."""
+    h, w = x.shape[2:]
+    gy, gx = torch.meshgrid(torch.tensor(rows, dtype=x.dtype) / (h - 1) * 2 - 1,
+                            torch.tensor(cols, dtype=x.dtype) / (w - 1) * 2 - 1, indexing="ij")
+    grid = torch.stack([gx, gy], -1)[None].expand(x.shape[0], -1, -1, -1)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
+
+
+# rows: roi [-0.5, 1.5] of 4 over 5 outputs samples -2, 0, 2, 4, 6; cols: [0.1, 0.9] of 3 samples 0.3 ... 2.7
+CROP = {"size": [5, 4], "mode": "linear", "coordinate_mode": "tf_crop_and_resize", "roi": [-0.5, 0.1, 1.5, 0.9]}
+case("resize", "tf-crop-and-resize", [rand((2, 3, 5, 4))],
+     lambda x: crop_and_resize(x, [-2.0, 0.0, 2.0, 4.0, 6.0], [0.3, 1.1, 1.9, 2.7]), **CROP)
+case("resize", "tf-crop-and-resize-nearest", [rand((1, 2, 5, 4))],
+     lambda x: crop_and_resize(x, [-2.0, 0.0, 2.0, 4.0, 6.0], [0.0, 1.0, 2.0, 3.0]), tol=EXACT,
+     **{**CROP, "mode": "nearest", "roi": [-0.5, 0.0, 1.5, 1.0]})
 
 
 def norm_oracle(kind: str, axes: Sequence[int], eps: float) -> Callable[..., torch.Tensor]:
@@ -1402,6 +1424,13 @@ BAD = [
         r"^scatter_nd: operand 1 \(indices\) has dtype f32"),
     Bad("scatter-nd-dtype", "scatter_nd", (F23, ((1, 1), "i64"), ((1, 3), "f64")),
         r"^scatter_nd: operand 2 \(updates\) has dtype f64 but data has f32"),
+    Bad("resize-crop-no-roi", "resize", (((1, 1, 3, 3), "f32"),), r"^resize: coordinate_mode tf_crop_and_resize "
+        r"takes roi = None \(tf_crop_and_resize needs 4 numbers",
+        {"size": [2, 2], "coordinate_mode": "tf_crop_and_resize"}),
+    Bad("resize-roi-length", "resize", (((1, 1, 3, 3), "f32"),), r"^resize: coordinate_mode tf_crop_and_resize "
+        r"takes roi = \(0.0, 1.0\)", {"size": [2, 2], "coordinate_mode": "tf_crop_and_resize", "roi": [0.0, 1.0]}),
+    Bad("resize-roi-elsewhere", "resize", (((1, 1, 3, 3), "f32"),), r"^resize: coordinate_mode half_pixel takes roi",
+        {"size": [2, 2], "roi": [0.0, 0.0, 1.0, 1.0]}),
     Bad("unknown-op", "frobnicate", (F23,), r"^unknown op 'frobnicate'"),
 ]
 

@@ -162,7 +162,10 @@ def _cases() -> list[Case]:
                                                   "exclude_outside": True},
                         "linear-antialias": {"size": (3, 2), "mode": "linear", "antialias": True},
                         "linear-corners-scales": {"size": (11, 7), "scales": (2.3, 1.5), "mode": "linear",
-                                                  "coordinate_mode": "align_corners"}}.items():
+                                                  "coordinate_mode": "align_corners"},
+                        "linear-tf-crop-and-resize": {"size": (6, 4), "mode": "linear", "extrapolation": 1.5,
+                                                      "coordinate_mode": "tf_crop_and_resize",
+                                                      "roi": (-0.4, 0.2, 1.3, 0.7)}}.items():
         c.append(Case("resize", name, [f32(2, 3, 5, 5)], attrs))
     c.append(Case("layer_norm", "plain-two-axes", [f32(3, 4, 6)], {"axes": (1, 2)}))
     c.append(Case("rms_norm", "gamma", [f32(3, 6), f32(6)]))

@@ -183,6 +183,9 @@ CASES: list[tuple[str, Case]] = [
     ("resize-linear-scales", case("resize", IMAGE, size=(10, 7), scales=(1.5, 1.5), mode="linear",
                                   coordinate_mode="asymmetric")),
     ("resize-nn-tf", case("resize", IMAGE, size=(14, 15), coordinate_mode="tf_half_pixel_for_nn")),
+    # (no axis keeps its size: onnxruntime then skips the axis, roi and all)
+    ("resize-tf-crop", case("resize", IMAGE, size=(6, 8), mode="linear", coordinate_mode="tf_crop_and_resize",
+                            roi=(-0.4, 0.2, 1.3, 0.7), extrapolation=1.5)),
     ("resize-cubic-antialias", case("resize", IMAGE, size=(3, 8), mode="cubic", cubic_coeff_a=-0.5,
                                     exclude_outside=True, antialias=True, tol=1e-4)),
     ("adaptive_avg_pool2d-dynamic", case("adaptive_avg_pool2d", ((None, 4, None, None), IMAGE, floats(1, 4, 4, 9)),

@@ -108,7 +108,7 @@ def _cast(call: NodeCall) -> Output:
     return cast_to(call, call.input(0), dtype)
 
 
-@converts("CastLike", since=15)
+@converts("CastLike", since=15, type_only=(1,))
 def _cast_like(call: NodeCall) -> Value:
     return cast_to(call, call.input(0), call.input(1).type.dtype)
 

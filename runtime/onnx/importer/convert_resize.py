@@ -1,8 +1,9 @@
 """Converters of ONNX's Resize (opsets 10 to 19) and Upsample (7 to 9) into kiln's `resize`.
 
-kiln resizes the spatial dims (all but N and C), nearest or linear; `roi` only matters to tf_crop_and_resize,
-which kiln refuses, so it is ignored. Resize-10 and Upsample sample asymmetrically and round nearest as ONNX
-Runtime's "simple" mode does: down when enlarging, up when shrinking.
+kiln resizes the spatial dims (all but N and C), nearest, linear or cubic; `roi` only matters to
+tf_crop_and_resize (it becomes the op's `roi` over the spatial dims), so other modes ignore it. Resize-10 and
+Upsample sample asymmetrically and round nearest as ONNX Runtime's "simple" mode does: down when enlarging, up
+when shrinking.
 """
 
 from __future__ import annotations
@@ -70,6 +71,21 @@ def _resize_10(call: NodeCall) -> Value:
     return _simple(call, call.input(0), list(np.asarray(call.value(1, "the scales"), np.float64)))
 
 
+def _roi(call: NodeCall, rank: int, axes: Sequence[int]) -> tuple[float, ...]:
+    """tf_crop_and_resize's roi (starts then ends of `axes`) as the op's starts then ends of the spatial dims;
+    N and C must be whole ([0, 1])."""
+    roi = call.value(1, "the roi")
+    if roi is None or roi.size != 2 * len(axes):
+        got = "none" if roi is None else list(roi.tolist())
+        raise Unsupported(f"tf_crop_and_resize needs a roi of {2 * len(axes)} numbers, got {got}")
+    starts, ends = [0.0] * rank, [1.0] * rank
+    for a, lo, hi in zip(axes, roi[:len(axes)].tolist(), roi[len(axes):].tolist()):
+        starts[a], ends[a] = lo, hi
+    if starts[:2] != [0.0, 0.0] or ends[:2] != [1.0, 1.0]:
+        raise Unsupported(f"roi = {roi.tolist()} crops the batch or channel dim")
+    return (*starts[2:], *ends[2:])
+
+
 @converts("Resize", since=11)
 def _resize(call: NodeCall) -> Value:
     """Inputs X, roi, scales, sizes (one of the last two); opset 18's axes, keep_aspect_ratio_policy and
@@ -87,6 +103,8 @@ def _resize(call: NodeCall) -> Value:
              "exclude_outside": bool(call.attr("exclude_outside", 0)), "antialias": bool(call.attr("antialias", 0))}
     rank, spatial = x.type.rank, _static(x)
     axes = [int(a) % rank for a in call.attr("axes", range(rank))]
+    if coordinate == "tf_crop_and_resize":
+        modes.update(roi=_roi(call, rank, axes), extrapolation=call.attr("extrapolation_value", 0.0))
     scales, sizes = call.value(2, "the scales"), call.value(3, "the sizes")
     if scales is not None and scales.size:
         full = [1.0] * rank

@@ -257,14 +257,15 @@ class _Importer:
         self.refused.update(node.output)
 
     def node(self, node: NodeProto, names: list[str]) -> Sequence[Output]:
-        fn = converter(node.op_type, self.opset, node.domain).fn
+        conv = converter(node.op_type, self.opset, node.domain)
+        fn = conv.fn
         for n in names:
             if n and n not in self.slots:
                 raise Unsupported(f"input {n!r} is not computed by any node before it")
         attrs = decoded_attrs(node)
         slots = [self.slots[n] if n else None for n in names]
-        foldable = all(s is None or s.constant for s in slots) and not any(
-            isinstance(v, GraphProto) for v in attrs.values())
+        foldable = all(s is None or s.constant or (i in conv.type_only and (s.value is not None or s.param))
+                       for i, s in enumerate(slots)) and not any(isinstance(v, GraphProto) for v in attrs.values())
         known = [s.array() if s is not None else None for s in slots]  # a parameter's too (e.g. a Range bound)
         vectors = [s.vector if s is not None else None for s in slots]
         if node.op_type == "DequantizeLinear" and names[0] in self.entries and all(
@@ -272,8 +273,9 @@ class _Importer:
             weight = self.quantized_param(names, known, attrs)
             if weight is not None:
                 return (weight,)
-        if foldable:
-            return self.fold(node, fn, known, vectors, attrs)
+        if foldable:  # a type-only input held at run time lends the scratch function its value (for the type)
+            typed = [s.value if s is not None and k is None else None for s, k in zip(slots, known)]
+            return self.fold(node, fn, known, vectors, attrs, typed)
         call = NodeCall(node, self.opset, _Operands(self, names), known, attrs, self.b.fn, vectors, self.inline)
         fb = self.b.fn
         outer, fb.loc = fb.loc, onnx_loc(node.name, node.op_type)  # every op the converter emits names the node
@@ -283,10 +285,11 @@ class _Importer:
             fb.loc = outer
         return (out,) if not isinstance(out, tuple | list) else out
 
-    def fold(self, node: NodeProto, fn, known, vectors, attrs) -> list[np.ndarray | ShapeVector | None]:
-        """The node evaluated at import: converted into a scratch function whose ops run at once."""
+    def fold(self, node: NodeProto, fn, known, vectors, attrs, typed) -> list[np.ndarray | ShapeVector | None]:
+        """The node evaluated at import: converted into a scratch function whose ops run at once (`typed`: the
+        run-time values of inputs the converter reads only the type of)."""
         scratch = FunctionBuilder("fold", lambda name: None)
-        inputs = [scratch.constant(k) if k is not None else None for k in known]
+        inputs = [scratch.constant(k) if k is not None else t for k, t in zip(known, typed)]
         out = fn(NodeCall(node, self.opset, inputs, known, attrs, scratch, vectors, None))
         outs = (out,) if not isinstance(out, tuple | list) else out
         arrays: dict[int, np.ndarray] = {}

@@ -28,13 +28,15 @@ ConvertFn = Callable[["NodeCall"], "Value | Sequence[Value | None]"]
 
 @dataclass(frozen=True)
 class Converter:
-    """One converter: the ONNX op type (in `domain`, "" being ai.onnx) it converts for opsets since..until."""
+    """One converter: the ONNX op type (in `domain`, "" being ai.onnx) it converts for opsets since..until;
+    `type_only`: the inputs it reads only the type of (CastLike's target), so a node folds whatever they hold."""
 
     op_type: str
     since: int
     until: int | None
     fn: ConvertFn
     domain: str = ""
+    type_only: tuple[int, ...] = ()
 
     def covers(self, opset: int) -> bool:
         return self.since <= opset and (self.until is None or opset <= self.until)
@@ -47,13 +49,14 @@ class Converter:
 _CONVERTERS: dict[tuple[str, str], list[Converter]] = {}
 
 
-def converts(*op_types: str, since: int = 1, until: int | None = None, domain: str = ""
-             ) -> Callable[[ConvertFn], ConvertFn]:
-    """Register `fn` as the converter of each op type for opsets since..until (inclusive; None: open)."""
+def converts(*op_types: str, since: int = 1, until: int | None = None, domain: str = "",
+             type_only: tuple[int, ...] = ()) -> Callable[[ConvertFn], ConvertFn]:
+    """Register `fn` as the converter of each op type for opsets since..until (inclusive; None: open), reading
+    only the types of the inputs `type_only`."""
     def register(fn: ConvertFn) -> ConvertFn:
         for op_type in op_types:
             known = _CONVERTERS.setdefault((domain, op_type), [])
-            new = Converter(op_type, since, until, fn, domain)
+            new = Converter(op_type, since, until, fn, domain, type_only)
             if any(c.covers(since) or new.covers(c.since) for c in known):
                 raise ValueError(f"{op_type}: two converters cover one opset")
             known.append(new)

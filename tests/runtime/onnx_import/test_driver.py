@@ -123,6 +123,24 @@ def test_if_on_a_known_condition_is_inlined_and_a_run_time_one_refused():
         import_graph(with_condition([], {"x": (F32, [4]), "c": (np.bool_, [])}))
 
 
+def test_castlike_of_a_constant_folds_whatever_its_target_holds(tmp_path: Path):
+    """CastLike: "the output tensor has the same type as the target_type input" (its type alone), so a CastLike of a
+    constant folds at import even when the target is computed at run time: Pad's constant value, cast to the run-time
+    x's dtype, is known and becomes the pad's attribute (no cast left)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Constant", [], ["v"], value=onnx.numpy_helper.from_array(np.array(2.5, np.float64))),
+             helper.make_node("CastLike", ["v", "r"], ["vc"]), helper.make_node("Pad", ["r", "pads", "vc"], ["y"])]
+    onnx_model = model(nodes, {"x": (F32, ["n", 3])}, ["y"], initializers={"pads": np.array([0, 1, 0, 2], I64)})
+    graph = import_graph(onnx_model)
+    filecheck(str(graph), """
+// CHECK-LABEL: func @forward(%x: tensor<?{n}x3xf32>)
+// CHECK-NEXT: relu %x
+// CHECK-NEXT: pad %{{.*}} {before = [0, 1], after = [0, 2], value = 2.5} : tensor<?x6xf32>
+// CHECK-NEXT: return
+""", tmp_path)
+    assert_matches_reference(graph, onnx_model, {"x": np.random.default_rng(3).standard_normal((2, 3), F32)})
+
+
 def test_one_error_lists_every_root_refusal():
     """ "Anything kiln cannot import is reported in one error that lists every unsupported node (name, op type,
     opset, the reason), never one at a time": a node downstream of a refused one is listed only when it has no

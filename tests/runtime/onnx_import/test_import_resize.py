@@ -75,6 +75,18 @@ CASES = {
     "opset-13-roi-ignored": ("Resize", 13, [floats(0, 0, 0, 0, 1, 1, 1, 1), floats(1, 1, 1.5, 2)],
                              {"mode": "linear"}),
     "opset-11-sizes": ("Resize", 11, [NO_ROI, floats(), ints(2, 3, 3, 12)], {"mode": "nearest"}),
+    # tf_crop_and_resize: "x_original = start_x * (length_original - 1) + x_resized * (end_x - start_x) *
+    # (length_original - 1) / (length_resized - 1)"; "extrapolation_value: When coordinate_transformation_mode is
+    # "tf_crop_and_resize" and x_original is outside the range [0, length_original - 1], this value is used"
+    "tf-crop-linear-sizes": ("Resize", 19, [floats(0, 0, -0.3, 0.2, 1, 1, 0.8, 1.4), None, ints(2, 3, 4, 7)],
+                             {"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize",
+                              "extrapolation_value": -2.5}),
+    # (scales giving whole sizes: onnxruntime takes length_resized as the integer size, ONNX's reference and kiln
+    # as input * scale)
+    "tf-crop-nearest-scales-axes": ("Resize", 18, [floats(0.7, 0.1, -0.2, 0.9), floats(0.5, 1.6)],
+                                    {"coordinate_transformation_mode": "tf_crop_and_resize", "axes": [3, 2]}),
+    "tf-crop-cubic-13": ("Resize", 13, [floats(0, 0, 0.2, 0.1, 1, 1, 0.9, 0.6), floats(1, 1, 1.6, 1.5)],
+                         {"mode": "cubic", "coordinate_transformation_mode": "tf_crop_and_resize"}),
     # opset 10 and Upsample: asymmetric, nearest floors when enlarging
     "opset-10-nearest": ("Resize", 10, [floats(1, 1, 2, 2.5)], {}),
     "opset-10-linear-down": ("Resize", 10, [floats(1, 1, 0.6, 0.5)], {"mode": "linear"}),
