@@ -191,3 +191,29 @@ def test_a_library_others_could_replace_is_not_loaded(tmp_path: Path, small_libr
                 load_executable(str(folder / "m.so"))
     finally:
         folder.chmod(0o755)
+
+
+QUIET_SCRIPT = """
+import sys
+import numpy as np
+from kiln.ir import Builder
+from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.executable import load_executable
+b = Builder("Quiet")
+x = b.input("x", ((None, 4), "f32"))
+b.ret(b.linear(x, b.param("w", (4, 3), data=np.ones((4, 3), np.float32))))
+compile_graph(b.build(), params="inputs").export_library(sys.argv[1])
+print(load_executable(sys.argv[1])(np.ones((2, 4), np.float32)).sum())
+"""
+
+
+def test_export_and_load_print_nothing_but_the_result(tmp_path: Path) -> None:
+    """issue 15: "TVM's "Scope Saving/Loaded" warnings print on every export/load (silence them)": a fresh process
+    that builds, exports and loads a library writes nothing to stderr, and only its own line to stdout."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", QUIET_SCRIPT, str(tmp_path / "q.so")], capture_output=True,
+                          text=True, timeout=300)  # the cache goes to `cache_root`'s folder through the environment
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr == ""
+    assert done.stdout.split() == ["24.0"]
