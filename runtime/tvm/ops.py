@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
-from tvm import relax
+from tvm import relax, te, tirx
 from tvm.relax import op as R
 
 from kiln.ir import DType, KilnError
@@ -22,6 +24,7 @@ _BINARY = {"add": R.add, "sub": R.subtract, "mul": R.multiply, "pow": R.power, "
 _LOGICAL = {"logical_and": R.logical_and, "logical_or": R.logical_or, "logical_xor": R.logical_xor}
 _REDUCE = {"sum": R.sum, "mean": R.mean, "max": R.max, "min": R.min, "prod": R.prod}
 _ARG = {"argmax": R.argmax, "argmin": R.argmin}
+_EXTREME = {"max": (lambda a, b: tirx.max(a, b), -np.inf), "min": (lambda a, b: tirx.min(a, b), np.inf)}
 
 
 @relax_rule(*_UNARY)
@@ -117,7 +120,26 @@ def _reduce(call: OpCall) -> RelaxResult:
     axes = norm_axes(call.kind, call.attrs["axes"], call.types[0].rank)
     if not axes:  # numpy reduces over no axis as the identity
         return call.args[0]
+    if call.kind in _EXTREME and call.types[0].dtype.is_float:
+        return call.bb.call_te(functools.partial(_extreme, call.kind, axes, call.attrs["keepdims"]), call.args[0],
+                               primfunc_name_hint=call.kind)
     return _REDUCE[call.kind](call.args[0], list(axes), call.attrs["keepdims"])
+
+
+def _extreme(kind: str, axes: tuple[int, ...], keepdims: bool, x: te.Tensor) -> te.Tensor:
+    """A float max/min reduction that starts from -inf/+inf: TVM's starts from the lowest/highest finite value,
+    so the max of a row of -inf came out -3.4e38 (and a fully masked attention row was not recognized)."""
+    combine, start = _EXTREME[kind]
+    reducer = te.comm_reducer(combine, lambda dtype: tirx.const(start, dtype), name=kind)
+    over = {a: te.reduce_axis((0, x.shape[a]), f"k{a}") for a in axes}
+    kept = [i for i in range(len(x.shape)) if i not in over]
+    shape = [1 if i in over else d for i, d in enumerate(x.shape)] if keepdims else [x.shape[i] for i in kept]
+
+    def element(*index: tirx.PrimExpr) -> tirx.PrimExpr:
+        at = dict(zip(range(len(x.shape)) if keepdims else kept, index))
+        return reducer(x(*(over[i] if i in over else at[i] for i in range(len(x.shape)))), axis=list(over.values()))
+
+    return te.compute(shape, element, name=kind)
 
 
 @relax_rule("softmax", "log_softmax")

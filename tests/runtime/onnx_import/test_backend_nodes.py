@@ -4,9 +4,12 @@ Issue 12: "The ONNX project's own backend tests, run through the backend interfa
 `onnx.backend.test.BackendTest` ... Keep an explicit list of expected failures with a reason each; no blanket
 skips." Each case imports a one-node model and compares kiln's outputs with the reference outputs stored beside
 it. The reference interpreter runs them (about half a minute); `KILN_ONNX_NODE_TESTS=tvm` runs the same cases
-through kiln's TVM build instead (minutes). Every test in `node_expected_failures.txt` is an expected failure,
-so one that starts passing fails here until it leaves the list: `KILN_ONNX_NODE_TESTS_UPDATE=1` drops those lines
-from the file (it never adds one: a new failure is classified by hand).
+through kiln's TVM build instead (`KILN_ONNX_NODE_TESTS=tvm .venv/bin/pytest
+tests/runtime/onnx_import/test_backend_nodes.py`: ~50 minutes of compiles on a loaded 2-core host, cached under
+$KILN_CACHE_DIR so a rerun is quick; `KILN_ONNX_NODE_TESTS_ONLY=<regex>` runs the tests whose names match): there
+1,051 of the interpreter's 1,080 pass and `node_expected_failures_tvm.txt` lists the rest. Every listed test is
+an expected failure, so one that starts passing fails here until it leaves the list: `KILN_ONNX_NODE_TESTS_UPDATE=1`
+drops those lines from the file (it never adds one: a new failure is classified by hand).
 """
 
 from __future__ import annotations
@@ -29,12 +32,18 @@ REASONS = {
                "kiln's is the correctly rounded softmax (equal to the f64 one rounded, every element), so not a bug",
     "bn-training": "BatchNormalization with training_mode = 1 (batch statistics, running-stat outputs): kiln "
                    "imports models for inference",
+    # the TVM run only (node_expected_failures_tvm.txt)
+    "tvm-zero-extent": "a zero-length tensor: TVM's LLVM codegen cannot build a zero-extent loop ('Failed to "
+                       "vectorize loop with extent 0') or load a zero-size constant ('Invalid DLTensor file format')",
+    "tvm-open": "wrong values through TVM only (casts to uint4; the expanded LinearAttention), cause not yet traced",
 }
 
 _LIST = Path(__file__).with_name("node_expected_failures.txt")
+_TVM_LIST = Path(__file__).with_name("node_expected_failures_tvm.txt")  # also expected to fail through TVM
 
 
 def test_onnx_node_tests_pass_except_the_listed_ones():
     """Every node test passes except the listed ones, which fail."""
-    backend = KilnBackend if os.environ.get("KILN_ONNX_NODE_TESTS") == "tvm" else KilnReferenceBackend
-    check_groups({"OnnxBackendNodeModelTest": "node tests"}, backend, _LIST, REASONS)
+    tvm = os.environ.get("KILN_ONNX_NODE_TESTS") == "tvm"
+    check_groups({"OnnxBackendNodeModelTest": "node tests"}, KilnBackend if tvm else KilnReferenceBackend,
+                 (_LIST, _TVM_LIST) if tvm else (_LIST,), REASONS)
