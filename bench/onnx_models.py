@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/onnx_models.py [--rounds 5] [--opset 17] [--markdown out.md]
 
-The models are `tests/frontend/torch_zoo.py`'s (ResNet, MobileNetV3, ViT, BERT-style encoder, YOLO-style detector,
+The models are `tests/frontend/torch_zoo.py`'s (ResNet, MobileNetV3, EfficientNet, ViT, BERT-style encoder, YOLO-style detector,
 GPT-2-style decoder; tiny widths, random weights), exported once by `torch.onnx.export` with a dynamic batch;
 every engine runs that same file at batch 1
 (and 8 for the CNNs) on the same inputs, with the same thread count, in interleaved rounds (`timing.interleaved`);
@@ -35,7 +35,7 @@ import kiln  # noqa: E402
 from kiln.runtime.tvm import compile_cache  # noqa: E402
 from kiln.runtime.tvm.target import configure_threads, cpu_count  # noqa: E402
 
-CNNS = {"resnet", "mobilenetv3"}
+CNNS = {"resnet", "mobilenetv3", "efficientnet"}
 Runner = Callable[[], object]
 
 

@@ -1,6 +1,6 @@
-"""Models from the ecosystem (issue 12, "Tests, against suites nobody here wrote"): "a torchvision-style ResNet,
-MobileNetV3 ... a ViT written in plain torch, a BERT-style encoder, exported with torch.onnx.export at two opsets
-with dynamic batch; each imported, compiled, and compared with onnxruntime and torch".
+"""Models from the ecosystem (issue 12, "Tests, against suites nobody here wrote"): "torchvision-style ResNet,
+MobileNetV3, EfficientNet and a ViT written in plain torch, a BERT-style encoder, exported with torch.onnx.export
+at two opsets with dynamic batch; each imported, compiled, and compared with onnxruntime and torch".
 
 Built in `torch_zoo` with random weights. Each case imports the file and runs kiln's forward at two batch sizes
 against onnxruntime on the same file and torch on the same weights; compiling through TVM costs ~10 s a model, so
@@ -37,7 +37,7 @@ def _marks(name: str) -> list:
 
 
 CASES = [pytest.param(name, opset, id=f"{name}-opset{opset}", marks=_marks(name))
-         for name in ("token_mlp", "resnet", "mobilenetv3", "vit", "bert", "yolo") for opset in OPSETS]
+         for name in ("token_mlp", "resnet", "mobilenetv3", "efficientnet", "vit", "bert", "yolo") for opset in OPSETS]
 # issue 12, "a small GPT-2-style decoder ... exported with dynamic batch and sequence": torch exports its causal
 # `triu` only from opset 14 (Trilu)
 CASES += [pytest.param("gpt2", opset, id=f"gpt2-opset{opset}", marks=_marks("gpt2")) for opset in (14, 17)]

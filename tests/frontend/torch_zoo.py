@@ -84,6 +84,39 @@ class MobileNetV3(nn.Module):
         return self.head(torch.flatten(x, 1))
 
 
+class MBConv(nn.Module):
+    """EfficientNet's block: 1x1 expansion, depthwise conv, sigmoid squeeze-and-excitation, 1x1 projection, with
+    SiLU activations (stochastic depth is the identity in eval)."""
+
+    def __init__(self, cin, expand, cout, kernel, stride):
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(cin, expand, 1, bias=False), nn.BatchNorm2d(expand), nn.SiLU())
+        self.depthwise = nn.Sequential(nn.Conv2d(expand, expand, kernel, stride, kernel // 2, groups=expand,
+                                                 bias=False), nn.BatchNorm2d(expand), nn.SiLU())
+        self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(expand, max(cin // 4, 1), 1), nn.SiLU(),
+                                nn.Conv2d(max(cin // 4, 1), expand, 1), nn.Sigmoid())
+        self.project = nn.Sequential(nn.Conv2d(expand, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        y = self.depthwise(self.expand(x))
+        y = self.project(y * self.se(y))
+        return x + y if self.residual else y
+
+
+class EfficientNet(nn.Module):
+    def __init__(self, classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.SiLU())
+        self.blocks = nn.Sequential(MBConv(8, 8, 8, 3, 1), MBConv(8, 32, 12, 5, 2), MBConv(12, 48, 12, 3, 1))
+        self.head = nn.Sequential(nn.Conv2d(12, 32, 1, bias=False), nn.BatchNorm2d(32), nn.SiLU())
+        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(32, classes))
+
+    def forward(self, x):
+        x = F.adaptive_avg_pool2d(self.head(self.blocks(self.stem(x))), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
 class Attention(nn.Module):
     def __init__(self, d, heads):
         super().__init__()
@@ -268,6 +301,7 @@ def zoo() -> dict[str, tuple[nn.Module, tuple[torch.Tensor, ...], list[str]]]:
     models = {"token_mlp": (TokenMLP(), (torch.randn(2, 5, 8),), ["x"]),
               "resnet": (ResNet(), (torch.randn(2, 3, 32, 32),), ["x"]),
               "mobilenetv3": (MobileNetV3(), (torch.randn(2, 3, 32, 32),), ["x"]),
+              "efficientnet": (EfficientNet(), (torch.randn(2, 3, 32, 32),), ["x"]),
               "vit": (ViT(), (torch.randn(2, 3, 16, 16),), ["x"]),
               "bert": (Bert(), (ids, mask), ["input_ids", "attention_mask"]),
               "yolo": (Yolo(), (torch.randn(2, 3, 64, 64),), ["x"]),
