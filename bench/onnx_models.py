@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/onnx_models.py [--rounds 5] [--opset 17] [--markdown out.md]
 
-The models are `tests/frontend/torch_zoo.py`'s (ResNet, MobileNetV3, EfficientNet, ViT, BERT-style encoder, YOLO-
-style detector, GPT-2-style decoder; tiny widths, random weights), exported once by `torch.onnx.export` with a
+The models are `tests/frontend/torch_zoo.py`'s (ResNet, MobileNetV3, EfficientNet, ViT, BERT-style encoder,
+YOLO-style detector, GPT-2-style decoder; tiny widths, random weights), exported once by `torch.onnx.export` with a
 dynamic batch; every engine runs that same file at batch 1 (and 8 for the CNNs) on the same inputs, with the same
 thread count, in interleaved rounds (`timing.interleaved`); ratios are medians of per-round ratios to kiln. OpenVINO
 runs where `import openvino` works, on its CPU plugin with `INFERENCE_PRECISION_HINT=f32`, so that it computes in
