@@ -200,10 +200,10 @@ from kiln.ir import Builder
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.executable import load_executable
 b = Builder("Quiet")
-x = b.input("x", ((None, 4), "f32"))
-b.ret(b.linear(x, b.param("w", (4, 3), data=np.ones((4, 3), np.float32))))
+x = b.input("x", ((3,), "f32"))
+b.ret(b.add(x, b.param("w", (3,), data=np.ones(3, np.float32))))
 compile_graph(b.build(), params="inputs").export_library(sys.argv[1])
-print(load_executable(sys.argv[1])(np.ones((2, 4), np.float32)).sum())
+print(load_executable(sys.argv[1])(np.ones(3, np.float32)).sum())
 """
 
 
@@ -216,4 +216,4 @@ def test_export_and_load_print_nothing_but_the_result(tmp_path: Path) -> None:
                           text=True, timeout=300)  # the cache goes to `cache_root`'s folder through the environment
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stderr == ""
-    assert done.stdout.split() == ["24.0"]
+    assert done.stdout.split() == ["6.0"]

@@ -209,6 +209,8 @@ def _cases() -> list[Case]:
     c.append(Case("concat", "three", [f32(2, 3), f32(1, 3), f32(4, 3)], {"axis": 0}))
     c.append(Case("all_reduce", "bucket", [f32(2, 3), f32(4)], {"op": "mean"}))  # the VM's packed call, one process
     c.append(Case("broadcast", "bucket", [f32(2, 3), f32(4)], {"src": 0}))  # the source rank as a prim value
+    c.append(Case("all_reduce_start", "bucket", [f32(2, 3), f32(4)], {"op": "mean", "bucket": 1}))  # the overlap's
+    c.append(Case("all_reduce_wait", "bucket", [f32(2, 3), f32(4)], {"op": "sum", "bucket": 1}))  # two halves
     c.append(Case("slice", "negative-step", [f32(6, 5)], {"starts": (-1, 1), "ends": (-100, 100), "steps": (-2, 2)}))
     c.append(Case("slice", "axes", [f32(4, 6)], {"starts": (1,), "ends": (-1,), "axes": (1,)}))
     c.append(Case("take", "negative-index", [f32(5, 3), np.array([[0, -1], [4, 2]], np.int64)], {"axis": 0}))
