@@ -1,8 +1,8 @@
 """Conv2d with output channels in blocks of one vector (NCHW[x]c inside the kernel): a Relax rewrite before
 legalization, which the CPU model decides per conv and which packs a bound weight once, at build time.
 
-A 3x3 conv whose output width fills its vector tiles badly (28 = 14 + 14 columns, 8 + 6 lanes each; 14 and 7)
-ran at a third of onnxruntime's speed. Computed as `y[n, o // b, h, w, o % b]` with the weight stored
+A 3x3 conv whose output width fills its vector tiles badly (28 = 14 + 14 columns, 8 + 6 lanes each; 14) ran at a
+third of onnxruntime's speed. Computed as `y[n, o // b, h, w, o % b]` with the weight stored
 `[O / b, I, KH, KW, b]` (b = vector lanes, zero rows past O), `CPUMatmul` vectorizes over output channels and
 tiles output columns as its rows, reading one contiguous weight vector per reduction step; the result goes back to
 NCHW in the same kernel. A weight that is a constant (`params="bound"`) is packed here, in numpy; any other
@@ -36,8 +36,11 @@ def lanes_filled(extent: int, tile: int, lanes: int) -> float:
 
 def blocks_output_channels(out_channels: int, out_width: int, rule: CPUMatmul) -> bool:
     """Whether vectors over output channels fill more lanes than vectors along the output width, as `rule` (a
-    `CPUMatmul` sized `for_cpu`) tiles it."""
+    `CPUMatmul` sized `for_cpu`) tiles it. A map narrower than one vector stays NCHW: the rule tiles it several
+    output rows at a time, while blocked its few columns leave a ragged row tile (7-wide maps ran 1.1-1.7x slower)."""
     lanes = rule.lanes or 1
+    if out_width < lanes:
+        return False
     width = lanes_filled(out_width, rule.vector_tile(tirx.IntImm("int32", out_width)), lanes)
     return lanes_filled(out_channels, lanes, lanes) > width
 
