@@ -1,5 +1,6 @@
 """Issue 13's worst kernels against onnxruntime, one thread each: strided, dilated and depthwise convs at 56²-112²
-and the attention batched matmuls (K = 64, 197 tokens), next to the stride-1 3x3 conv they are measured against.
+and the attention batched matmuls (K = 64, 197 tokens), next to the stride-1 3x3 and 1x1 convs at 56²-7² and a
+ResNet basic block (two 3x3 convs, residual add and relus) they are measured against.
 
 Run from the repository root:
 
@@ -7,7 +8,9 @@ Run from the repository root:
 
 Times are process CPU time (best of 5 blocks of 3 calls), which a host shared with other jobs distorts less than
 the wall clock; onnxruntime runs the same kernel as one ONNX node (conv weights as initializers, which MLAS
-pre-packs) in the same process, right after kiln's.
+pre-packs) in the same process, right after kiln's. Conv weights are bound constants in kiln's build too (as a
+`params="bound"` build makes them), so its layout step packs them once at build time; the "kiln NCHW" column is
+the same build with that step off (`cpu_pipeline(block_convs=False)`).
 """
 
 from __future__ import annotations
@@ -30,27 +33,43 @@ from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.pipeline import cpu_pipeline
 from kiln.runtime.tvm.target import cpu_target
 
-Case = tuple[str, list[tuple[int, ...]], Callable[..., relax.Expr], int, onnx.NodeProto]
+# name, shapes (x first), body, FLOPs, ONNX nodes (reading "x" and "w", "w2", ...; writing "y")
+Case = tuple[str, list[tuple[int, ...]], Callable[..., relax.Expr], int, list[onnx.NodeProto]]
 
 
-def conv(n: int, c: int, h: int, k: int, stride: int = 1, dilation: int = 1, groups: int = 1) -> Case:
-    """A 3x3 conv with 'same' padding for stride 1."""
-    pad = dilation
-    out = (h + 2 * pad - 2 * dilation - 1) // stride + 1
+def conv(n: int, c: int, h: int, k: int, stride: int = 1, dilation: int = 1, groups: int = 1, size: int = 3) -> Case:
+    """A `size` x `size` conv with 'same' padding for stride 1."""
+    pad = dilation * (size // 2)
+    out = (h + 2 * pad - dilation * (size - 1) - 1) // stride + 1
     node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[stride] * 2, pads=[pad] * 4,
                             dilations=[dilation] * 2, group=groups)
-    return (f"conv 3x3/s{stride}/d{dilation}/g{groups} {n}x{c}x{h}²->{k}", [(n, c, h, h), (k, c // groups, 3, 3)],
+    return (f"conv {size}x{size}/s{stride}/d{dilation}/g{groups} {n}x{c}x{h}²->{k}",
+            [(n, c, h, h), (k, c // groups, size, size)],
             lambda x, w: relax.op.nn.conv2d(x, w, strides=stride, padding=pad, dilation=dilation, groups=groups),
-            2 * n * k * (c // groups) * 9 * out * out, node)
+            2 * n * k * (c // groups) * size * size * out * out, [node])
+
+
+def stage(n: int, c: int, h: int) -> Case:
+    """A ResNet basic block: relu(conv(relu(conv(x))) + x), both convs 3x3 with c channels."""
+    nn = relax.op.nn
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], pads=[1] * 4), helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Conv", ["b", "w2"], ["c"], pads=[1] * 4), helper.make_node("Add", ["c", "x"], ["d"]),
+             helper.make_node("Relu", ["d"], ["y"])]
+    return (f"stage 2x conv 3x3 {n}x{c}x{h}², add, relu", [(n, c, h, h), (c, c, 3, 3), (c, c, 3, 3)],
+            lambda x, w, w2: nn.relu(relax.op.add(nn.conv2d(nn.relu(nn.conv2d(x, w, padding=1)), w2, padding=1), x)),
+            2 * 2 * n * c * c * 9 * h * h, nodes)
 
 
 def bmm(b: int, m: int, k: int, n: int) -> Case:
     return (f"bmm {b}x{m}x{k}x{n}", [(b, m, k), (b, k, n)], relax.op.matmul, 2 * b * m * k * n,
-            helper.make_node("MatMul", ["x", "w"], ["y"]))
+            [helper.make_node("MatMul", ["x", "w"], ["y"])])
 
 
 GROUPS: dict[str, Callable[[], list[Case]]] = {
-    "conv-s1": lambda: [conv(1, 64, 56, 64), conv(1, 128, 28, 128), conv(1, 256, 14, 256)],
+    "conv-s1": lambda: [conv(1, 64, 56, 64), conv(1, 128, 28, 128), conv(1, 256, 14, 256), conv(1, 256, 7, 256)],
+    "conv-1x1": lambda: [conv(1, 64, 56, 256, size=1), conv(1, 128, 28, 128, size=1), conv(1, 256, 14, 256, size=1),
+                         conv(1, 256, 7, 256, size=1)],
+    "stage": lambda: [stage(1, 64, 56), stage(1, 128, 28), stage(1, 256, 14)],
     "conv-s2": lambda: [conv(1, 64, 56, 128, 2), conv(1, 128, 56, 128, 2), conv(1, 256, 28, 256, 2),
                         conv(3, 256, 28, 64, 2)],
     "conv-dilated": lambda: [conv(1, 64, 56, 64, dilation=2), conv(1, 128, 28, 128, dilation=2)],
@@ -71,20 +90,34 @@ def _ms(run: Callable[[], object]) -> float:
     return best
 
 
-def _onnxruntime(case: Case, x: np.ndarray, w: np.ndarray) -> Callable[[], object]:
-    name, shapes, _, _, node = case
-    constant = name.startswith("conv")
+def _bound(name: str) -> bool:
+    """Whether the case's weights are constants (convs), not inputs (batched matmuls)."""
+    return not name.startswith("bmm")
+
+
+def _onnxruntime(case: Case, x: np.ndarray, *ws: np.ndarray) -> Callable[[], object]:
+    name, shapes, _, _, nodes = case
+    constant = _bound(name)
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shapes[0])]
     if not constant:
         inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, shapes[1]))
-    graph = helper.make_graph([node], "kernel", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              initializer=[numpy_helper.from_array(w, "w")] if constant else [])
+    names = ["w", *(f"w{i}" for i in range(2, len(ws) + 1))]
+    initializers = [numpy_helper.from_array(w, n) for n, w in zip(names, ws)] if constant else []
+    graph = helper.make_graph(nodes, "kernel", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feeds = {"x": x} if constant else {"x": x, "w": w}
+    feeds = {"x": x} if constant else {"x": x, "w": ws[0]}
     return lambda: session.run(None, feeds)
+
+
+def _kiln_ms(module: tvm.IRModule, args: list, target: tvm.target.Target, block_convs: bool) -> float:
+    """kiln's time, with convs blocked where the CPU model says so, or all of them NCHW (the A/B column)."""
+    library = tvm.compile(module, target=target, relax_pipeline=cpu_pipeline(target, block_convs=block_convs))
+    main_fn = relax.VirtualMachine(library, tvm.cpu())["main"]
+    return _ms(lambda: main_fn(*args))
 
 
 def main() -> None:
@@ -93,19 +126,21 @@ def main() -> None:
     groups = parser.parse_args().only
     target = cpu_target()
     print(f"load {os.getloadavg()[0]:.1f}; 1 thread, CPU time")
-    print("| kernel | kiln ms | kiln GFLOP/s | onnxruntime ms | onnxruntime GFLOP/s | vs onnxruntime |\n"
-          "|---|---:|---:|---:|---:|---:|")
+    print("| kernel | kiln NCHW ms | kiln ms | kiln GFLOP/s | onnxruntime ms | onnxruntime GFLOP/s | vs onnxruntime |\n"
+          "|---|---:|---:|---:|---:|---:|---:|")
     for group in groups:
         for case in GROUPS[group]():
             name, shapes, body, flops, _ = case
             rng = np.random.default_rng(0)
-            x, w = (rng.standard_normal(s).astype(np.float32) for s in shapes)
-            library = tvm.compile(relax_module(shapes, body), target=target, relax_pipeline=cpu_pipeline(target))
-            main_fn = relax.VirtualMachine(library, tvm.cpu())["main"]
-            args = [tvm.runtime.tensor(x), tvm.runtime.tensor(w)]
-            kiln_ms = _ms(lambda f=main_fn, a=args: f(*a))
-            ort_ms = _ms(_onnxruntime(case, x, w))
-            print(f"| {name} | {kiln_ms:.3f} | {flops / kiln_ms / 1e6:.1f} | {ort_ms:.3f} | "
+            x, *ws = (rng.standard_normal(s).astype(np.float32) for s in shapes)
+            if _bound(name):
+                module = relax_module(shapes[:1], lambda v, f=body, c=ws: f(v, *(relax.const(w) for w in c)))
+                args = [tvm.runtime.tensor(x)]
+            else:
+                module, args = relax_module(shapes, body), [tvm.runtime.tensor(a) for a in (x, *ws)]
+            nchw_ms, kiln_ms = (_kiln_ms(module, args, target, block) for block in (False, True))
+            ort_ms = _ms(_onnxruntime(case, x, *ws))
+            print(f"| {name} | {nchw_ms:.3f} | {kiln_ms:.3f} | {flops / kiln_ms / 1e6:.1f} | {ort_ms:.3f} | "
                   f"{flops / ort_ms / 1e6:.1f} | {kiln_ms / ort_ms:.2f} |", flush=True)
 
 

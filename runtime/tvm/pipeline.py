@@ -25,6 +25,7 @@ from tvm.target import Target
 
 from kiln.runtime.tvm.schedules.fastmath import fast_math_passes
 
+from .conv_layout import block_conv_channels
 from .schedules import Safe, default_cpu_rules
 from .target import configure_threads
 
@@ -57,10 +58,12 @@ def _noalias_shape_funcs(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> 
     return out
 
 
-def cpu_fusion_passes(target: Target, fast_math: bool = True) -> list[tvm.transform.Pass]:
-    """The CPU pipeline up to fusion: what MetaSchedule tunes, so its database keys match the build's kernels."""
+def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool = True) -> list[tvm.transform.Pass]:
+    """The CPU pipeline up to fusion: what MetaSchedule tunes, so its database keys match the build's kernels.
+    `block_convs=False` keeps every conv NCHW (the A/B of `bench/worst_kernels.py`, the width-tile tests)."""
     return [relax.transform.DeadCodeElimination(),  # a weight decoded inside its matmul leaves its dequantize unused
             *(fast_math_passes() if fast_math else []), *cpu_passes.library_dispatch_passes(target),
+            *([block_conv_channels(target)] if block_convs else []),  # NCHW[x]c convs where the CPU model says so
             *cpu_passes.legalize_passes(target)]
 
 
@@ -68,6 +71,7 @@ def cpu_pipeline(
     target: Target,
     fast_math: bool = True,
     extra_schedule_passes: Sequence[tvm.transform.Pass] = (),
+    block_convs: bool = True,
 ) -> tvm.transform.Pass:
     """The relax pipeline for an LLVM target; also sizes TVM's thread pool to all cores.
 
@@ -77,7 +81,7 @@ def cpu_pipeline(
     """
     configure_threads()
     passes = [
-        *cpu_fusion_passes(target, fast_math),
+        *cpu_fusion_passes(target, fast_math, block_convs),
         *extra_schedule_passes,
         dl.ApplyDefaultSchedule(*default_cpu_rules(target)),
         *cpu_passes.dataflow_lower_passes(target),

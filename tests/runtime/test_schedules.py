@@ -41,7 +41,7 @@ def _rules_must_not_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DEBUG_ENV, "1")
 
 
-def fused_prim_funcs(mod: tvm.IRModule, fast_math: bool = False) -> list[tirx.PrimFunc]:
+def fused_prim_funcs(mod: tvm.IRModule, fast_math: bool = False, block_convs: bool = True) -> list[tirx.PrimFunc]:
     """The PrimFuncs the CPU pipeline hands to the schedule rules (captured just before them)."""
     seen: list[tirx.PrimFunc] = []
 
@@ -50,13 +50,13 @@ def fused_prim_funcs(mod: tvm.IRModule, fast_math: bool = False) -> list[tirx.Pr
         seen.extend(f for _, f in m.functions_items() if isinstance(f, tirx.PrimFunc))
         return m
 
-    tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math, [capture]))
+    tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math, [capture], block_convs))
     return seen
 
 
-def run(mod: tvm.IRModule, *arrays: np.ndarray, fast_math: bool = False) -> np.ndarray:
+def run(mod: tvm.IRModule, *arrays: np.ndarray, fast_math: bool = False, block_convs: bool = True) -> np.ndarray:
     """Compile with kiln's CPU pipeline and run `main` on the arrays."""
-    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math))
+    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math, block_convs=block_convs))
     vm = relax.VirtualMachine(exe, tvm.cpu())
     return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
 
@@ -79,11 +79,12 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
 
 
-def assert_matmul_rule_applies(mod: tvm.IRModule, fast_math: bool = False, extra_blocks: int = 0) -> None:
+def assert_matmul_rule_applies(mod: tvm.IRModule, fast_math: bool = False, extra_blocks: int = 0,
+                               block_convs: bool = True) -> None:
     """The contraction is blocked by CPUMatmul itself (not left naive or caught by a fallback rule), and
     its epilogue is fused into the register-tile store: the kernel keeps only init, update and store
     blocks plus `extra_blocks` others (conv padding, an unfusable epilogue)."""
-    (func,) = [f for f in fused_prim_funcs(mod, fast_math) if _has_reduction(f)]
+    (func,) = [f for f in fused_prim_funcs(mod, fast_math, block_convs) if _has_reduction(f)]
     sch = CPUMatmul().apply(func, TARGET, False)
     assert sch is not None
     text = sch.mod["main"].script()
@@ -283,9 +284,9 @@ def test_conv2d_3x3_padded(x_shape: tuple[int, ...], cout: int, lines: int) -> N
     w_shape = (cout, x_shape[1], 3, 3)
     mod = relax_module([x_shape, w_shape], lambda x, w: relax.op.nn.conv2d(x, w, padding=1))
     x, w = rand(*x_shape), rand(*w_shape, seed=1)
-    check(run(mod, x, w), conv2d_nchw(*f64(x, w), pad=1), EXACT)
-    assert_matmul_rule_applies(mod, extra_blocks=1)
-    (func,) = [f for f in fused_prim_funcs(mod) if _has_reduction(f)]
+    check(run(mod, x, w, block_convs=False), conv2d_nchw(*f64(x, w), pad=1), EXACT)
+    assert_matmul_rule_applies(mod, extra_blocks=1, block_convs=False)  # the NCHW width tile (see test_conv_layout)
+    (func,) = [f for f in fused_prim_funcs(mod, block_convs=False) if _has_reduction(f)]
     unrolled = _conv_tile(func, AVX512)
     assert len(unrolled) == 2 + (lines > 1) and (lines == 1 or unrolled[-1] == lines)
 
@@ -308,8 +309,8 @@ def test_strided_dilated_and_depthwise_convs_get_register_tiles(x_shape: tuple[i
     torch_kw = {"stride": kw.get("strides", 1), "padding": kw["padding"], "dilation": kw.get("dilation", 1),
                 "groups": kw.get("groups", 1)}
     want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), **torch_kw).numpy()
-    check(run(mod, x, w), want, EXACT)
-    assert_matmul_rule_applies(mod, extra_blocks=1)
+    check(run(mod, x, w, block_convs=False), want, EXACT)
+    assert_matmul_rule_applies(mod, extra_blocks=1, block_convs=False)  # the NCHW width tile (see test_conv_layout)
 
 
 @pytest.mark.parametrize(
@@ -377,7 +378,7 @@ def test_conv_tiles_fit_the_accumulators(target: tvm.target.Target, lanes: int, 
     vectors of the column tile (the map's width, at most two vectors) stay within half the vector registers (16
     of AVX-512's 32, 8 of AVX2's 16)."""
     mod = relax_module([x_shape, (16, x_shape[1], 3, 3)], lambda x, w: relax.op.nn.conv2d(x, w, padding=1))
-    (func,) = [f for f in fused_prim_funcs(mod) if _has_reduction(f)]
+    (func,) = [f for f in fused_prim_funcs(mod, block_convs=False) if _has_reduction(f)]  # the NCHW width tile
     _kw, rows, *lines = _conv_tile(func, target)
     vectors = -(-min(x_shape[3], 2 * lanes) // lanes)
     assert rows * (lines[0] if lines else 1) * vectors <= accumulators

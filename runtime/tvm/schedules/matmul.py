@@ -258,6 +258,10 @@ class CPUMatmul(dl.ScheduleRule):
                 schedule_elementwise(sch, block, self.lanes)
         return sch
 
+    def vector_tile(self, extent: tirx.Expr) -> int:
+        """Columns of C in one register tile (`nr`, or a divisor of the extent of at least 8)."""
+        return split_factor(extent, self.nr, 8)
+
     def _pad_tails(self, sch: s_tir.Schedule, info: dl.SBlockInfo, roles: _Contraction) -> bool:
         """Pad a symbolic row extent (a dynamic batch) to a multiple of `mr`, and the columns of a batched matmul
         whose width no tile divides (attention's 197) to a multiple of `nr`; True if it padded.
@@ -332,9 +336,7 @@ class CPUMatmul(dl.ScheduleRule):
         padded: bool = False,
     ) -> None:
         """Tile, reorder, cache the accumulator in registers, fuse the epilogue and annotate loops."""
-        vec_o, vec_i = sch.split(
-            roles.vector, [None, split_factor(loop_extent(sch, roles.vector), self.nr, 8)]
-        )
+        vec_o, vec_i = sch.split(roles.vector, [None, self.vector_tile(loop_extent(sch, roles.vector))])
         panel, vec_o = self._column_panels(sch, main, roles, vec_o, vec_i)
         rows, lines = self._tile_shape(sch, roles, static_extent(loop_extent(sch, vec_i)), bool(panel))
         row_tile: list[s_tir.schedule.LoopRV] = []
