@@ -1,4 +1,5 @@
-"""Element types of kiln tensors and their numpy storage types (ml_dtypes for bf16, float8 and sub-byte codes)."""
+"""Element types of kiln tensors and their numpy storage types (ml_dtypes for bf16, float8, float4 and sub-byte
+codes)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ class DType(enum.Enum):
     f8e4m3fnuz = "f8e4m3fnuz"
     f8e5m2 = "f8e5m2"
     f8e5m2fnuz = "f8e5m2fnuz"
+    f8e8m0fnu = "f8e8m0fnu"
+    f4e2m1fn = "f4e2m1fn"
     i64 = "i64"
     i32 = "i32"
     i16 = "i16"
@@ -30,6 +33,8 @@ class DType(enum.Enum):
     bool = "bool"
     i4 = "i4"
     u4 = "u4"
+    i2 = "i2"
+    u2 = "u2"
     nf4 = "nf4"
 
     # Members are singletons, so identity hashing is exact, and C-level: Enum's own `__hash__` is Python code, a
@@ -62,13 +67,24 @@ class DType(enum.Enum):
 
     @property
     def is_packed(self) -> bool:
-        """Sub-byte storage codes of quantized weights: stored, never computed on directly."""
+        """Sub-byte integer codes (quantized weights' storage, ONNX's INT4/UINT4/INT2/UINT2): held one per byte,
+        cast to and from, never computed on directly."""
         return self in _PACKED
 
     @property
     def is_int_code(self) -> bool:
-        """i4 and u4: packed integer codes, written as integers (nf4 codes index a float table instead)."""
-        return self in (DType.i4, DType.u4)
+        """i4, u4, i2 and u2: packed integer codes, written as integers (nf4 codes index a float table instead)."""
+        return self in _INT_CODES
+
+    @property
+    def holds_values(self) -> bool:
+        """Whether an element is a number itself, so that cast converts it: every dtype but nf4.
+
+        i4/u4/i2/u2 hold their integer values unpacked (one per byte, as the interpreter and ONNX's int4 tensors
+        hold them): a cast to one truncates toward zero and wraps modulo 2**bits as numpy's astype does, a cast
+        from one is exact. Packing belongs to records (burnpack, QFloat) only, so quantized weights are unchanged;
+        an nf4 code is an index into a float table, converted only by `dequantize`."""
+        return self is not DType.nf4
 
     @property
     def int_range(self) -> tuple[int, int]:
@@ -103,14 +119,16 @@ class DType(enum.Enum):
 
 
 _FLOAT8 = {DType.f8e4m3fn, DType.f8e4m3fnuz, DType.f8e5m2, DType.f8e5m2fnuz}
-_NARROW_FLOATS = {DType.f16, DType.bf16, *_FLOAT8}
-_FLOATS = {DType.f64, DType.f32, DType.f16, DType.bf16, *_FLOAT8}
+# ONNX's FLOAT8E8M0 (a power of two, no sign, no zero) and FLOAT4E2M1: floats stored narrow, computed on in f32
+_NARROW_FLOATS = {DType.f16, DType.bf16, *_FLOAT8, DType.f8e8m0fnu, DType.f4e2m1fn}
+_FLOATS = {DType.f64, DType.f32, *_NARROW_FLOATS}
 _INTS = {DType.i64, DType.i32, DType.i16, DType.i8, DType.u64, DType.u32, DType.u16, DType.u8}
-_PACKED = {DType.i4, DType.u4, DType.nf4}
+_INT_CODES = {DType.i4, DType.u4, DType.i2, DType.u2}
+_PACKED = {*_INT_CODES, DType.nf4}
 _BITS = {DType.f64: 64, DType.f32: 32, DType.f16: 16, DType.bf16: 16, DType.i64: 64, DType.i32: 32,
          DType.i16: 16, DType.i8: 8, DType.u64: 64, DType.u32: 32, DType.u16: 16, DType.u8: 8,
          DType.f8e4m3fn: 8, DType.f8e4m3fnuz: 8, DType.f8e5m2: 8, DType.f8e5m2fnuz: 8, DType.bool: 8, DType.i4: 4,
-         DType.u4: 4, DType.nf4: 4}
+         DType.u4: 4, DType.nf4: 4, DType.f8e8m0fnu: 8, DType.f4e2m1fn: 4, DType.i2: 2, DType.u2: 2}
 _NUMPY = {DType.f64: np.dtype(np.float64), DType.f32: np.dtype(np.float32), DType.f16: np.dtype(np.float16),
           DType.bf16: np.dtype(ml_dtypes.bfloat16), DType.i64: np.dtype(np.int64),
           DType.i32: np.dtype(np.int32), DType.i16: np.dtype(np.int16), DType.i8: np.dtype(np.int8),
@@ -118,5 +136,7 @@ _NUMPY = {DType.f64: np.dtype(np.float64), DType.f32: np.dtype(np.float32), DTyp
           DType.f8e4m3fn: np.dtype(ml_dtypes.float8_e4m3fn), DType.f8e4m3fnuz: np.dtype(ml_dtypes.float8_e4m3fnuz),
           DType.f8e5m2: np.dtype(ml_dtypes.float8_e5m2), DType.f8e5m2fnuz: np.dtype(ml_dtypes.float8_e5m2fnuz),
           DType.u8: np.dtype(np.uint8), DType.bool: np.dtype(np.bool_), DType.i4: np.dtype(ml_dtypes.int4),
-          DType.u4: np.dtype(ml_dtypes.uint4), DType.nf4: np.dtype(ml_dtypes.uint4)}
+          DType.u4: np.dtype(ml_dtypes.uint4), DType.nf4: np.dtype(ml_dtypes.uint4),
+          DType.f8e8m0fnu: np.dtype(ml_dtypes.float8_e8m0fnu), DType.f4e2m1fn: np.dtype(ml_dtypes.float4_e2m1fn),
+          DType.i2: np.dtype(ml_dtypes.int2), DType.u2: np.dtype(ml_dtypes.uint2)}
 _FROM_NUMPY = {v: k for k, v in _NUMPY.items() if k is not DType.nf4}

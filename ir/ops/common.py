@@ -37,6 +37,12 @@ def any_dtype(op: str, i: int, t: TensorType) -> None:
         raise ShapeError(f"{op}: operand {i} has packed dtype {t.dtype.value}; dequantize it first")
 
 
+def holds_values(op: str, i: int, t: TensorType) -> None:
+    """Refuse nf4, whose codes index a float table (i4/u4/i2/u2 codes are integers: see `DType.holds_values`)."""
+    if not t.dtype.holds_values:
+        raise ShapeError(f"{op}: operand {i} has packed dtype {t.dtype.value}; dequantize it first")
+
+
 def same_dtype(op: str, types: Sequence[TensorType]) -> None:
     first = types[0].dtype
     for i, t in enumerate(types[1:], 1):

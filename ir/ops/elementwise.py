@@ -8,9 +8,10 @@ import numpy as np
 
 from ..attrs import DTYPE, FINITE, Attr, one_of
 from ..dtypes import DType
+from ..errors import ShapeError
 from ..traits import Trait
 from ..types import TensorType, broadcast_axes
-from .common import Check, any_dtype, boolean, define, floating, numeric, one, same_dtype
+from .common import Check, any_dtype, boolean, define, floating, holds_values, numeric, one, same_dtype
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 
@@ -93,7 +94,6 @@ _binary("logical_xor", np.logical_xor, boolean, commutative=True)
 
 
 def _where_infer(ts, attrs):
-    from ..errors import ShapeError
     if ts[0].dtype is not DType.bool:
         raise ShapeError(f"where: operand 0 (cond) has dtype {ts[0].dtype.value}, expected bool")
     same_dtype("where", ts[1:])
@@ -106,14 +106,20 @@ define("where", ("cond", "lhs", "rhs"), _where_infer, one(np.where), traits={Tra
 def _cast(x, dtype: DType):
     if dtype is DType.bool:
         return x != 0
+    if dtype.is_int_code and DType.from_numpy(x.dtype).is_int_code:
+        x = x.astype(np.int8)  # exact; ml_dtypes converts no sub-byte integer type to another directly
     return x.astype(dtype.numpy)
 
 
 def _cast_infer(ts, attrs):
-    any_dtype("cast", 0, ts[0])
+    holds_values("cast", 0, ts[0])
+    if not attrs["dtype"].holds_values:
+        raise ShapeError(f"cast: to {attrs['dtype'].value}, whose codes index a float table; quantize_weights codes "
+                         "a weight as nf4")
     return (ts[0].with_dtype(attrs["dtype"]),)
 
 
 define("cast", ("x",), _cast_infer, one(_cast), {"dtype": Attr(DTYPE)},
-       doc="convert element type; floats to ints truncate toward zero, nonzero to bool is true",
+       doc="convert element type; floats to ints truncate toward zero, to i4/u4/i2/u2 codes also wrap modulo "
+           "2**bits (as numpy), nonzero to bool is true",
        traits={Trait.ELEMENTWISE, Trait.EXACT})

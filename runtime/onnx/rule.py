@@ -77,7 +77,10 @@ class OnnxCall:
         return self.const(np.asarray(value, self.types[i].dtype.numpy))
 
     def cast(self, name: str, dtype: DType) -> str:
-        """kiln's cast; to a float8 it does not saturate (overflow is NaN, or inf for f8e5m2), so `saturate=0`."""
+        """kiln's cast; to a float8 it does not saturate (overflow is NaN, or inf for f8e5m2), so `saturate=0`; to
+        f8e8m0fnu it rounds as ml_dtypes does, which ONNX's Cast (default `round_mode="up"`) does not state."""
+        if dtype is DType.f8e8m0fnu:
+            raise KilnError("cast to f8e8m0fnu: kiln's rounding (ml_dtypes') has no ONNX Cast; cast to f32 instead")
         if dtype.is_float8:
             return self.node("Cast", name, to=onnx_dtype(dtype), saturate=0)
         return self.node("Cast", name, to=onnx_dtype(dtype))

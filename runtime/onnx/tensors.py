@@ -32,6 +32,8 @@ _TO_ONNX: dict[DType, int] = {
     DType.u64: TensorProto.UINT64, DType.u32: TensorProto.UINT32, DType.u16: TensorProto.UINT16,
     DType.f8e4m3fn: TensorProto.FLOAT8E4M3FN, DType.f8e4m3fnuz: TensorProto.FLOAT8E4M3FNUZ,
     DType.f8e5m2: TensorProto.FLOAT8E5M2, DType.f8e5m2fnuz: TensorProto.FLOAT8E5M2FNUZ,
+    DType.f8e8m0fnu: TensorProto.FLOAT8E8M0, DType.f4e2m1fn: TensorProto.FLOAT4E2M1, DType.i2: TensorProto.INT2,
+    DType.u2: TensorProto.UINT2,
 }
 _FROM_ONNX: dict[int, DType] = {onnx_type: dtype for dtype, onnx_type in _TO_ONNX.items()}
 

@@ -77,10 +77,16 @@ def _where(call: OpCall) -> RelaxResult:
 
 @relax_rule("cast")
 def _cast(call: OpCall) -> RelaxResult:
-    """astype, except that a cast to bool tests for nonzero (astype would truncate 0.5 to false)."""
+    """astype, except that a cast to bool tests for nonzero (astype would truncate 0.5 to false), and one to an
+    i4/u4/i2/u2 code truncates to i32 and wraps into the code's range as numpy does (astype to the code's storage
+    byte would wrap modulo 256, and a float outside uint8's range converts to garbage)."""
     x, target = call.args[0], call.attrs["dtype"]
     if target is DType.bool:
         return R.not_equal(x, relax.const(0, call.dtype()))
+    if target.is_int_code and call.types[0].dtype is not target:
+        low, high = target.int_range
+        v = R.subtract(R.astype(x, "int32"), relax.const(low, "int32"))
+        x = R.add(R.bitwise_and(v, relax.const(high - low, "int32")), relax.const(low, "int32"))
     return R.astype(x, tvm_dtype(target))
 
 

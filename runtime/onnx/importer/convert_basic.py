@@ -10,6 +10,7 @@ from kiln.ir import DType, Value
 from ..tensors import kiln_dtype
 from .call import NodeCall, Output
 from .convert_shape import reshape_to, vector_arithmetic
+from .e8m0 import to_e8m0
 from .registry import Unsupported, converts
 from .symbolic import vector_equal, vector_where
 
@@ -115,9 +116,12 @@ def _cast_like(call: NodeCall) -> Value:
 
 def cast_to(call: NodeCall, x: Value, dtype: DType) -> Value:
     """x as dtype under the node's `saturate` attribute (opset 19, default 1): a float cast to a float8 saturates
-    to its finite range (NaN stays NaN); `saturate=0` leaves kiln's cast, whose overflow is NaN (inf for f8e5m2)."""
+    to its finite range (NaN stays NaN); `saturate=0` leaves kiln's cast, whose overflow is NaN (inf for f8e5m2);
+    to f8e8m0fnu, ONNX's own rounding (`to_e8m0`)."""
     if x.type.dtype == dtype:
         return x
+    if dtype is DType.f8e8m0fnu:
+        return to_e8m0(call, x, bool(call.attr("saturate", 1)), call.attr("round_mode", "up"))
     if dtype.is_float8 and x.type.dtype.is_float and call.attr("saturate", 1):
         top = dtype.finite_max
         x = call.emit("minimum", call.emit("maximum", x, call.constant(-top, like=x)), call.constant(top, like=x))

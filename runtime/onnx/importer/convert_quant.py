@@ -24,16 +24,16 @@ from .convert_basic import cast_to
 from .convert_nn import convolve
 from .registry import Unsupported, converts
 
-# ONNX's integer code types kiln computes on (i4/u4 are packed); float8 codes are cast to, not rounded and clamped
-_CODE_DTYPES = (DType.i8, DType.u8, DType.i16, DType.u16)
+# ONNX's integer code types (i4/u4/i2/u2 codes held one per byte, see `DType.holds_values`); float codes are
+# cast to, not rounded and clamped
+_CODE_DTYPES = (DType.i8, DType.u8, DType.i16, DType.u16, DType.i4, DType.u4, DType.i2, DType.u2)
 
 
 def _code_range(dtype: DType) -> tuple[int, int]:
     if dtype not in _CODE_DTYPES:
         raise Unsupported(f"{dtype.value} codes: kiln quantizes to {', '.join(d.value for d in _CODE_DTYPES)} "
                           "and the float8s")
-    info = np.iinfo(dtype.numpy)
-    return int(info.min), int(info.max)
+    return dtype.int_range
 
 
 def _along(call: NodeCall, v: Value, x: Value, axis: int, block: int = 0) -> Value:
@@ -73,13 +73,18 @@ def _quantize(call: NodeCall, x: Value, scale: Value, zero_point: Value | None, 
              block: int = 0) -> Value:
     """saturate(round_half_even(x / scale) + zero_point), the division in x's type as ONNX's reference does; a
     float8 code is x / scale cast to it (rounding to nearest even, saturating unless `saturate=0`), its zero point
-    zero (checked by the caller), so -0 stays -0 as in ONNX's reference."""
+    zero (checked by the caller), so -0 stays -0 as in ONNX's reference; a float4 code is x / scale + zero_point
+    cast to it (the zero point zero too, its addition taking -0 to +0 as in ONNX's reference; float4 has no inf or
+    NaN: ml_dtypes' cast, as ONNX's reference, saturates)."""
     ratio = call.emit("div", x, _as(call, _along(call, scale, x, axis, block), x.type.dtype))
     if dtype.is_float8:
         return cast_to(call, ratio, dtype)
+    zero = None if zero_point is None else _along(call, _as(call, zero_point, DType.f32), x, axis, block)
+    if dtype is DType.f4e2m1fn:
+        return cast_to(call, ratio if zero is None else call.emit("add", _as(call, ratio, DType.f32), zero), dtype)
     _code_range(dtype)  # refuse a code type kiln cannot compute on before its zero point is touched
     rounded = _as(call, call.emit("round", ratio), DType.f32)
-    return _saturate(call, rounded, None if zero_point is None else _along(call, zero_point, x, axis, block), dtype)
+    return _saturate(call, rounded, zero, dtype)
 
 
 def _output_dtype(call: NodeCall, zero_point: Value | None) -> DType:
@@ -96,16 +101,18 @@ def _quantize_linear(call: NodeCall) -> Value:
     float8 codes."""
     x, scale, zero_point = call.input(0), call.input(1), call.optional(2)
     dtype = _output_dtype(call, zero_point)
-    if dtype.is_float8 and zero_point is not None:
-        _zero_float8_zero_point(call)
+    if dtype.is_float and zero_point is not None:
+        _zero_float_zero_point(call, dtype)
     return _quantize(call, x, scale, zero_point, dtype, call.attr("axis", 1), call.attr("block_size", 0))
 
 
-def _zero_float8_zero_point(call: NodeCall) -> None:
-    """ONNX's float8 zero point must be zero (its reference refuses any other in DequantizeLinear)."""
-    known = call.value(2, "a float8 zero point")
+def _zero_float_zero_point(call: NodeCall, dtype: DType) -> None:
+    """ONNX's float8 zero point must be zero (its reference refuses any other in DequantizeLinear); a float4 one
+    kiln requires zero too, as ONNX's reference adds it in QuantizeLinear but ignores it in DequantizeLinear."""
+    known = call.value(2, f"a {dtype.value} zero point")
     if known is not None and np.any(known.astype(np.float32) != 0):
-        raise Unsupported(f"a float8 zero point of {known.astype(np.float32).tolist()}: ONNX's must be zero")
+        raise Unsupported(f"a {dtype.value} zero point of {known.astype(np.float32).tolist()}: kiln's, as ONNX's "
+                          "float8 ones, must be zero")
 
 
 @converts("DequantizeLinear", since=10)
@@ -113,14 +120,12 @@ def _dequantize_linear(call: NodeCall) -> Value:
     """(x - zero_point) * scale in f32, given in the scale's type (or `output_dtype`, opset 23); x may be i32
     codes (a QDQ model's bias) as well as 8- and 16-bit ones."""
     x, scale, zero_point = call.input(0), call.input(1), call.optional(2)
-    if x.type.dtype.is_packed:
-        raise Unsupported(f"{x.type.dtype.value} codes: kiln's sub-byte dtypes are packed storage, never computed on")
     axis, block = call.attr("axis", 1), call.attr("block_size", 0)
     codes = _as(call, x, DType.f32)
-    if zero_point is not None and x.type.dtype.is_float8:
-        _zero_float8_zero_point(call)
+    if zero_point is not None and x.type.dtype.is_float:
+        _zero_float_zero_point(call, x.type.dtype)
     elif zero_point is not None:
-        codes = call.emit("sub", codes, _as(call, _along(call, zero_point, x, axis, block), DType.f32))
+        codes = call.emit("sub", codes, _along(call, _as(call, zero_point, DType.f32), x, axis, block))
     y = call.emit("mul", codes, _as(call, _along(call, scale, x, axis, block), DType.f32))
     given = call.attr("output_dtype", 0)
     return _as(call, y, kiln_dtype(given) if given else scale.type.dtype)

@@ -143,7 +143,7 @@ def test_every_converter_of_the_module_has_a_case() -> None:
 
 
 @pytest.mark.parametrize(("op", "opset", "inputs", "attrs", "match"), [
-    ("QuantizeLinear", 21, [HALVES, S], {"output_dtype": TensorProto.INT4}, r"i4 codes: kiln quantizes to i8, u8"),
+    ("QuantizeLinear", 21, [HALVES, S], {"output_dtype": TensorProto.INT32}, r"i32 codes: kiln quantizes to i8, u8"),
     ("DequantizeLinear", 13, [ints(np.int8, 3, 4), Const(np.float32([[0.1, 0.2], [0.3, 0.4]]))], {},
      r"per-axis scale or zero point of shape \[2, 2\] is not 1-D"),
 ])
