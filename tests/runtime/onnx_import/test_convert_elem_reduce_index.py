@@ -205,6 +205,17 @@ CASES = [
     Case("einsum-outer", "Einsum", 12, [f32(3), f32(2, 4)], {"equation": "i,jk->kij"}),
     Case("einsum-diagonal-contract", "Einsum", 12, [f32(2, 3, 3), f32(2, 3, 4)], {"equation": "bii,bij->bj"}),
     Case("einsum-merged-dims", "Einsum", 12, [f32(2, 3, 4, 5), f32(4, 5, 6)], {"equation": "abcd,cde->abe"}),
+    # "the ellipsis dims ... broadcast" (numpy's rules, 1 against n): as batch dims, summed, implicit, across
+    # ellipsis widths and over three operands
+    Case("einsum-ellipsis-broadcast-batch", "Einsum", 12, [f32(2, 1, 3, 4), f32(1, 3, 4, 5)],
+         {"equation": "...ij,...jk->...ik"}),
+    Case("einsum-ellipsis-broadcast-summed", "Einsum", 12, [f32(2, 1, 3, 4), f32(1, 3, 4, 5)],
+         {"equation": "...ij,...jk->ik"}),
+    Case("einsum-ellipsis-broadcast-implicit", "Einsum", 12, [f32(3, 1, 4), f32(2, 4)], {"equation": "...j,...j"}),
+    Case("einsum-ellipsis-broadcast-widths", "Einsum", 12, [f32(5, 1, 3, 4), f32(2, 4, 6)],
+         {"equation": "...ij,...jk->...ik"}),
+    Case("einsum-ellipsis-broadcast-three", "Einsum", 12, [f32(2, 1, 4), f32(1, 3, 4), f32(4)],
+         {"equation": "...i,...i,...i->..."}),
 ]
 
 
