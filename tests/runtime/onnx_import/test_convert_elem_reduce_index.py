@@ -281,3 +281,20 @@ def test_einsum_keeps_a_dynamic_batch(equation: str, shapes: list[tuple[int, ...
         (want,) = ReferenceEvaluator(onnx_model).run(None, dict(zip(names, feeds)))
         (got,) = interpret(kiln_graph, feeds)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_einsum_broadcasts_an_ellipsis_dim_against_a_dynamic_batch() -> None:
+    """An ellipsis dim of 1 broadcasts against a `dim_param` batch (and a 1 against 5 in the next dim): the result
+    keeps the batch dynamic, and matches the ONNX reference at two batch sizes."""
+    infos = [helper.make_tensor_value_info("in0", TensorProto.FLOAT, ["batch", 1, 3, 4]),
+             helper.make_tensor_value_info("in1", TensorProto.FLOAT, [1, 5, 4, 2])]
+    node = helper.make_node("Einsum", ["in0", "in1"], ["out"], equation="...ij,...jk->...ik")
+    graph = helper.make_graph([node], "g", infos, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    kiln_graph = import_graph(onnx_model)
+    assert kiln_graph.functions["forward"].results[0].type.shape == (None, 5, 3, 2)
+    for n in (1, 3):
+        feeds = [f32(n, 1, 3, 4), f32(1, 5, 4, 2)]
+        (want,) = ReferenceEvaluator(onnx_model).run(None, dict(zip(["in0", "in1"], feeds)))
+        (got,) = interpret(kiln_graph, feeds)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
