@@ -221,6 +221,22 @@ def fill(fb: Emitter, value: float, dtype: DType, shape: Sequence[Dim], ref: Ope
     return z
 
 
+def split_zeros(fb: Emitter, x: Operand) -> tuple[Value, Value]:
+    """x's zeros as 1.0s (to count them) and x with its zeros replaced by 1 (to multiply the other factors)."""
+    dt = x.type.dtype
+    is_zero = emit(fb, "equal", x, scalar(fb, 0.0, dt))
+    return emit(fb, "cast", is_zero, dtype=dt), emit(fb, "where", is_zero, scalar(fb, 1.0, dt), x)
+
+
+def product_of_others(fb: Emitter, zeros: Value, nonzero: Value, group_product: Value, group_zeros: Value
+                      ) -> Value:
+    """Each factor's co-factor in a product (d product / d factor), from `split_zeros` of the factors and their
+    group's product of nonzero factors and count of zeros (broadcast against them): the nonzero product over the
+    factor where no other factor is zero, else 0, so a zero factor is never divided by."""
+    alone = emit(fb, "equal", group_zeros, zeros)  # the factor's own zero, if any, is the group's only one
+    return emit(fb, "where", alone, emit(fb, "div", group_product, nonzero), scalar(fb, 0.0, zeros.type.dtype))
+
+
 def count(fb: Emitter, x: Operand, axes: Sequence[int], dtype: DType) -> Value:
     """The number of elements of x over `axes`: a scalar constant when static, else a keepdims tensor."""
     dims = [x.type.shape[a] for a in axes]

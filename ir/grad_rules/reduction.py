@@ -3,7 +3,18 @@
 
 from __future__ import annotations
 
-from ..gradients import GradContext, Grads, count, emit, expand, gradient, is_float, scalar, unsqueeze
+from ..gradients import (
+    GradContext,
+    Grads,
+    count,
+    emit,
+    expand,
+    gradient,
+    is_float,
+    product_of_others,
+    split_zeros,
+    unsqueeze,
+)
 from ..graph import Op, Value
 from ..ops.common import norm_axes, norm_axis
 from .shape import scatter_along
@@ -83,21 +94,16 @@ def _log_softmax(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
 
 @gradient("prod")
 def _prod(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
-    """g times the product of the other elements: y / x where x != 0 (torch's formula without zeros); at a zero,
-    the product of the nonzero elements if it is the only zero of its slice, else 0."""
+    """g times the product of the other elements of its slice (`product_of_others`: at a zero, the product of the
+    nonzero elements if it is the slice's only zero, else 0, as torch's prod_backward gives)."""
     s = _setup(ctx, op, out_grads)
     if s is None:
         return (None,)
     x, axes, gk = s
-    yk = _kept_result(ctx, op, axes)
-    dt = x.type.dtype
-    zero, one = scalar(ctx, 0.0, dt), scalar(ctx, 1.0, dt)
-    is_zero = emit(ctx, "equal", x, zero)
-    nonzero = emit(ctx, "where", is_zero, one, x)
-    others = emit(ctx, "prod", nonzero, axes=axes, keepdims=True)
-    zeros = emit(ctx, "sum", emit(ctx, "cast", is_zero, dtype=dt), axes=axes, keepdims=True)
-    at_zero = emit(ctx, "where", emit(ctx, "equal", zeros, one), others, zero)
-    return (emit(ctx, "mul", expand(ctx, gk, x), emit(ctx, "where", is_zero, at_zero, emit(ctx, "div", yk, nonzero))),)
+    zeros, nonzero = split_zeros(ctx, x)
+    group_product = emit(ctx, "prod", nonzero, axes=axes, keepdims=True)
+    group_zeros = emit(ctx, "sum", zeros, axes=axes, keepdims=True)
+    return (emit(ctx, "mul", expand(ctx, gk, x), product_of_others(ctx, zeros, nonzero, group_product, group_zeros)),)
 
 
 @gradient("argmax", "argmin")

@@ -1,5 +1,5 @@
 """Gradients of data movement: transpose, reshape, broadcast_to, concat, slice, take, gather, tile, scatter_nd
-(and scatter_nd_reduce).
+(and scatter_nd_reduce: add, mul, max and min).
 
 take and gather have no scatter-add op to invert them, so their gradients are built from a one-hot encoding of
 the indices, `equal(indices, iota)` with a constant iota over the indexed axis (which must be static):
@@ -30,9 +30,11 @@ from ..gradients import (
     move_last,
     pad,
     place,
+    product_of_others,
     reshape_target,
     reshape_to,
     scalar,
+    split_zeros,
     unbroadcast,
     unsqueeze,
 )
@@ -254,11 +256,29 @@ def _read_at(ctx: GradContext, op: Op, g: Value) -> Value:
 
 @gradient("scatter_nd_reduce")
 def _scatter_nd_reduce(ctx: GradContext, op: Op, out_grads: Grads) -> Grads:
-    """add: data's gradient is g and each update's g at its slice; mul, max and min (whose gradients depend on
-    ties and zeros among the combined values) are refused."""
+    """Each slot of the result combines data's element with the updates its index names (ONNX's reduction
+    includes data, as torch's scatter_reduce with include_self=True): add passes g to each; mul gives each factor g
+    times the product of the slot's other factors (zeros included, `product_of_others`); max and min split g
+    evenly over the factors equal to the result, as torch's amax/amin and scatter_reduce do on ties."""
     (g,) = out_grads
-    if g is None or not (ctx.wanted_float(op, 0) or ctx.wanted_float(op, 2)):
+    want_data, want_updates = ctx.wanted_float(op, 0), ctx.wanted_float(op, 2)
+    if g is None or not (want_data or want_updates):
         return (None, None, None)
-    if op.attrs["reduction"] != "add":
-        raise PassError(f"scatter_nd_reduce: no gradient for reduction {op.attrs['reduction']!r} (only 'add')")
-    return (g if ctx.wanted_float(op, 0) else None, None, _read_at(ctx, op, g) if ctx.wanted_float(op, 2) else None)
+    data, idx, updates = op.operands
+    reduction = op.attrs["reduction"]
+    if reduction == "add":
+        return (g if want_data else None, None, _read_at(ctx, op, g) if want_updates else None)
+    if reduction == "mul":
+        (zd, nd), (zu, nu) = split_zeros(ctx, data), split_zeros(ctx, updates)
+        product = emit(ctx, "scatter_nd_reduce", nd, idx, nu, reduction="mul")
+        zeros = emit(ctx, "scatter_nd_reduce", zd, idx, zu, reduction="add")
+        dd = emit(ctx, "mul", g, product_of_others(ctx, zd, nd, product, zeros)) if want_data else None
+        du = (emit(ctx, "mul", _read_at(ctx, op, g), product_of_others(
+            ctx, zu, nu, _read_at(ctx, op, product), _read_at(ctx, op, zeros))) if want_updates else None)
+        return (dd, None, du)
+    dt, y = data.type.dtype, op.results[0]
+    hit_d = emit(ctx, "cast", emit(ctx, "equal", data, y), dtype=dt)
+    hit_u = emit(ctx, "cast", emit(ctx, "equal", updates, _read_at(ctx, op, y)), dtype=dt)
+    share = emit(ctx, "div", g, emit(ctx, "scatter_nd_reduce", hit_d, idx, hit_u, reduction="add"))
+    return (emit(ctx, "mul", hit_d, share) if want_data else None, None,
+            emit(ctx, "mul", hit_u, _read_at(ctx, op, share)) if want_updates else None)

@@ -19,11 +19,11 @@ def _reduce(name: str, fn, check: Check) -> None:
     def infer(ts, attrs):
         check(name, 0, ts[0])
         axes = norm_axes(name, attrs["axes"], ts[0].rank)
-        if attrs["keepdims"]:
-            shape = tuple(1 if i in axes else d for i, d in enumerate(ts[0].shape))
+        if attrs["keepdims"]:  # the reduced axes become 1, the others keep their sizes and names
+            axes_out = tuple(1 if i in axes else d for i, d in enumerate(ts[0].axes))
         else:
-            shape = tuple(d for i, d in enumerate(ts[0].shape) if i not in axes)
-        return (TensorType(shape, ts[0].dtype),)
+            axes_out = tuple(d for i, d in enumerate(ts[0].axes) if i not in axes)
+        return (ts[0].with_axes(axes_out),)
 
     def reference(xs, attrs):
         x = xs[0]
@@ -73,7 +73,7 @@ def _arg(name: str, fn) -> None:
     def infer(ts, attrs):
         numeric(name, 0, ts[0])
         axis = norm_axis(name, attrs["axis"], ts[0].rank)
-        return (TensorType(_keep(ts[0].shape, axis, attrs["keepdims"]), DType.i64),)
+        return (TensorType.of(_keep(ts[0].axes, axis, attrs["keepdims"]), DType.i64),)
 
     def reference(x, axis, keepdims, select_last_index):
         axis = norm_axis(name, axis, x.ndim)
@@ -98,8 +98,8 @@ def _topk_infer(ts, attrs):
     k, n = attrs["k"], ts[0].shape[axis]
     if k < 0 or (n is not None and k > n):
         raise ShapeError(f"topk: k = {k} is outside [0, {n}] (the length of axis {axis} of {ts[0]})")
-    shape = tuple(k if i == axis else d for i, d in enumerate(ts[0].shape))
-    return (TensorType(shape, ts[0].dtype), TensorType(shape, DType.i64))
+    axes = tuple(k if i == axis else d for i, d in enumerate(ts[0].axes))
+    return (ts[0].with_axes(axes), TensorType.of(axes, DType.i64))
 
 
 def _topk(xs, attrs):

@@ -9,7 +9,7 @@ from ..attrs import INT, INTS, Attr, one_of, optional
 from ..dtypes import DType
 from ..errors import ShapeError
 from ..traits import Trait
-from ..types import TensorType, broadcast_shapes
+from ..types import TensorType, broadcast_axes
 from .common import any_dtype, define, norm_axis, one, same_dtype
 
 _MOVES = {Trait.DATA_MOVEMENT}
@@ -95,16 +95,15 @@ def _broadcast_target(x: tuple, shape: tuple[int, ...]) -> tuple:
 
 def _broadcast_infer(ts, attrs):
     any_dtype("broadcast_to", 0, ts[0])
-    target = _broadcast_target(ts[0].shape, attrs["shape"])
-    if any(d is not None and d < 0 for d in target):
+    target = _broadcast_target(ts[0].axes, attrs["shape"])  # a kept (-1) dim keeps its name
+    if any(isinstance(d, int) and d < 0 for d in target):
         raise ShapeError(f"broadcast_to: invalid target shape {list(attrs['shape'])}")
     pad = (1,) * (len(target) - ts[0].rank) + tuple(ts[0].shape)
     for i, (d, t) in enumerate(zip(pad, target)):
-        if d is not None and t is not None and d not in (1, t):  # a dim of n > 1 can only stay n
+        if d is not None and isinstance(t, int) and d not in (1, t):  # a dim of n > 1 can only stay n
             raise ShapeError(f"broadcast_to: input {ts[0]} cannot broadcast to {list(attrs['shape'])} "
                              f"(dim {i}: {d} vs {t})")
-    got = broadcast_shapes(ts[0].shape, target, what="broadcast_to")
-    return (ts[0].with_shape(got),)
+    return (ts[0].with_axes(broadcast_axes(ts[0].axes, target, what="broadcast_to")),)
 
 
 define("broadcast_to", ("x",), _broadcast_infer,

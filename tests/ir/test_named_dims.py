@@ -139,3 +139,43 @@ def test_inputs_sharing_a_name_must_agree_at_run_time():
     with pytest.raises(ShapeError, match=r"dim \?\{n\} is 2 in @forward input %a dim 0 but 3 in @forward input "
                                          r"%c dim 0"):
         Interpreter(graph).run([x, m, np.ones((3, 4, 2), np.float32)])
+
+
+@pytest.mark.parametrize("kind, operand, attrs, want", [
+    # reductions: "the reduced axis drops or becomes 1, the others keep their names"
+    ("sum", named("b", "s", 4), {"axes": (1,)}, "tensor<?{b}x4xf32>"),
+    ("sum", named("b", "s", 4), {"axes": (1,), "keepdims": True}, "tensor<?{b}x1x4xf32>"),
+    ("mean", named("b", "s", 4), {"axes": (-1,)}, "tensor<?{b}x?{s}xf32>"),
+    ("max", named("b", "s", 4), {"axes": (0, 2), "keepdims": True}, "tensor<1x?{s}x1xf32>"),
+    ("prod", named("b", "s", 4), {"axes": None}, "tensor<f32>"),
+    ("argmax", named("b", "s", 4), {"axis": 2}, "tensor<?{b}x?{s}xi64>"),
+    ("argmin", named("b", "s", 4), {"axis": 0, "keepdims": True}, "tensor<1x?{s}x4xi64>"),
+    # broadcast_to (what ONNX Expand becomes): a kept (-1) dim keeps its name, a 1 grown to n is n
+    ("broadcast_to", named("b", 1, 4), {"shape": (-1, 3, 4)}, "tensor<?{b}x3x4xf32>"),
+    ("broadcast_to", named("b", 4), {"shape": (2, -1, 4)}, "tensor<2x?{b}x4xf32>"),
+    ("broadcast_to", named(1, "s"), {"shape": (5, -1)}, "tensor<5x?{s}xf32>"),
+])
+def test_reductions_and_broadcast_to_keep_the_names_of_the_dims_they_keep(kind, operand, attrs, want):
+    _, results = infer(kind, [operand], attrs)
+    assert str(results[0]) == want
+
+
+def test_topk_keeps_the_other_dims_names_in_both_results():
+    _, (values, indices) = infer("topk", [named("b", "s", 8)], {"k": 3})
+    assert (str(values), str(indices)) == ("tensor<?{b}x?{s}x3xf32>", "tensor<?{b}x?{s}x3xi64>")
+
+
+def test_a_named_sum_parses_and_runs():
+    """The parser checks the declared (named) type against inference; the interpreter keeps numpy's sum."""
+    text = """module @M {
+  func @forward(%a: tensor<?{b}x?{s}x4xf32>) -> (tensor<?{b}x1x4xf32>) {
+    %r = sum %a {axes = [1], keepdims = true} : tensor<?{b}x1x4xf32>
+    return %r
+  }
+}
+"""
+    graph = verify(parse(text))
+    assert print_graph(graph) == text
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    got, = Interpreter(graph).run([x])
+    np.testing.assert_array_equal(got, x.sum(axis=1, keepdims=True))

@@ -2,7 +2,9 @@
 at import, unrolled: the body is converted once per iteration with the iteration number, condition (Loop) or scan
 elements (Scan) and the carried values bound, and each scan output's per-iteration values are stacked along a new
 axis. A loop whose carried values change shape, whose condition is computed at run time, or whose length is
-unknown is refused, naming the node."""
+unknown is refused, naming the node (a run-time Scan length also names the scan input whose dim to fix with
+`input_shapes`: the IR has no loop op, and an unrolling masked up to a bound would need that bound from the user
+too, with every iteration paid for at every length)."""
 
 from __future__ import annotations
 
@@ -139,8 +141,12 @@ def _unroll(call: NodeCall, carried: list[Output], xs: list[np.ndarray | Value],
     axes = [a % r for a, r in zip(axes, ranks)]
     lengths = {(x.shape if isinstance(x, np.ndarray) else x.type.shape)[a] for x, a in zip(xs, axes)}
     if None in lengths:
-        raise Unsupported("the sequence length is known only at run time; kiln unrolls a Scan of a length known "
-                          "at import")
+        j = next(j for j, (x, a) in enumerate(zip(xs, axes))
+                 if not isinstance(x, np.ndarray) and x.type.shape[a] is None)
+        name = call.node.input[len(call.node.input) - len(xs) + j]
+        raise Unsupported(f"the sequence length is known only at run time (scan input {j}, {name!r}: {xs[j].type}, "
+                          f"axis {axes[j]}); kiln's IR has no loop, so a Scan is unrolled and needs its length at "
+                          f"import: give it with input_shapes={{{name!r}: [...]}}")
     if len(lengths) != 1:
         raise Unsupported(f"scan inputs of different lengths {sorted(lengths)}")
     (length,) = lengths

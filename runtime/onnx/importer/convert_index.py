@@ -4,7 +4,9 @@ and Einsum.
 Einsum in general: an ellipsis becomes letters of its own, a letter repeated in one operand takes that operand's
 diagonal first (a strided slice of the two axes merged); operands are then contracted left to right as batched
 matmuls (transpose, reshape, matmul), and a letter only one operand has and nothing later needs is summed first
-(traces, inner products and scalar outputs included). Ellipsis dims must agree in size (no broadcasting of 1s).
+(traces, inner products and scalar outputs included). Ellipsis dims broadcast as numpy's do (1 against n; a
+letter of the equation must agree in size): a batch dim through matmul's broadcasting, a summed one by summing
+each operand over it first (the 1 drops out).
 """
 
 from __future__ import annotations
@@ -74,10 +76,10 @@ def _scatter_elements(call: NodeCall) -> Value:
     return _scatter(call, call.emit("concat", *columns, axis=-1))
 
 
-def _parse(equation: str, ranks: list[int]) -> tuple[list[str], str]:
+def _parse(equation: str, ranks: list[int]) -> tuple[list[str], str, str]:
     """The operands' subscripts and the output's, each "..." spelled out as letters the equation does not use
-    (aligned from the right, as numpy broadcasts them); implicit output: the ellipsis dims, then the letters used
-    once, sorted."""
+    (aligned from the right, as numpy broadcasts them), and those letters; implicit output: the ellipsis dims, then
+    the letters used once, sorted."""
     text = equation.replace(" ", "")
     lhs, arrow, out = text.partition("->")
     terms = lhs.split(",")
@@ -97,7 +99,7 @@ def _parse(equation: str, ranks: list[int]) -> tuple[list[str], str]:
         raise Unsupported(f"Einsum {equation!r}: the output {out!r} names each letter at most once")
     if set(out) - set(letters):
         raise Unsupported(f"Einsum {equation!r}: output letters {sorted(set(out) - set(letters))} name no input dim")
-    return terms, out
+    return terms, out, ellipsis
 
 
 def _diagonal(call: NodeCall, x: Value, term: str, equation: str) -> tuple[Value, str]:
@@ -143,34 +145,48 @@ def _sum_unused(call: NodeCall, x: Value, term: str, keep: set[str]) -> tuple[Va
     return call.emit("sum", x, axes=gone), "".join(c for c in term if c in keep)
 
 
-def _contract(call: NodeCall, a: Value, ta: str, b: Value, tb: str, needed: set[str], equation: str
-              ) -> tuple[Value, str]:
+def _one_against_other(a: int | None, b: int | None) -> bool:
+    """Whether a dim of 1 meets another size (n, or `?`, which must then be 1 or broadcast)."""
+    return a != b and 1 in (a, b)
+
+
+def _wider(a: int | None, b: int | None) -> int | None:
+    """The size a dim of `a` against one of `b` broadcasts to (a 1 takes the other's size)."""
+    return b if a == 1 else a if b == 1 or b is None else b
+
+
+def _contract(call: NodeCall, a: Value, ta: str, b: Value, tb: str, needed: set[str], ellipsis: str,
+              equation: str) -> tuple[Value, str]:
     """a and b as one batched matmul: [batch, left, contracted] @ [batch, contracted, right]."""
+    for c in set(ta) & set(tb):
+        da, db = a.type.shape[ta.index(c)], b.type.shape[tb.index(c)]
+        if da is not None and db is not None and da != db and not (c in ellipsis and _one_against_other(da, db)):
+            raise Unsupported(f"Einsum {equation!r}: {c!r} is {da} in one operand and {db} in another "
+                              "(only ellipsis dims broadcast)")
+    # a summed dim of 1 against another size (n or `?`): each operand summed over it alone (the 1 drops out)
+    spread = {c for c in ta if c in tb and c not in needed
+              and _one_against_other(a.type.shape[ta.index(c)], b.type.shape[tb.index(c)])}
+    a, ta = _sum_unused(call, a, ta, set(ta) - spread)
+    b, tb = _sum_unused(call, b, tb, set(tb) - spread)
     batch = [c for c in ta if c in tb and c in needed]
     summed = [c for c in ta if c in tb and c not in needed]
     left = [c for c in ta if c not in tb]
     right = [c for c in tb if c not in ta]
-    size = {c: d for t, v in ((ta, a), (tb, b)) for c, d in zip(t, v.type.shape)}
-    for c in set(ta) & set(tb):
-        da, db = a.type.shape[ta.index(c)], b.type.shape[tb.index(c)]
-        if da is not None and db is not None and da != db:
-            raise Unsupported(f"Einsum {equation!r}: {c!r} is {da} in one operand and {db} in another "
-                              "(kiln does not broadcast einsum dims)")
-    dims = {name: [size[c] for c in group] for name, group in (("b", batch), ("l", left), ("k", summed),
-                                                                ("r", right))}
+    sa, sb = dict(zip(ta, a.type.shape)), dict(zip(tb, b.type.shape))
     a3 = _reshape(call, _permute(call, a, ta, "".join(batch + left + summed)),
-                  [*dims["b"], _merge(dims["l"]), _merge(dims["k"])], equation)
+                  [*(sa[c] for c in batch), _merge([sa[c] for c in left]), _merge([sa[c] for c in summed])], equation)
     b3 = _reshape(call, _permute(call, b, tb, "".join(batch + summed + right)),
-                  [*dims["b"], _merge(dims["k"]), _merge(dims["r"])], equation)
-    y = call.emit("matmul", a3, b3)
-    return _reshape(call, y, [*dims["b"], *dims["l"], *dims["r"]], equation), "".join(batch + left + right)
+                  [*(sb[c] for c in batch), _merge([sb[c] for c in summed]), _merge([sb[c] for c in right])], equation)
+    y = call.emit("matmul", a3, b3)  # batch dims of 1 broadcast here
+    shape = [*(_wider(sa[c], sb[c]) for c in batch), *(sa[c] for c in left), *(sb[c] for c in right)]
+    return _reshape(call, y, shape, equation), "".join(batch + left + right)
 
 
 @converts("Einsum", since=12)
 def _einsum(call: NodeCall) -> Value:
     equation = call.attr("equation", "")
     operands = [call.input(i) for i in range(len(call.node.input))]
-    terms, out = _parse(equation, [x.type.rank for x in operands])
+    terms, out, ellipsis = _parse(equation, [x.type.rank for x in operands])
     for i, (x, term) in enumerate(zip(operands, terms)):
         operands[i], terms[i] = _diagonal(call, x, term, equation)
 
@@ -181,6 +197,6 @@ def _einsum(call: NodeCall) -> Value:
     for i in range(1, len(operands)):
         needed = later(i)
         b, tb = _sum_unused(call, operands[i], terms[i], needed | set(term))
-        acc, term = _contract(call, acc, term, b, tb, needed, equation)
+        acc, term = _contract(call, acc, term, b, tb, needed, ellipsis, equation)
     acc, term = _sum_unused(call, acc, term, set(out))
     return _permute(call, acc, term, out)

@@ -205,6 +205,17 @@ CASES = [
     Case("einsum-outer", "Einsum", 12, [f32(3), f32(2, 4)], {"equation": "i,jk->kij"}),
     Case("einsum-diagonal-contract", "Einsum", 12, [f32(2, 3, 3), f32(2, 3, 4)], {"equation": "bii,bij->bj"}),
     Case("einsum-merged-dims", "Einsum", 12, [f32(2, 3, 4, 5), f32(4, 5, 6)], {"equation": "abcd,cde->abe"}),
+    # "the ellipsis dims ... broadcast" (numpy's rules, 1 against n): as batch dims, summed, implicit, across
+    # ellipsis widths and over three operands
+    Case("einsum-ellipsis-broadcast-batch", "Einsum", 12, [f32(2, 1, 3, 4), f32(1, 3, 4, 5)],
+         {"equation": "...ij,...jk->...ik"}),
+    Case("einsum-ellipsis-broadcast-summed", "Einsum", 12, [f32(2, 1, 3, 4), f32(1, 3, 4, 5)],
+         {"equation": "...ij,...jk->ik"}),
+    Case("einsum-ellipsis-broadcast-implicit", "Einsum", 12, [f32(3, 1, 4), f32(2, 4)], {"equation": "...j,...j"}),
+    Case("einsum-ellipsis-broadcast-widths", "Einsum", 12, [f32(5, 1, 3, 4), f32(2, 4, 6)],
+         {"equation": "...ij,...jk->...ik"}),
+    Case("einsum-ellipsis-broadcast-three", "Einsum", 12, [f32(2, 1, 4), f32(1, 3, 4), f32(4)],
+         {"equation": "...i,...i,...i->..."}),
 ]
 
 
@@ -268,5 +279,22 @@ def test_einsum_keeps_a_dynamic_batch(equation: str, shapes: list[tuple[int, ...
     for n in (1, 3):
         feeds = [f32(n, *s) if i in batched else f32(*s) for i, s in enumerate(shapes)]
         (want,) = ReferenceEvaluator(onnx_model).run(None, dict(zip(names, feeds)))
+        (got,) = interpret(kiln_graph, feeds)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_einsum_broadcasts_an_ellipsis_dim_against_a_dynamic_batch() -> None:
+    """An ellipsis dim of 1 broadcasts against a `dim_param` batch (and a 1 against 5 in the next dim): the result
+    keeps the batch dynamic, and matches the ONNX reference at two batch sizes."""
+    infos = [helper.make_tensor_value_info("in0", TensorProto.FLOAT, ["batch", 1, 3, 4]),
+             helper.make_tensor_value_info("in1", TensorProto.FLOAT, [1, 5, 4, 2])]
+    node = helper.make_node("Einsum", ["in0", "in1"], ["out"], equation="...ij,...jk->...ik")
+    graph = helper.make_graph([node], "g", infos, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    kiln_graph = import_graph(onnx_model)
+    assert kiln_graph.functions["forward"].results[0].type.shape == (None, 5, 3, 2)
+    for n in (1, 3):
+        feeds = [f32(n, 1, 3, 4), f32(1, 5, 4, 2)]
+        (want,) = ReferenceEvaluator(onnx_model).run(None, dict(zip(["in0", "in1"], feeds)))
         (got,) = interpret(kiln_graph, feeds)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -263,6 +263,25 @@ def test_arithmetic_on_run_time_dims_reaches_the_reshape(tmp_path: Path):
         import_graph(computed)
 
 
+def test_reductions_and_expand_keep_the_dim_names_of_the_input(tmp_path: Path):
+    """A `dim_param` dim "stays symbolic" by its name through a reduction (the reduced axis drops, or becomes 1
+    with keepdims) and through Expand (a target 1 keeps the input's dim)."""
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[1], keepdims=1),
+             helper.make_node("ReduceSum", ["x", "last"], ["s"], keepdims=0),
+             helper.make_node("Expand", ["m", "to"], ["e"])]
+    onnx_model = model(nodes, {"x": (F32, ["batch", "seq", 4])}, ["m", "s", "e"], opset=13,
+                       initializers={"last": np.array([2], I64), "to": np.array([1, 3, 4], I64)})
+    graph = import_graph(onnx_model)
+    filecheck(str(graph), """
+// CHECK-LABEL: func @forward(%x: tensor<?{batch}x?{seq}x4xf32>)
+// CHECK-NEXT: mean %x {axes = [1], keepdims = true} : tensor<?{batch}x1x4xf32>
+// CHECK-NEXT: sum %x {axes = [2]} : tensor<?{batch}x?{seq}xf32>
+// CHECK-NEXT: broadcast_to %{{.*}} {shape = [-1, 3, 4]} : tensor<?{batch}x3x4xf32>
+// CHECK-NEXT: return
+""", tmp_path)
+    assert_matches_reference(graph, onnx_model, {"x": np.random.default_rng(2).random((2, 5, 4), F32)})
+
+
 def test_external_data_past_2_gib_is_mapped_not_read(tmp_path: Path):
     """ "> 2 GiB files included": a weight at an offset past 2**31 in a sparse 2.1 GiB file is mapped in place."""
     offset = 2**31 + 4096

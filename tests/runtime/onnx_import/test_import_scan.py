@@ -79,6 +79,23 @@ def test_scans_kiln_cannot_unroll_are_named(x_dims: list, reason: str) -> None:
 
 
 
+def test_a_run_time_scan_length_names_the_input_to_fix_and_that_fix_works() -> None:
+    """kiln's IR has no loop op, so a Scan is unrolled: a `?` sequence length is refused naming the scan input, its
+    type and axis and the `input_shapes` entry that fixes it; importing with that entry matches onnxruntime."""
+    model = scan_model([4, "seq", 3], 1, 0, 0, 0)
+    with pytest.raises(UnsupportedModel, match=r"scan \(Scan, opset 16\): the sequence length is known only at run "
+                                               r"time \(scan input 0, 'x': tensor<4x\?\{seq\}x3xf32>, axis 1\); "
+                                               r"kiln's IR has no loop, .* input_shapes=\{'x': \[\.\.\.\]\}"):
+        import_graph(model)
+    rng = np.random.default_rng(5)
+    feeds = {"h0": rng.standard_normal((4, 3)).astype(np.float32),
+             "x": rng.standard_normal((4, 6, 3)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = interpret(import_graph(model, input_shapes={"x": [4, 6, 3]}), list(feeds.values()))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("backwards", [0, 1])
 def test_scan_8_scans_each_batch_row(backwards: int) -> None:
     """Scan-8: "All inputs and outputs have a batch axis ... the first axis", the scan axis the second; with
