@@ -26,6 +26,7 @@ from tvm.target import Target
 from kiln.runtime.tvm.schedules.fastmath import fast_math_passes
 
 from .conv_layout import block_conv_channels
+from .output_fusion import fuse_output_producers
 from .schedules import Safe, default_cpu_rules
 from .target import configure_threads
 
@@ -64,7 +65,13 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
     return [relax.transform.DeadCodeElimination(),  # a weight decoded inside its matmul leaves its dequantize unused
             *(fast_math_passes() if fast_math else []), *cpu_passes.library_dispatch_passes(target),
             *([block_conv_channels(target)] if block_convs else []),  # NCHW[x]c convs where the CPU model says so
-            *cpu_passes.legalize_passes(target)]
+            *_with_output_fusion(cpu_passes.legalize_passes(target))]
+
+
+def _with_output_fusion(passes: list[tvm.transform.Pass]) -> list[tvm.transform.Pass]:
+    """TVM's legalize-and-fuse passes with `fuse_output_producers` just before FuseTIR."""
+    at = next(i for i, p in enumerate(passes) if p.info.name == "FuseTIR")
+    return [*passes[:at], fuse_output_producers, *passes[at:]]
 
 
 def cpu_pipeline(

@@ -107,6 +107,8 @@ def _transposed_axis(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int
         return None
     innermost = iter_vars[-1]
     for read in stmt.reads:
+        if not read.region:  # a scalar
+            continue
         *lead, last = (r.min for r in read.region)
         outer = [i for i, v in enumerate(iter_vars[:-1]) if unit_stride(last, v)]
         if outer and any(uses_var(e, innermost) for e in lead):
@@ -129,6 +131,31 @@ def schedule_transpose(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, axis
     sch.vectorize(col_i)
 
 
+def vectorize_inner_all(sch: s_tir.Schedule, infos: list[dl.SBlockInfo], lanes: int, parallel: bool) -> None:
+    """Split the one loop every block of `infos` shares into vectors of `lanes`, the outer part parallel."""
+    (loop,) = sch.get_loops(infos[0].block_rv)
+    outer, inner = sch.split(loop, [None, split_factor(loop_extent(sch, loop), lanes, minimum=4)])
+    sch.vectorize(inner)
+    if parallel:
+        sch.parallel(outer)
+
+
+def _nest_outputs(sch: s_tir.Schedule, infos: list[dl.SBlockInfo], lanes: int) -> bool:
+    """Several elementwise outputs over one domain (a grouped function with several results, such as Adam's new
+    weight and moments): compute each earlier one a vector at a time inside the last one's loop, so every value is
+    read and written in one pass. False (nothing done) unless the blocks share their loop extents."""
+    if len(infos) < 2:
+        return False
+    extents = [[static_extent(loop_extent(sch, lp)) for lp in sch.get_loops(i.block_rv)] for i in infos]
+    if None in extents[0] or any(e != extents[0] for e in extents) or _transposed_axis(sch, infos[-1].block_rv):
+        return False
+    loops = [sch.fuse(*sch.get_loops(i.block_rv)) for i in infos]
+    parallel = _worth_parallel(sch, loops[-1:])
+    sch.merge(*loops)
+    vectorize_inner_all(sch, infos, lanes, parallel)
+    return True
+
+
 class CPUInjective(dl.ScheduleRule):
     """Inline chains of spatial blocks, then parallelize and vectorize (or tile, when transposing) what remains;
     vectors are the target CPU's (`kiln.runtime.tvm.cpu`), transpose tiles a cache line of float32 a side."""
@@ -138,7 +165,10 @@ class CPUInjective(dl.ScheduleRule):
         if infos is None or not all(info.is_injective() for info in infos):
             return None
         model = cpu_model(target)
-        for info in dl.try_inline(sch, infos):
+        rest = dl.try_inline(sch, infos)
+        if _nest_outputs(sch, rest, model.lanes()):
+            return sch
+        for info in rest:
             axis = _transposed_axis(sch, info.block_rv)
             if axis is None:
                 schedule_elementwise(sch, info.block_rv, model.lanes())

@@ -138,7 +138,8 @@ def check_ranks(tmp_path: Path, world: int) -> None:
         for i in range(8):
             np.testing.assert_array_equal(rank[f"slow.overlap.grad{i}"], rank[f"slow.sync.grad{i}"])
         sync, overlapped = float(rank["slow.sync.time"]), float(rank["slow.overlap.time"])
-        assert sync - overlapped >= 0.5 * worker.SlowFirstBucket.DELAY, (r, sync, overlapped)
+        if world <= (os.cpu_count() or 1):  # more one-thread ranks than cores: no core is left to overlap on
+            assert sync - overlapped >= 0.5 * worker.SlowFirstBucket.DELAY, (r, sync, overlapped)
     # Issue 14: "fit(resume=dir) continues exactly" under ZeRO-1 (with clipping): rank 0's checkpoint holds every
     # rank's share of the optimizer state (AdamW: 3 arrays x 4 parameters); a Learner resumed from the step-6
     # checkpoint re-shards it and ends with the uninterrupted run's parameters bit for bit

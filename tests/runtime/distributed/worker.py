@@ -36,7 +36,7 @@ from kiln.train import checkpoint as checkpoints
 from kiln.train.metrics import Loss
 
 BATCH, D_IN, D_HIDDEN, D_OUT = 6, 5, 7, 3  # per rank
-CLIP = 0.5  # the global gradient norm clipped to (the worker's gradients' norms are larger)
+CLIP = 0.25  # the global gradient norm clipped to: below every step's norm at 2 and at 4 ranks (first step: 0.58, 0.32)
 
 
 class MLP(kiln.Module):
