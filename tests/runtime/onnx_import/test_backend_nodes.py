@@ -33,8 +33,6 @@ REASONS = {
     "bn-training": "BatchNormalization with training_mode = 1 (batch statistics, running-stat outputs): kiln "
                    "imports models for inference",
     # the TVM run only (node_expected_failures_tvm.txt)
-    "tvm-zero-extent": "a zero-length tensor: TVM's LLVM codegen cannot build a zero-extent loop ('Failed to "
-                       "vectorize loop with extent 0') or load a zero-size constant ('Invalid DLTensor file format')",
     "tvm-open": "wrong values through TVM only (casts to uint4; the expanded LinearAttention), cause not yet traced",
 }
 
