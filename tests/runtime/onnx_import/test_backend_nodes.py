@@ -7,7 +7,7 @@ it. The reference interpreter runs them (about half a minute); `KILN_ONNX_NODE_T
 through kiln's TVM build instead (`KILN_ONNX_NODE_TESTS=tvm .venv/bin/pytest
 tests/runtime/onnx_import/test_backend_nodes.py`: ~50 minutes of compiles on a loaded 2-core host, cached under
 $KILN_CACHE_DIR so a rerun is quick; `KILN_ONNX_NODE_TESTS_ONLY=<regex>` runs the tests whose names match): there
-1,051 of the interpreter's 1,080 pass and `node_expected_failures_tvm.txt` lists the rest. Every listed test is
+1,074 of the interpreter's 1,080 pass and `node_expected_failures_tvm.txt` lists the rest. Every listed test is
 an expected failure, so one that starts passing fails here until it leaves the list: `KILN_ONNX_NODE_TESTS_UPDATE=1`
 drops those lines from the file (it never adds one: a new failure is classified by hand).
 """
@@ -33,7 +33,7 @@ REASONS = {
     "bn-training": "BatchNormalization with training_mode = 1 (batch statistics, running-stat outputs): kiln "
                    "imports models for inference",
     # the TVM run only (node_expected_failures_tvm.txt)
-    "tvm-open": "wrong values through TVM only (casts to uint4; the expanded LinearAttention), cause not yet traced",
+    "tvm-open": "wrong values through TVM only (casts to uint4), cause not yet traced",
 }
 
 _LIST = Path(__file__).with_name("node_expected_failures.txt")
