@@ -9,6 +9,8 @@
 * Flags lower to constants of their effective value: rules such as `dropout` and `batch_norm` specialize on them.
 * f16 and bf16 arithmetic runs in `DType.compute` (f32) with results rounded to the declared dtype, as the
   interpreter does; ops with `Trait.EXACT` (data movement, `where`, `cast`, sources) run in their own dtype.
+* A result with a static zero-length dim, and a zero-size parameter, is an empty allocation: no kernel is built
+  for it (LLVM cannot vectorize a zero-extent loop) and no constant is embedded (a zero-size one does not load).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from .op_map import OpSources
 from .rule import NeedsSeed, OpCall
 from .signature import FunctionSignature
 
-LOWERING_VERSION = "14"  # bump when lowering or pipelines change what a compile-cache key builds
+LOWERING_VERSION = "15"  # bump when lowering or pipelines change what a compile-cache key builds
 PARAM_MODES = ("bound", "inputs")
 
 DimKey = tuple[int, int]  # (input index, axis)
@@ -102,6 +104,15 @@ class _Plan:
 
 def _identifier(name: str) -> str:
     return re.sub(r"\W", "_", name)
+
+
+def _empty(bb: relax.BlockBuilder, shape: Sequence[int | tirx.PrimExpr], dtype: str) -> relax.Var:
+    """An uninitialized tensor of `shape` (which holds a zero, so it has no elements): an allocation, no kernel."""
+    return bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr(list(shape)), dtype, 0))
+
+
+def _has_zero_dim(t: TensorType) -> bool:
+    return 0 in t.shape
 
 
 def used_params(graph: Graph, function: str) -> list[ParamNode]:
@@ -190,7 +201,9 @@ class _FunctionLowering:
         computed in the function."""
         def param(node: ParamNode) -> tuple[relax.Expr, np.ndarray | None]:
             value = self.param_vars.get(node.name)
-            if value is None:
+            if value is None and _has_zero_dim(node.type):
+                value = _empty(bb, node.type.shape, tvm_dtype(node.type.dtype))
+            elif value is None:
                 value = relax.const(to_storage(param_value(node), node.type.dtype), tvm_dtype(node.type.dtype))
             return value, None
 
@@ -205,7 +218,8 @@ class _FunctionLowering:
 
     def apply(self, bb: relax.BlockBuilder, kind: str, operands: Sequence[tuple[relax.Expr, np.ndarray | None]],
               types: Sequence[TensorType], attrs: dict, results: Sequence[TensorType]) -> list[relax.Expr]:
-        """Run the op's Relax rule and emit its results, checked against (and cast to) the declared types."""
+        """Run the op's Relax rule and emit its results, checked against (and cast to) the declared types; a result
+        with a static zero dim is an empty allocation (the rule runs only to give the shape of its `?` dims)."""
         opdef = registry.lookup(kind)
         for role, ts in (("operand", types), ("result", results)):
             for i, t in enumerate(ts):
@@ -221,12 +235,18 @@ class _FunctionLowering:
         producers = [self.made.get(id(e), (None, None))[1] for e, _ in operands]
         call = OpCall(kind, bb, args, types, [k for _, k in operands], attrs, self.run_seed, producers,
                       self.plan.precision)
-        outs = rule(call)
-        outs = outs if isinstance(outs, tuple) else (outs,)
+        if results and all(_has_zero_dim(t) and None not in t.shape for t in results):
+            outs: tuple = (None,) * len(results)
+        else:
+            outs = rule(call)
+            outs = outs if isinstance(outs, tuple) else (outs,)
         emitted = []
         for expr, want in zip(outs, results):
-            if not isinstance(expr, relax.Var | tvm.ir.expr.Constant):
+            if expr is not None and not isinstance(expr, relax.Var | tvm.ir.expr.Constant):
                 expr = bb.emit(expr)
+            if _has_zero_dim(want) and (expr is None or isinstance(expr.ty.shape, relax.ShapeExpr)):
+                got = expr.ty.shape.values if expr is not None else want.shape
+                expr = _empty(bb, [g if w is None else w for w, g in zip(want.shape, got)], tvm_dtype(want.dtype))
             if expr.ty.dtype != tvm_dtype(want.dtype):
                 expr = bb.emit(relax.op.astype(expr, tvm_dtype(want.dtype)))
             self._check_shape(kind, expr, want, args)

@@ -90,12 +90,24 @@ def _cast(call: OpCall) -> RelaxResult:
     return R.astype(x, tvm_dtype(target))
 
 
+def _product(call: OpCall) -> relax.Expr:
+    """`args[0] @ args[1]`; a static contraction of length 1 is the broadcast product `[.., m, 1] * [.., 1, n]`.
+
+    As a matmul it has a unit reduction loop, which dlight's block normalization (where every CPU rule starts)
+    drops before reverse-inlining an epilogue into the block, init included: `s + a @ b` became `2s + a @ b`.
+    """
+    a, b = call.types[0], call.types[1]
+    if a.rank >= 2 and b.rank >= 2 and a.shape[-1] == 1:
+        return R.multiply(call.args[0], call.args[1])
+    return R.matmul(call.args[0], call.args[1])
+
+
 @relax_rule("matmul")
 def _matmul(call: OpCall) -> RelaxResult:
     """numpy's matmul; a dequantized weight is decoded inside the kernel (in the build's precision: `lowp`)."""
     fused = lowp_matmul(call)
     fused = quant_matmul(call) if fused is None else fused
-    return fused if fused is not None else R.matmul(*call.args)
+    return fused if fused is not None else _product(call)
 
 
 @relax_rule("linear")
@@ -103,7 +115,7 @@ def _linear(call: OpCall) -> RelaxResult:
     """x @ weight (+ bias), weight stored [in, out]; a dequantized weight is decoded inside the kernel."""
     fused = lowp_matmul(call)
     fused = quant_matmul(call) if fused is None else fused
-    y = fused if fused is not None else R.matmul(call.args[0], call.args[1])
+    y = fused if fused is not None else _product(call)
     return y if len(call.args) == 2 else R.add(y, call.args[2])
 
 

@@ -27,11 +27,12 @@ def _transpose(call: OpCall) -> RelaxResult:
 def _reshape(call: OpCall) -> RelaxResult:
     """The target with `copy` dims read from `like`'s (possibly symbolic) shape and -1 resolved from the element
     count. Relax reads a 0 in a reshape target as "keep the input dim", where kiln's 0 is a zero-length dim, so a 0
-    is refused rather than lowered to a different reshape."""
+    beside a `?` dim is refused rather than lowered to a different reshape (a static empty result never gets here:
+    lowering allocates it)."""
     target = reshape_dims(call.attrs, call.shape(1) if len(call.args) > 1 else None)
     if any(isinstance(d, int) and d == 0 for d in target):
-        raise KilnError(f"reshape: target {list(call.attrs['shape'])} has a zero-length dim, which the TVM build "
-                        "cannot make (Relax reads a 0 as 'keep the input dim'; zero-extent loops do not build)")
+        raise KilnError(f"reshape: target {list(call.attrs['shape'])} has a zero-length dim beside a dynamic one, "
+                        "which the TVM build cannot make (Relax reads a 0 as 'keep the input dim')")
     if any(isinstance(d, int) and d == -1 for d in target):
         known = math.prod((d for d in target if not (isinstance(d, int) and d == -1)), start=tirx.const(1, "int64"))
         count = math.prod(call.shape(0), start=tirx.const(1, "int64"))

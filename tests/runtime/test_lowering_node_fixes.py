@@ -23,3 +23,17 @@ def test_float_max_min_of_infinities_is_the_infinity() -> None:
     np.testing.assert_array_equal(rows_max, np.max(arr, axis=-1))
     np.testing.assert_array_equal(rows_min, np.min(arr, axis=-1))
     np.testing.assert_array_equal(whole, np.max(arr, axis=None, keepdims=True))
+
+
+@pytest.mark.parametrize("shapes", [((8, 8), (8, 1), (1, 8)), ((2, 4, 8, 8), (2, 4, 8, 1), (2, 4, 1, 8))])
+def test_a_matmul_over_a_length_one_dim_plus_a_tensor(shapes) -> None:
+    """numpy: `s + a @ b` with a contraction of length 1 is `s` plus the outer product (the expanded ONNX
+    LinearAttention's state update; TVM's build computed `2s + a @ b`), and `linear` (a 2-D weight) likewise."""
+    b = Builder("OuterUpdate")
+    s, x, y = (b.input(n, (shape, "f32")) for n, shape in zip("sxy", shapes))
+    b.ret(b.add(s, b.matmul(x, y)), *([b.add(s, b.linear(x, y))] if len(shapes[2]) == 2 else []))
+    rng = np.random.default_rng(0)
+    arrs = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+    outs = compile_graph(b.build())(*arrs)
+    for got in outs if isinstance(outs, tuple) else (outs,):
+        np.testing.assert_allclose(got, arrs[0] + np.matmul(arrs[1], arrs[2]), rtol=1e-6, atol=1e-6)

@@ -7,7 +7,8 @@ it. The reference interpreter runs them (about half a minute); `KILN_ONNX_NODE_T
 through kiln's TVM build instead (`KILN_ONNX_NODE_TESTS=tvm .venv/bin/pytest
 tests/runtime/onnx_import/test_backend_nodes.py`: ~50 minutes of compiles on a loaded 2-core host, cached under
 $KILN_CACHE_DIR so a rerun is quick; `KILN_ONNX_NODE_TESTS_ONLY=<regex>` runs the tests whose names match): there
-1,051 of the interpreter's 1,080 pass and `node_expected_failures_tvm.txt` lists the rest. Every listed test is
+every case the interpreter passes passes too, except the float8/float4/float8e8m0 ones kiln's lowering refuses,
+which `node_expected_failures_tvm.txt` lists. Every listed test is
 an expected failure, so one that starts passing fails here until it leaves the list: `KILN_ONNX_NODE_TESTS_UPDATE=1`
 drops those lines from the file (it never adds one: a new failure is classified by hand).
 """
@@ -32,9 +33,6 @@ REASONS = {
     "bn-training": "BatchNormalization with training_mode = 1 (batch statistics, running-stat outputs): kiln "
                    "imports models for inference",
     # the TVM run only (node_expected_failures_tvm.txt)
-    "tvm-zero-extent": "a zero-length tensor: TVM's LLVM codegen cannot build a zero-extent loop ('Failed to "
-                       "vectorize loop with extent 0') or load a zero-size constant ('Invalid DLTensor file format')",
-    "tvm-open": "wrong values through TVM only (the expanded LinearAttention), cause not yet traced",
     "tvm-dtype": "a float8, float4 or float8e8m0 value, which kiln's TVM lowering refuses naming the op (TVM 0.27's "
                  "LLVM backend miscompiles float8 casts; see runtime/tvm/dtypes.py)",
 }
