@@ -106,11 +106,8 @@ define("where", ("cond", "lhs", "rhs"), _where_infer, one(np.where), traits={Tra
 def _cast(x, dtype: DType):
     if dtype is DType.bool:
         return x != 0
-    if dtype.is_int_code:  # truncate, then wrap modulo 2**bits here: ml_dtypes' out-of-range rule varies
-        span, low = 1 << dtype.bits, -(1 << (dtype.bits - 1)) if dtype.value.startswith("i") else 0
-        wide = x.astype(np.int64) if x.dtype.kind in "iub" or DType.from_numpy(x.dtype).is_int_code else \
-            np.trunc(x.astype(np.float64)).astype(np.int64)
-        return ((wide - low) % span + low).astype(np.int8).astype(dtype.numpy)
+    if dtype.is_int_code and DType.from_numpy(x.dtype).is_int_code:
+        x = x.astype(np.int8)  # exact; ml_dtypes converts no sub-byte integer type to another directly
     return x.astype(dtype.numpy)
 
 
