@@ -5,7 +5,7 @@ ZeRO-1's ownership rule."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -93,13 +93,7 @@ def split_graph() -> Graph:
 def test_a_started_bucket_is_waited_on_with_all_reduces_result(backend: str) -> None:
     """Issue 14: "bucketed so communication overlaps the remaining backward": the start hands the communicator the
     bucket, the wait (paired by bucket number) takes all_reduce's result; both are the identity on one process."""
-    if backend == "tvm":
-        pytest.importorskip("tvm")
-        from kiln.runtime.tvm.compile import compile_graph
-        run = compile_graph(split_graph(), target="llvm", params="inputs").run
-    else:
-        def run(*xs: np.ndarray) -> tuple[np.ndarray, ...]:
-            return interpret(split_graph(), list(xs))
+    run = runner(split_graph(), backend)
     comm = Tripling()
     with communicating(comm):
         s2, t, busy = run(X, Y)
@@ -112,6 +106,15 @@ def test_a_started_bucket_is_waited_on_with_all_reduces_result(backend: str) -> 
     np.testing.assert_array_equal(t, Y)
 
 
+
+def runner(graph: Graph, backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
+    """`graph`'s forward on the interpreter or as an LLVM build with its parameters as inputs."""
+    if backend == "tvm":
+        pytest.importorskip("tvm")
+        from kiln.runtime.tvm.compile import compile_graph
+        return compile_graph(graph, target="llvm", params="inputs").run
+    return lambda *xs: interpret(graph, list(xs))
+
 def broadcast_graph() -> Graph:
     b = Builder("M")
     x, y = b.input("x", ((2, 3), DType.f32)), b.input("y", ((4,), DType.f32))
@@ -123,13 +126,7 @@ def broadcast_graph() -> Graph:
 @pytest.mark.parametrize("backend", ["interpreter", "tvm"])
 def test_broadcast_hands_the_communicator_its_bucket_and_source_rank(backend: str) -> None:
     """ZeRO-1's gather: one call per bucket naming the source rank; the identity on one process."""
-    if backend == "tvm":
-        pytest.importorskip("tvm")
-        from kiln.runtime.tvm.compile import compile_graph
-        run = compile_graph(broadcast_graph(), target="llvm", params="inputs").run
-    else:
-        def run(*xs: np.ndarray) -> tuple[np.ndarray, ...]:
-            return interpret(broadcast_graph(), list(xs))
+    run = runner(broadcast_graph(), backend)
     comm = Tripling()
     with communicating(comm):
         s2, t = run(X, Y)
