@@ -136,10 +136,10 @@ def _conv_transpose(call: NodeCall) -> Value:
 
 
 @converts("BatchNormalization", since=7)
-def _batch_norm(call: NodeCall) -> Value:
-    """The inference form (running statistics); ONNX's training mode updates state an imported graph has not."""
+def _batch_norm(call: NodeCall) -> Value | Sequence[Value]:
+    """The inference form (running statistics), or from opset 14 with training_mode = 1 the training one."""
     if call.attr("training_mode", 0):
-        raise Unsupported("training_mode = 1: kiln imports the inference form")
+        return _batch_norm_training(call)
     if not call.attr("spatial", 1):
         raise Unsupported("spatial = 0 (statistics per element, not per channel)")
     if len([o for o in call.node.output if o]) > 1:
@@ -147,6 +147,26 @@ def _batch_norm(call: NodeCall) -> Value:
     x, scale, bias, mean, var = (call.input(i) for i in range(5))
     training = call.constant(np.asarray(False))
     return call.emit_many("batch_norm", x, scale, bias, mean, var, training, eps=call.attr("epsilon", 1e-5))[0]
+
+
+def _batch_norm_training(call: NodeCall) -> Sequence[Value]:
+    """ONNX's training mode (opset 14+) as its spec states it: Y normalized by the batch mean and biased variance
+    over all axes but 1, and the running outputs `input * momentum + batch * (1 - momentum)`. kiln's training
+    batch_norm weighs the batch by momentum and updates with the unbiased variance (torch's rule), so this is the
+    inference batch_norm on batch statistics (gradients flow through them)."""
+    x, scale, bias, mean, var = (call.input(i) for i in range(5))
+    axes = (0, *range(2, x.type.rank))
+    batch_mean = call.emit("mean", x, axes=axes, keepdims=True)
+    centered = call.emit("sub", x, batch_mean)
+    batch_var = call.emit("mean", call.emit("mul", centered, centered), axes=axes, keepdims=True)
+    batch_mean, batch_var = (call.emit("reshape", v, shape=(-1,)) for v in (batch_mean, batch_var))
+    y = call.emit_many("batch_norm", x, scale, bias, batch_mean, batch_var, call.constant(np.asarray(False)),
+                       eps=call.attr("epsilon", 1e-5))[0]
+    momentum = call.attr("momentum", 0.9)
+    kept, taken = call.constant(momentum, like=mean), call.constant(1.0 - momentum, like=mean)
+    running = [call.emit("add", call.emit("mul", old, kept), call.emit("mul", new, taken))
+               for old, new in ((mean, batch_mean), (var, batch_var))]
+    return (y, *running)
 
 
 def _affine(call: NodeCall, y: Value, scale: Value | None, bias: Value | None) -> Value:

@@ -30,8 +30,6 @@ REASONS = {
     "f16-ulp": "Softmax in f16/bf16 one ulp from the stored output: ONNX's reference rounds each of its steps "
                "(x - max, exp, the sum, the division) to f16/bf16, kiln's softmax computes in f32 and rounds once; "
                "kiln's is the correctly rounded softmax (equal to the f64 one rounded, every element), so not a bug",
-    "bn-training": "BatchNormalization with training_mode = 1 (batch statistics, running-stat outputs): kiln "
-                   "imports models for inference",
     # the TVM run only (node_expected_failures_tvm.txt)
     "tvm-dtype": "a float8, float4 or float8e8m0 value, which kiln's TVM lowering refuses naming the op (TVM 0.27's "
                  "LLVM backend miscompiles float8 casts; see runtime/tvm/dtypes.py)",
