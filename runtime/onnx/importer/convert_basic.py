@@ -3,6 +3,8 @@ variadic Sum/Mean/Max/Min, MatMul and Gemm, Softmax, Constant, Identity, Dropout
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from kiln.ir import DType, Value
@@ -197,15 +199,40 @@ def _identity(call: NodeCall) -> Output:
 
 @converts("Dropout", since=7)
 def _dropout(call: NodeCall) -> Output:
-    training = call.value(2, "training_mode") if call.opset >= 12 else None
-    if training is not None and bool(training):
-        raise Unsupported("Dropout in training mode; kiln imports models for inference")
+    """The identity in inference mode; in training mode (opset 12+: training_mode a constant, or a bool scalar
+    known at run time, which kiln's dropout takes as its training operand) kiln's dropout with the ratio as `p`.
+    The mask is a second dropout of ones under the same seed: a dropout's mask depends only on its seed, the run
+    seed and the shape, so both draw the same one. kiln's generator is not numpy's, so the masks are not ONNX's."""
     x = call.input(0)
-    if len(call.node.output) < 2 or not call.node.output[1]:
-        return x
-    if not x.type.is_static:
+    mask = len(call.node.output) > 1 and bool(call.node.output[1])
+    if mask and not x.type.is_static:
         raise Unsupported(f"Dropout's mask output of {x.type}, whose dims are known only at run time")
-    return x, np.ones(x.type.shape, bool)
+    training = _training_flag(call) if call.opset >= 12 else None
+    if training is None:
+        return (x, np.ones(x.type.shape, bool)) if mask else x
+    ratio = call.value(1, "the ratio")
+    p = 0.5 if ratio is None else float(np.asarray(ratio).reshape(-1)[0])
+    if not 0.0 <= p < 1.0:
+        raise Unsupported(f"Dropout ratio {p} is outside [0, 1)")
+    seed = int(call.attr("seed", zlib.crc32(call.node.output[0].encode())))  # a name: stable across imports
+    y = call.emit("dropout", x, training, p=p, seed=seed)
+    if not mask:
+        return y
+    kept = call.emit("dropout", np.ones(x.type.shape, x.type.dtype.numpy), training, p=p, seed=seed)
+    return y, call.emit("greater", kept, call.constant(0, like=kept))
+
+
+def _training_flag(call: NodeCall) -> Value | None:
+    """Dropout's training_mode input as kiln's training operand; None where it is absent or constantly false."""
+    if not call.present(2):
+        return None
+    known = call.known[2] if len(call.known) > 2 else None
+    if known is not None:
+        return call.constant(np.asarray(True)) if bool(np.asarray(known).reshape(-1)[0]) else None
+    flag = call.input(2)
+    if flag.type.dtype is not DType.bool or flag.type.rank != 0:
+        raise Unsupported(f"Dropout's training_mode {flag.type} known at run time; kiln's takes a bool scalar")
+    return flag
 
 
 @converts("If", since=1)
