@@ -81,8 +81,8 @@ class DType(enum.Enum):
         """Whether an element is a number itself, so that cast converts it: every dtype but nf4.
 
         i4/u4/i2/u2 hold their integer values unpacked (one per byte, as the interpreter and ONNX's int4 tensors
-        hold them): a cast to one truncates toward zero and wraps modulo 2**bits as numpy's astype does, a cast
-        from one is exact. Packing belongs to records (burnpack, QFloat) only, so quantized weights are unchanged;
+        hold them): a cast to one truncates toward zero and wraps modulo 2**bits (`to_code`), a cast from one is
+        exact. Packing belongs to records (burnpack, QFloat) only, so quantized weights are unchanged;
         an nf4 code is an index into a float table, converted only by `dequantize`."""
         return self is not DType.nf4
 
@@ -91,6 +91,20 @@ class DType(enum.Enum):
         """The least and greatest value of an integer or integer-code dtype."""
         info = ml_dtypes.iinfo(self.numpy)
         return int(info.min), int(info.max)
+
+    def to_code(self, x: np.ndarray) -> np.ndarray:
+        """x cast to this integer code (i4/u4/i2/u2), kiln's rule in one place: truncation toward zero, then
+        modulo 2**bits into the code's range (what ONNX's Cast node tests store: their inputs -9..15 to INT4 wrap);
+        NaN and +-inf give 0. Reduced here in float64/int64 so that ml_dtypes only ever converts in-range values:
+        its out-of-range conversion is version-dependent (0.6 wraps up to 2**31 and gives 0 beyond, 0.7 gives 0)."""
+        low, high = self.int_range
+        span = high - low + 1
+        if DType.from_numpy(x.dtype).is_float:
+            wide = np.fmod(np.trunc(x.astype(np.float64)), span)  # exact, so any magnitude wraps
+            wide = np.where(np.isfinite(wide), wide, 0.0).astype(np.int64)
+        else:
+            wide = x.astype(np.int64)  # a u64 above 2**63 wraps modulo 2**64, which keeps it modulo 2**bits
+        return ((wide - low) % span + low).astype(np.int8).astype(self.numpy)
 
     @property
     def compute(self) -> DType:

@@ -106,8 +106,8 @@ define("where", ("cond", "lhs", "rhs"), _where_infer, one(np.where), traits={Tra
 def _cast(x, dtype: DType):
     if dtype is DType.bool:
         return x != 0
-    if dtype.is_int_code and DType.from_numpy(x.dtype).is_int_code:
-        x = x.astype(np.int8)  # exact; ml_dtypes converts no sub-byte integer type to another directly
+    if dtype.is_int_code:
+        return dtype.to_code(x)
     return x.astype(dtype.numpy)
 
 
@@ -121,5 +121,5 @@ def _cast_infer(ts, attrs):
 
 define("cast", ("x",), _cast_infer, one(_cast), {"dtype": Attr(DTYPE)},
        doc="convert element type; floats to ints truncate toward zero, to i4/u4/i2/u2 codes also wrap modulo "
-           "2**bits (as numpy), nonzero to bool is true",
+           "2**bits (DType.to_code), nonzero to bool is true",
        traits={Trait.ELEMENTWISE, Trait.EXACT})
