@@ -1,14 +1,16 @@
 """ONNX models through kiln beside onnxruntime and OpenVINO: import time, cold compile time, latency.
 
-    .venv/bin/python bench/onnx_models.py [--rounds 5] [--opset 17] [--markdown out.md]
+    .venv/bin/python bench/onnx_models.py [--rounds 5] [--opset 17] [--only NAME ...] [--markdown out.md]
 
 The models are `tests/frontend/torch_zoo.py`'s (ResNet, MobileNetV3, EfficientNet, ViT, BERT-style encoder,
 YOLO-style detector, GPT-2-style decoder; tiny widths, random weights), exported once by `torch.onnx.export` with a
-dynamic batch; every engine runs that same file at batch 1 (and 8 for the CNNs) on the same inputs, with the same
+dynamic batch, and the nine `light` models shipped with the onnx package (opset 9 ImageNet CNNs at 224x224 and
+batch 1, fed as `tests/runtime/onnx_import/test_backend_light.py` feeds them; their rows are named `light/...`);
+every engine runs that same file at batch 1 (and 8 for the zoo's CNNs) on the same inputs, with the same
 thread count, in interleaved rounds (`timing.interleaved`); ratios are medians of per-round ratios to kiln. OpenVINO
 runs where `import openvino` works, on its CPU plugin with `INFERENCE_PRECISION_HINT=f32`, so that it computes in
 f32 as the others do. Compiles start from an empty cache. A model kiln cannot import or build yet is listed with the
-reason and the others still run.
+reason and the others still run. `--only` picks models by row name (`resnet`, `light/squeezenet`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx.backend.test.loader import load_model_tests
+from onnx.backend.test.runner import Runner as OnnxRunner
 from peers import onnxruntime_runner, openvino_runner  # bench/ is the script's directory
 from roofline import cpu_model, peak_gflops
 from timing import interleaved
@@ -36,6 +42,7 @@ from kiln.runtime.tvm import compile_cache  # noqa: E402
 from kiln.runtime.tvm.target import configure_threads, cpu_count  # noqa: E402
 
 CNNS = {"resnet", "mobilenetv3", "efficientnet"}
+LIGHT = {case.model_name: case for case in load_model_tests(kind="real")}  # the nine `light` models
 Runner = Callable[[], object]
 
 
@@ -43,11 +50,39 @@ def inputs_at(example: tuple, batch: int) -> list[np.ndarray]:
     return [np.resize(t.numpy(), (batch, *t.shape[1:])) for t in example]
 
 
-def bench_model(name: str, opset: int, rounds: int, threads: int, folder: Path) -> tuple[list[str], str | None]:
-    """The table rows of one model, and why it was skipped (None when it ran)."""
+@dataclass
+class Prepared:
+    """One model file ready to time: its graph inputs' names, the inputs at each batch, the agreement with
+    onnxruntime required before timing."""
+
+    path: Path
+    names: list[str]
+    batches: dict[int, list[np.ndarray]]
+    rtol: float = 1e-3
+    atol: float = 1e-4
+
+
+def zoo_model(name: str, opset: int, folder: Path) -> Prepared:
     model, example, names = torch_zoo.zoo()[name]
     path = folder / f"{name}.onnx"
     path.write_bytes(torch_zoo.export(model, example, names, opset))
+    return Prepared(path, list(names), {b: inputs_at(example, b) for b in ((1, 8) if name in CNNS else (1,))})
+
+
+def light_model(name: str) -> Prepared:
+    """A `light` model from the onnx package, on the dummy input and tolerances onnx's own runner uses for it."""
+    case = LIGHT[name]
+    path = Path(onnx.__file__).parent.parent / case.url  # the url names the file inside the onnx package
+    graph = onnx.load(path, load_external_data=False).graph
+    initializers = {t.name for t in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in initializers]
+    return Prepared(path, [i.name for i in inputs], {1: [OnnxRunner.generate_dummy_data(i, name=name) for i in inputs]},
+                    case.rtol, case.atol)
+
+
+def bench_model(name: str, prepared: Prepared, rounds: int, threads: int) -> tuple[list[str], str | None]:
+    """The table rows of one model, and why it was skipped (None when it ran)."""
+    path = prepared.path
     start = time.perf_counter()
     try:
         imported = kiln.import_onnx(path).valid()
@@ -62,16 +97,15 @@ def bench_model(name: str, opset: int, rounds: int, threads: int, folder: Path) 
         return [], "imported, but the TVM build failed: " + str(error).splitlines()[0][:300]
     compile_s = time.perf_counter() - start
     rows = []
-    for batch in (1, 8) if name in CNNS else (1,):
-        xs = inputs_at(example, batch)
-        feeds = dict(zip(names, xs))
+    for batch, xs in prepared.batches.items():
+        feeds = dict(zip(prepared.names, xs))
         runners: dict[str, Runner] = {"kiln": lambda xs=xs: exe(*xs),
                                       "onnxruntime": onnxruntime_runner(path, feeds, threads)}
         ov_run = openvino_runner(path, feeds, threads)
         if ov_run is not None:
             runners["openvino"] = ov_run
         want = runners["onnxruntime"]()[0]
-        np.testing.assert_allclose(np.asarray(exe(*xs)), want, rtol=1e-3, atol=1e-4, err_msg=name)
+        np.testing.assert_allclose(np.asarray(exe(*xs)), want, rtol=prepared.rtol, atol=prepared.atol, err_msg=name)
         per_round = interleaved(runners, rounds)
         for engine, ms in per_round.items():
             ratio = statistics.median(t / k for t, k in zip(ms, per_round["kiln"], strict=True))
@@ -85,6 +119,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--opset", type=int, default=17)
     parser.add_argument("--markdown", help="also write the table to this markdown file")
+    models = [*torch_zoo.zoo(), *(f"light/{n}" for n in LIGHT)]
+    parser.add_argument("--only", action="append", choices=models, help="run this model only (repeatable)")
     args = parser.parse_args()
     os.environ[compile_cache.CACHE_ENV] = tempfile.mkdtemp(prefix="kiln-bench-cache-")  # every build starts cold
     threads = cpu_count()
@@ -92,15 +128,17 @@ def main() -> None:
     peak = peak_gflops(threads)
     peak_note = f", FMA peak {peak:.0f} GFLOP/s (bench/peak.c)" if peak else ""
     lines = [f"`{' '.join(['.venv/bin/python', *sys.argv])}` on {datetime.date.today()}: {cpu_model()}, "
-             f"{threads} threads{peak_note}; opset {args.opset}, {args.rounds} rounds; ms = median / best of "
-             "per-round medians; vs kiln = median of per-round ratios (lower is faster)", "",
+             f"{threads} threads{peak_note}; zoo exports at opset {args.opset}, {args.rounds} rounds; "
+             "ms = median / best of per-round medians; vs kiln = median of per-round ratios (lower is faster)", "",
              "| model | batch | engine | kiln import (s) | kiln compile, cold (s) | ms median | ms best | vs kiln |",
              "|---|---:|---|---:|---:|---:|---:|---:|"]
     skipped = []
     with tempfile.TemporaryDirectory(prefix="kiln-onnx-models-") as tmp:
-        for name in torch_zoo.zoo():
+        for name in args.only or models:
             print(f"{name}:", flush=True)
-            rows, why = bench_model(name, args.opset, args.rounds, threads, Path(tmp))
+            prepared = light_model(name.removeprefix("light/")) if name.startswith("light/") else \
+                zoo_model(name, args.opset, Path(tmp))
+            rows, why = bench_model(name, prepared, args.rounds, threads)
             lines += rows
             if why is not None:
                 skipped.append(f"Note: {name} not benchmarked: {why}")
