@@ -214,7 +214,8 @@ def _dropout(call: NodeCall) -> Output:
     p = 0.5 if ratio is None else float(np.asarray(ratio).reshape(-1)[0])
     if not 0.0 <= p < 1.0:
         raise Unsupported(f"Dropout ratio {p} is outside [0, 1)")
-    seed = int(call.attr("seed", zlib.crc32(call.node.output[0].encode())))  # a name: stable across imports
+    # ONNX's seed is any int64, kiln's non-negative; without one, the output's name: stable across imports
+    seed = int(call.attr("seed", zlib.crc32(call.node.output[0].encode()))) % 2**63
     y = call.emit("dropout", x, training, p=p, seed=seed)
     if not mask:
         return y

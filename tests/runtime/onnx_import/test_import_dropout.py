@@ -58,6 +58,8 @@ def test_training_dropout_is_reproducible_for_a_seed_and_its_output_alone_draws_
     assert not np.array_equal(other[1], first[1])
     unseeded = [interpret(import_graph(dropout_model(np.asarray(True))), [X]) for _ in range(2)]
     assert np.array_equal(unseeded[0][1], unseeded[1][1])
+    negative = [interpret(import_graph(dropout_model(np.asarray(True), seed=-5)), [X]) for _ in range(2)]
+    assert np.array_equal(negative[0][1], negative[1][1])  # ONNX's seed is an int64; negative ones work too
 
 
 def test_training_mode_known_at_run_time_switches_dropout() -> None:
