@@ -78,16 +78,27 @@ def _where(call: OpCall) -> RelaxResult:
 @relax_rule("cast")
 def _cast(call: OpCall) -> RelaxResult:
     """astype, except that a cast to bool tests for nonzero (astype would truncate 0.5 to false), and one to an
-    i4/u4/i2/u2 code truncates to i32 and wraps into the code's range as numpy does (astype to the code's storage
-    byte would wrap modulo 256, and a float outside uint8's range converts to garbage)."""
+    i4/u4/i2/u2 code follows `DType.to_code` (astype to the code's storage byte would wrap modulo 256, and a float
+    outside uint8's range converts to garbage)."""
     x, target = call.args[0], call.attrs["dtype"]
     if target is DType.bool:
         return R.not_equal(x, relax.const(0, call.dtype()))
     if target.is_int_code and call.types[0].dtype is not target:
-        low, high = target.int_range
-        v = R.subtract(R.astype(x, "int32"), relax.const(low, "int32"))
-        x = R.add(R.bitwise_and(v, relax.const(high - low, "int32")), relax.const(low, "int32"))
+        x = _to_code(x, call.types[0].dtype, target)
     return R.astype(x, tvm_dtype(target))
+
+
+def _to_code(x: relax.Expr, source: DType, target: DType) -> relax.Expr:
+    """`DType.to_code` in Relax: a float is truncated and reduced modulo the code's span in f64 (exact: the span is
+    a power of two), NaN and +-inf give 0; the int32 remainder then wraps into the code's range."""
+    low, high = target.int_range
+    if source.is_float:
+        span = relax.const(float(high - low + 1), "float64")
+        wide = R.trunc(R.astype(x, "float64"))
+        wide = R.subtract(wide, R.multiply(R.trunc(R.divide(wide, span)), span))
+        x = R.where(R.isfinite(wide), wide, relax.const(0.0, "float64"))
+    v = R.subtract(R.astype(x, "int32"), relax.const(low, "int32"))
+    return R.add(R.bitwise_and(v, relax.const(high - low, "int32")), relax.const(low, "int32"))
 
 
 def _product(call: OpCall) -> relax.Expr:

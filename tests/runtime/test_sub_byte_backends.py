@@ -91,16 +91,22 @@ def test_a_nonzero_float4_zero_point_is_refused_naming_it() -> None:
 
 def test_tvm_casts_to_codes_wrap_as_numpy_does() -> None:
     """The uint4 casts node_expected_failures_tvm.txt listed: astype to the code's storage byte took -9.0 to
-    garbage (uint8 conversion of a negative float); the cast now wraps into the code's range first."""
-    x = np.concatenate([np.arange(-9, 16), [-0.5, 15.9, -8.7, 300.0, -300.0]]).astype(np.float32)
+    garbage (uint8 conversion of a negative float); the cast now wraps into the code's range first, by
+    `DType.to_code`'s rule also where int32 cannot hold the value (an f64 2**40 + 3 is 3 mod 16, not int32's
+    out-of-range garbage), and NaN/inf give 0."""
+    x = np.concatenate([np.arange(-9, 16), [-0.5, 15.9, -8.7, 300.0, -300.0, np.nan, np.inf, -np.inf]])
+    wide = np.float64([2.0**40 + 3, -(2.0**40) - 5, 2.0**52 + 6, np.nan, -np.inf])
     codes = (DType.u4, DType.i4, DType.u2, DType.i2)
     b = Builder("M")
     v, h = b.input("x", ((len(x),), "f32")), b.input("h", ((len(x),), "f16"))
+    w = b.input("w", ((len(wide),), "f64"))
     outs = [b.cast(v, dtype=d) for d in codes] + [b.cast(h, dtype=d) for d in codes]
+    outs += [b.cast(w, dtype=d) for d in codes]
     b.ret(*outs, *(b.cast(o, dtype=DType.f32) for o in outs[:4]), b.cast(outs[0], dtype=DType.i2))
     graph = b.build()
-    got = compile_graph(graph, cache=False)(x, x.astype(np.float16))
-    want = interpret(graph, [x, x.astype(np.float16)])  # kiln's rule, checked in tests/ir/test_sub_byte_dtypes.py
+    inputs = [x.astype(np.float32), x.astype(np.float16), wide]
+    got = compile_graph(graph, cache=False)(*inputs)
+    want = interpret(graph, inputs)  # kiln's rule, checked in tests/ir/test_sub_byte_dtypes.py
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and np.array_equal(g.astype(np.float32), w.astype(np.float32)), (g, w)
 
