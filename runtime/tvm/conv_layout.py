@@ -52,24 +52,32 @@ def pack_te(w: te.Tensor, block: int) -> te.Tensor:
         ob * block + v < o, w[tirx.min(ob * block + v, o - 1), c, y, x], tirx.const(0, w.dtype)), name="pack")
 
 
-def blocked_conv(xb: te.Tensor, wp: te.Tensor, in_channels: int, strides: list[int], padding: list[int],
+def blocked_conv(x: te.Tensor, wp: te.Tensor, in_channels: int, strides: list[int], padding: list[int],
                  dilation: list[int]) -> te.Tensor:
-    """NCHW[b]c in and out (b = `wp.shape[-1]`): the sum over the `in_channels` real input channels walks them block
-    by block, so the padding channels of `xb` are never read; the zero padding of the map is folded in."""
-    n, _, h, w, block = (int(d) for d in xb.shape)
-    _, _, kh, kw, _ = (int(d) for d in wp.shape)
+    """NCHW[b]c out (b = `wp.shape[-1]`), from an NCHW[b]c `x` inside a region or an NCHW one at its start (read in
+    place: converting the input first cost a copy as slow as a strided conv). The sum over the `in_channels` real
+    input channels walks them block by block, never reading padding channels; the map's zero padding is folded in."""
+    n, _, h, w = (int(d) for d in x.shape[:4])
+    _, _, kh, kw, block = (int(d) for d in wp.shape)
     top, left, bottom, right = padding
-    xp = topi.nn.pad(xb, [0, 0, top, left, 0], [0, 0, bottom, right, 0]) if any(padding) else xb
+    pads = ([0, 0, top, left], [0, 0, bottom, right]) if len(x.shape) == 4 else \
+        ([0, 0, top, left, 0], [0, 0, bottom, right, 0])
+    xp = topi.nn.pad(x, *pads) if any(padding) else x
+
+    def read(b: tirx.Var, c: tirx.Var, i: tirx.Expr, j: tirx.Expr) -> tirx.Expr:
+        return xp[b, c, i, j] if len(x.shape) == 4 else xp[b, c // block, i, j, c % block]
+
     oh = (h + top + bottom - dilation[0] * (kh - 1) - 1) // strides[0] + 1
     ow = (w + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
     rc, ry, rx = te.reduce_axis((0, in_channels), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
     return te.compute((n, wp.shape[0], oh, ow, block), lambda b, o, i, j, v: te.sum(
-        xp[b, rc // block, i * strides[0] + ry * dilation[0], j * strides[1] + rx * dilation[1], rc % block]
-        * wp[o, rc, ry, rx, v], axis=[rc, ry, rx]), name="conv_blocked")
+        read(b, rc, i * strides[0] + ry * dilation[0], j * strides[1] + rx * dilation[1]) * wp[o, rc, ry, rx, v],
+        axis=[rc, ry, rx]), name="conv_blocked")
 
 
 def to_blocked(x: te.Tensor, block: int) -> te.Tensor:
-    """`[N, C, ...]` as `[N, ceil(C / block), ..., block]`, zero past C: the one conversion into a blocked region."""
+    """`[N, C, ...]` as `[N, ceil(C / block), ..., block]`, zero past C: an NCHW operand of a blocked elementwise op
+    (a residual's skip branch, a per-channel vector)."""
     n, c, *rest = (int(d) for d in x.shape)
     return te.compute((n, -(-c // block), *rest, block), lambda b, cb, *ix: tirx.if_then_else(
         cb * block + ix[-1] < c, x[(b, tirx.min(cb * block + ix[-1], c - 1), *ix[:-1])], tirx.const(0, x.dtype)),

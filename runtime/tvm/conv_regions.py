@@ -3,10 +3,10 @@
 relu/clip, batch norm's scale and shift, a residual add) and into the next blocked conv.
 
 Every value of a region is also bound in NCHW (`from_blocked` of its blocked form), for the consumers that are not
-blocked (pooling, flatten, matmul, the function's outputs); dead code elimination drops the unread ones, so a
-chain converts once on the way in and once on the way out. An NCHW operand of a blocked op (a graph input, the
-skip branch of a residual add) is converted once, and a per-channel one (a bias `[C, 1, 1]`) is blocked as a
-`[1, C, 1, 1]` map, which FoldConstant packs at build time when it is a constant.
+blocked (pooling, flatten, matmul, the function's outputs); dead code elimination drops the unread ones. A region's
+first conv reads its NCHW input in place, so a chain converts once, on the way out. An NCHW operand of a blocked
+elementwise op (the skip branch of a residual add) is converted once (`to_blocked`), and a per-channel one (a bias
+`[C, 1, 1]`) is blocked as a `[1, C, 1, 1]` map, which FoldConstant packs at build time when it is a constant.
 """
 
 from __future__ import annotations
@@ -110,7 +110,8 @@ class _Regions(PyExprMutator):
             wp = self.builder_.emit(self.builder_.call_te(pack_te, w, self.block,
                                                           primfunc_name_hint="pack_conv_weight"))
         ints = [[int(v) for v in vs] for vs in (a.strides, a.padding, a.dilation)]
-        return self.builder_.call_te(blocked_conv, self._to_blocked(call.args[0]), wp, x_shape[1], *ints,
+        x = call.args[0]
+        return self.builder_.call_te(blocked_conv, self.blocked.get(x, x), wp, x_shape[1], *ints,
                                      primfunc_name_hint=BLOCKED_NAME)
 
     def _elementwise(self, call: relax.Call, out: list[int]) -> relax.Expr | None:
