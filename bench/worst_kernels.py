@@ -9,8 +9,9 @@ Run from the repository root:
 Times are process CPU time (best of 5 blocks of 3 calls), which a host shared with other jobs distorts less than
 the wall clock; onnxruntime runs the same kernel as one ONNX node (conv weights as initializers, which MLAS
 pre-packs) in the same process, right after kiln's. Conv weights are bound constants in kiln's build too (as a
-`params="bound"` build makes them), so its layout step packs them once at build time; the "kiln NCHW" column is
-the same build with that step off (`cpu_pipeline(block_convs=False)`).
+`params="bound"` build makes them), so its layout step packs them once at build time and keeps a block's
+activations NCHW[x]c from conv to conv (`runtime/tvm/conv_regions.py`); the "kiln NCHW" column is the same build
+with that step off (`cpu_pipeline(block_convs=False)`).
 """
 
 from __future__ import annotations

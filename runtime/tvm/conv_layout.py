@@ -1,32 +1,22 @@
-"""Conv2d with output channels in blocks of one vector (NCHW[x]c inside the kernel): a Relax rewrite before
-legalization, which the CPU model decides per conv and which packs a bound weight once, at build time.
+"""The NCHW[x]c layout of blocked convs: which convs the CPU model blocks, the packed weight, the blocked conv kernel
+and the conversions in and out of a blocked region (`conv_regions.py` is the Relax rewrite that places them).
 
 A 3x3 conv whose output width fills its vector tiles badly (28 = 14 + 14 columns, 8 + 6 lanes each; 14) ran at a
 third of onnxruntime's speed. Computed as `y[n, o // b, h, w, o % b]` with the weight stored
 `[O / b, I, KH, KW, b]` (b = vector lanes, zero rows past O), `CPUMatmul` vectorizes over output channels and
-tiles output columns as its rows, reading one contiguous weight vector per reduction step; the result goes back to
-NCHW in the same kernel. A weight that is a constant (`params="bound"`) is packed here, in numpy; any other
-weight (`params="inputs"`) gets the packing as a kernel of the program.
+tiles output columns as its rows, reading one contiguous weight vector per reduction step. Activations stay in
+that layout between blocked convs and the elementwise ops between them; a weight that is a constant
+(`params="bound"`) is packed in numpy at build time, any other weight (`params="inputs"`) by a kernel of the program.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import tvm
-from tvm import relax, te, tirx, topi
-from tvm.relax.expr_functor import PyExprMutator, mutator
-from tvm.target import Target
+from tvm import te, tirx, topi
 
-from .cpu import cpu_model
 from .schedules.matmul import CPUMatmul
 
 BLOCKED_NAME = "conv2d_nchw_blocked"  # the PrimFunc name hint of a blocked conv (its block is `conv_blocked`)
-_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
-
-
-def _static(shape: relax.Expr) -> list[int] | None:
-    dims = getattr(shape, "values", None)
-    return [int(d) for d in dims] if dims is not None and all(isinstance(d, tirx.IntImm) for d in dims) else None
 
 
 def lanes_filled(extent: int, tile: int, lanes: int) -> float:
@@ -35,14 +25,17 @@ def lanes_filled(extent: int, tile: int, lanes: int) -> float:
 
 
 def blocks_output_channels(out_channels: int, out_width: int, rule: CPUMatmul) -> bool:
-    """Whether vectors over output channels fill more lanes than vectors along the output width, as `rule` (a
-    `CPUMatmul` sized `for_cpu`) tiles it. A map narrower than one vector stays NCHW: the rule tiles it several
-    output rows at a time, while blocked its few columns leave a ragged row tile (7-wide maps ran 1.1-1.7x slower)."""
+    """Whether vectors over output channels fill at least as many lanes as vectors along the output width, as `rule`
+    (a `CPUMatmul` sized `for_cpu`) tiles it. On a tie blocked wins: its vector operand is the packed weight, read
+    aligned and reused by every output pixel, where NCHW's is the input map at `ow + kw` (with activations blocked
+    between convs nothing is converted; the 1x1 conv 64x56² -> 256 ran 1.8x faster blocked on AVX2). A map
+    narrower than one vector stays NCHW: the rule tiles it several output rows at a time, while blocked its few
+    columns leave a ragged row tile (7-wide maps ran 1.1-1.5x slower)."""
     lanes = rule.lanes or 1
     if out_width < lanes:
         return False
     width = lanes_filled(out_width, rule.vector_tile(tirx.IntImm("int32", out_width)), lanes)
-    return lanes_filled(out_channels, lanes, lanes) > width
+    return lanes_filled(out_channels, lanes, lanes) >= width
 
 
 def pack_weight(w: np.ndarray, block: int) -> np.ndarray:
@@ -53,65 +46,45 @@ def pack_weight(w: np.ndarray, block: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(-1, block, *w.shape[1:]).transpose(0, 2, 3, 4, 1))
 
 
-def _pack_te(w: te.Tensor, block: int) -> te.Tensor:
+def pack_te(w: te.Tensor, block: int) -> te.Tensor:
     o, i, kh, kw = (int(d) for d in w.shape)
     return te.compute((-(-o // block), i, kh, kw, block), lambda ob, c, y, x, v: tirx.if_then_else(
         ob * block + v < o, w[tirx.min(ob * block + v, o - 1), c, y, x], tirx.const(0, w.dtype)), name="pack")
 
 
-def _blocked_conv(x: te.Tensor, wp: te.Tensor, out_channels: int, strides: list[int], padding: list[int],
-                  dilation: list[int]) -> te.Tensor:
-    """NCHW in and out, the sums over blocks of `wp.shape[-1]` output channels."""
-    n, c, h, w = (int(d) for d in x.shape)
+def blocked_conv(x: te.Tensor, wp: te.Tensor, in_channels: int, strides: list[int], padding: list[int],
+                 dilation: list[int]) -> te.Tensor:
+    """NCHW[b]c out (b = `wp.shape[-1]`), from an NCHW[b]c `x` inside a region or an NCHW one at its start (read in
+    place: converting the input first cost a copy as slow as a strided conv). The sum over the `in_channels` real
+    input channels walks them block by block, never reading padding channels; the map's zero padding is folded in."""
+    n, _, h, w = (int(d) for d in x.shape[:4])
     _, _, kh, kw, block = (int(d) for d in wp.shape)
     top, left, bottom, right = padding
-    xp = topi.nn.pad(x, [0, 0, top, left], [0, 0, bottom, right]) if any(padding) else x
+    pads = ([0, 0, top, left], [0, 0, bottom, right]) if len(x.shape) == 4 else \
+        ([0, 0, top, left, 0], [0, 0, bottom, right, 0])
+    xp = topi.nn.pad(x, *pads) if any(padding) else x
+
+    def read(b: tirx.Var, c: tirx.Var, i: tirx.Expr, j: tirx.Expr) -> tirx.Expr:
+        return xp[b, c, i, j] if len(x.shape) == 4 else xp[b, c // block, i, j, c % block]
+
     oh = (h + top + bottom - dilation[0] * (kh - 1) - 1) // strides[0] + 1
     ow = (w + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
-    rc, ry, rx = te.reduce_axis((0, c), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
-    y = te.compute((n, wp.shape[0], oh, ow, block), lambda b, o, i, j, v: te.sum(
-        xp[b, rc, i * strides[0] + ry * dilation[0], j * strides[1] + rx * dilation[1]] * wp[o, rc, ry, rx, v],
+    rc, ry, rx = te.reduce_axis((0, in_channels), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+    return te.compute((n, wp.shape[0], oh, ow, block), lambda b, o, i, j, v: te.sum(
+        read(b, rc, i * strides[0] + ry * dilation[0], j * strides[1] + rx * dilation[1]) * wp[o, rc, ry, rx, v],
         axis=[rc, ry, rx]), name="conv_blocked")
-    return te.compute((n, out_channels, oh, ow), lambda b, o, i, j: y[b, o // block, i, j, o % block], name="unblock")
 
 
-@mutator
-class _Blocker(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, rule: CPUMatmul) -> None:
-        super().__init__(mod)
-        self.rule = rule
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if call.op != _CONV2D:
-            return call
-        a = call.attrs
-        x_shape, w_shape = (_static(arg.ty.shape) for arg in call.args)
-        out = _static(call.ty.shape)
-        plain = (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "OIHW", "NCHW") and int(a.groups) == 1
-        f32 = all(arg.ty.dtype == "float32" for arg in call.args) and call.ty.dtype == "float32"
-        if not (plain and f32 and x_shape and w_shape and out
-                and blocks_output_channels(out[1], out[3], self.rule)):
-            return call
-        block, w = self.rule.lanes, call.args[1]
-        if isinstance(w, tvm.ir.Constant):
-            wp: relax.Expr = relax.const(pack_weight(w.value.numpy(), block))
-        else:
-            wp = self.builder_.emit(self.builder_.call_te(_pack_te, w, block, primfunc_name_hint="pack_conv_weight"))
-        ints = [[int(v) for v in vs] for vs in (a.strides, a.padding, a.dilation)]
-        return self.builder_.call_te(_blocked_conv, call.args[0], wp, out[1], *ints, primfunc_name_hint=BLOCKED_NAME)
+def to_blocked(x: te.Tensor, block: int) -> te.Tensor:
+    """`[N, C, ...]` as `[N, ceil(C / block), ..., block]`, zero past C: an NCHW operand of a blocked elementwise op
+    (a residual's skip branch, a per-channel vector)."""
+    n, c, *rest = (int(d) for d in x.shape)
+    return te.compute((n, -(-c // block), *rest, block), lambda b, cb, *ix: tirx.if_then_else(
+        cb * block + ix[-1] < c, x[(b, tirx.min(cb * block + ix[-1], c - 1), *ix[:-1])], tirx.const(0, x.dtype)),
+        name="to_blocked")
 
 
-def block_conv_channels(target: Target) -> tvm.transform.Pass:
-    """The module pass rewriting the convs `blocks_output_channels` picks for `target`'s CPU."""
-    rule = CPUMatmul().for_cpu(cpu_model(target))
-
-    @tvm.transform.module_pass(opt_level=0, name="KilnBlockConvChannels")
-    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        blocker = _Blocker(mod, rule)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                blocker.builder_.update_func(gvar, blocker.visit_expr(func))
-        return blocker.builder_.get()
-
-    return _pass
+def from_blocked(xb: te.Tensor, channels: int) -> te.Tensor:
+    """The inverse of `to_blocked`: the `channels` real channels back in NCHW order."""
+    n, _, *rest, block = (int(d) for d in xb.shape)
+    return te.compute((n, channels, *rest), lambda b, c, *ix: xb[(b, c // block, *ix, c % block)], name="from_blocked")

@@ -25,7 +25,7 @@ from tvm.target import Target
 
 from kiln.runtime.tvm.schedules.fastmath import fast_math_passes
 
-from .conv_layout import block_conv_channels
+from .conv_regions import block_conv_regions
 from .output_fusion import fuse_output_producers
 from .schedules import Safe, default_cpu_rules
 from .target import configure_threads
@@ -64,7 +64,7 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
     `block_convs=False` keeps every conv NCHW (the A/B of `bench/worst_kernels.py`, the width-tile tests)."""
     return [relax.transform.DeadCodeElimination(),  # a weight decoded inside its matmul leaves its dequantize unused
             *(fast_math_passes() if fast_math else []), *cpu_passes.library_dispatch_passes(target),
-            *([block_conv_channels(target)] if block_convs else []),  # NCHW[x]c convs where the CPU model says so
+            *([block_conv_regions(target)] if block_convs else []),  # NCHW[x]c conv regions where the CPU model says so
             *_with_output_fusion(cpu_passes.legalize_passes(target))]
 
 

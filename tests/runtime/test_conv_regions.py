@@ -1,0 +1,147 @@
+"""Blocked regions (issue 13: "conv weights and activations in a blocked channel layout (NCHW[x]c, as onnxruntime's
+MLAS and oneDNN use) with layout changes only at the boundaries of blocked regions, padding folded into the conv
+kernel"): where the rewrite converts, and chains of convs and elementwise ops against torch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+from kiln.ir import Builder
+from kiln.runtime.tvm import compile_cache
+from kiln.runtime.tvm.calibrate import relax_module
+from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.conv_layout import BLOCKED_NAME
+from kiln.runtime.tvm.conv_regions import block_conv_regions
+from kiln.runtime.tvm.lower import lower
+from kiln.runtime.tvm.pipeline import cpu_fusion_passes, cpu_pipeline
+from kiln.runtime.tvm.target import cpu_target
+
+TARGET = cpu_target()
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+nn = relax.op.nn
+RNG = np.random.default_rng(0)
+W1, W2, W3 = (RNG.standard_normal(s).astype(np.float32) / 8 for s in ((36, 20, 3, 3), (36, 36, 1, 1), (36, 36, 3, 3)))
+BIAS, SCALE, SHIFT = (RNG.standard_normal((36, 1, 1)).astype(np.float32) for _ in range(3))
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: pytest.TempPathFactory) -> Iterator[None]:
+    """Builds go to a cache of this test's own, never to ~/.cache/kiln."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(compile_cache.CACHE_ENV, str(tmp_path))
+        yield
+    compile_cache.clear_memory()
+
+
+def _chain(x: relax.Expr) -> relax.Expr:
+    """3x3/s2 conv + bias + relu, 1x1 conv + batch norm as scale/shift + clip, 3x3 conv + residual add of the first
+    relu + relu: 20 and 36 channels (no multiple of 8 or 16 lanes) on 18-wide maps, blocked on AVX2 and AVX-512."""
+    c = relax.const
+    a = nn.relu(relax.op.add(nn.conv2d(x, c(W1), strides=2, padding=1), c(BIAS)))
+    b = relax.op.clip(relax.op.add(relax.op.multiply(nn.conv2d(a, c(W2)), c(SCALE)), c(SHIFT)), 0, 6)
+    return nn.relu(relax.op.add(nn.conv2d(b, c(W3), padding=1), a))
+
+
+def _torch_chain(x: np.ndarray) -> np.ndarray:
+    t = {k: torch.from_numpy(v).double() for k, v in dict(x=x, w1=W1, w2=W2, w3=W3, b=BIAS, s=SCALE, h=SHIFT).items()}
+    a = torch.relu(torch.nn.functional.conv2d(t["x"], t["w1"], stride=2, padding=1) + t["b"])
+    b = torch.clip(torch.nn.functional.conv2d(a, t["w2"]) * t["s"] + t["h"], 0, 6)
+    return torch.relu(torch.nn.functional.conv2d(b, t["w3"], padding=1) + a).numpy()
+
+
+def _calls(mod: tvm.IRModule, target: tvm.target.Target) -> list[str]:
+    """The PrimFuncs the module's one function calls after the region rewrite, in order, without the per-channel
+    packs (kernels of constants, which FoldConstant runs at build time) and the suffixes that make names unique."""
+    with target:
+        out = block_conv_regions(target)(mod)
+    main = next(f for _, f in out.functions_items() if isinstance(f, relax.Function))
+    calls = [b.value for block in main.body.blocks for b in block.bindings
+             if isinstance(b.value, relax.Call) and b.value.op == tvm.ir.Op.get("relax.call_tir")]
+    names = [call.args[0].name_hint.rstrip("0123456789") for call in calls]
+    return [n for n in names if n != "pack_per_channel"]
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_three_conv_chain_converts_once_in_and_once_out(target: tvm.target.Target) -> None:
+    """"layout changes only at the boundaries of blocked regions": the chain's three convs, its bias, scale/shift,
+    clip, relus and the residual add of two blocked values run blocked between the first conv, which reads the NCHW
+    input in place, and one `from_blocked` of the result."""
+    names = _calls(relax_module([(2, 20, 36, 36)], _chain), target)
+    assert names == [BLOCKED_NAME, BLOCKED_NAME, BLOCKED_NAME, "from_blocked"], names
+
+
+def test_a_pooling_consumer_is_a_region_boundary() -> None:
+    """Pooling has no blocked form: the conv before it converts out (the pool, a Relax op, reads that NCHW value),
+    the conv after it reads the pool's NCHW result in place; an NCHW value read by a blocked add (the skip branch
+    `x`) is converted by `to_blocked`."""
+    def body(x: relax.Expr) -> relax.Expr:
+        y = nn.relu(nn.conv2d(x, relax.const(W3), padding=1))
+        return relax.op.add(nn.conv2d(nn.max_pool2d(y, 3, 1, 1), relax.const(W3), padding=1), x)
+    names = _calls(relax_module([(2, 36, 18, 18)], body), AVX2)
+    assert names == [BLOCKED_NAME, "from_blocked", BLOCKED_NAME, "to_blocked", "from_blocked"], names
+
+
+def test_without_block_convs_the_program_stays_nchw() -> None:
+    """`block_convs=False` gives the old program: NCHW convs, no conversion."""
+    with AVX2:
+        out = tvm.transform.Sequential(cpu_fusion_passes(AVX2, fast_math=False, block_convs=False))(
+            relax_module([(2, 20, 36, 36)], _chain))
+    names = [g.name_hint for g, f in out.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert not [n for n in names if "blocked" in n] and any("conv2d" in n for n in names), names
+
+
+def _run(mod: tvm.IRModule, *args: np.ndarray) -> np.ndarray:
+    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math=False))
+    return relax.VirtualMachine(exe, tvm.cpu())["main"](*(tvm.runtime.tensor(a) for a in args)).numpy()
+
+
+def test_the_blocked_chain_matches_torch() -> None:
+    """The chain above (batch 2, strided, 1x1, 3x3, bias, scale/shift, clip, residual) equals torch's."""
+    x = RNG.standard_normal((2, 20, 36, 36)).astype(np.float32)
+    assert BLOCKED_NAME in _calls(relax_module([x.shape], _chain), TARGET)
+    np.testing.assert_allclose(_run(relax_module([x.shape], _chain), x), _torch_chain(x), rtol=1e-4, atol=1e-4)
+
+
+def _kiln_graph() -> tuple[object, dict[str, np.ndarray]]:
+    """conv + bias -> batch norm (running statistics) -> relu -> conv on 20 channels, 18 wide, batch 2, as kiln's
+    layers lower them (the batch norm as subtract, multiply and add of per-channel vectors)."""
+    rng = np.random.default_rng(2)
+    shapes = dict(w1=(20, 20, 3, 3), b1=(20,), gamma=(20,), beta=(20,), mean=(20,), var=(20,), w2=(20, 20, 3, 3))
+    data = {k: rng.standard_normal(s).astype(np.float32) / 4 for k, s in shapes.items()}
+    data["var"] = np.abs(data["var"]) + 0.5
+    b = Builder("Block")
+    x = b.input("x", ((2, 20, 18, 18), "f32"))
+    p = {k: b.param(k, v.shape, data=v) for k, v in data.items()}
+    y = b.conv2d(x, p["w1"], p["b1"], padding=(1, 1))
+    y = b.relu(b.batch_norm(y, p["gamma"], p["beta"], p["mean"], p["var"], b.flag("training", False))[0])
+    b.ret(b.conv2d(y, p["w2"], padding=(1, 1)))
+    return b.build(), data
+
+
+def test_a_kiln_conv_batch_norm_relu_conv_is_one_region() -> None:
+    """Batch norm with running statistics folds to a per-channel scale and shift: kiln's lowering of conv, batch
+    norm, relu, conv reads NCHW once (the first conv) and converts once out."""
+    names = _calls(lower(_kiln_graph()[0]).module, AVX2)
+    assert names == [BLOCKED_NAME, BLOCKED_NAME, "from_blocked"], names
+
+
+@pytest.mark.parametrize("params", ["bound", "inputs"])
+def test_the_kiln_block_matches_torch(params: str) -> None:
+    """The block above through `compile_graph`, weights bound (packed at build time) or inputs (packed by kernels),
+    against torch's conv2d and batch_norm in eval mode."""
+    graph, d = _kiln_graph()
+    x = np.random.default_rng(3).standard_normal((2, 20, 18, 18)).astype(np.float32)
+    got = compile_graph(graph, target=TARGET, params=params, fast_math=False)(x)
+    t = {k: torch.from_numpy(v).double() for k, v in d.items()}
+    y = torch.nn.functional.conv2d(torch.from_numpy(x).double(), t["w1"], t["b1"], padding=1)
+    y = torch.relu(torch.nn.functional.batch_norm(y, t["mean"], t["var"], t["gamma"], t["beta"], eps=1e-5))
+    want = torch.nn.functional.conv2d(y, t["w2"], padding=1).numpy()
+    np.testing.assert_allclose(np.asarray(got[0] if isinstance(got, (list, tuple)) else got), want,
+                               rtol=1e-4, atol=1e-4)
