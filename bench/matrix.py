@@ -3,7 +3,8 @@ torch eager, with GFLOP/s and % of the measured FMA peak, on MLPs, encoder layer
 
     .venv/bin/python bench/matrix.py [--rounds 3] [--only SUBSTRING] [--markdown out.md]
 
-Rows: the MLP 784-512-512-10 at batch 1 and 256; encoder layers (`inference.encoder_widths(d)`: d/64 heads, 4d) with
+Rows: the MLP 784-512-512-10 at batch 1 and 256, the odd MLP 37-77-1000-10 at batch 7; encoder layers
+(`inference.encoder_widths(d)`: d/64 heads, 4d) with
 d = 256/512/768 at batch 1 x 128 and 8 x 128 tokens; conv 1x1, 3x3, depthwise 3x3 and strided 3x3/2 at 56² (64
 channels), 28² (128), 14² (256) and 7² (512), batch 1. onnxruntime and both OpenVINO columns run one ONNX file
 (`kiln.runtime.onnx.export`) with all graph optimizations; OpenVINO f32 is `INFERENCE_PRECISION_HINT=f32`,
@@ -58,6 +59,8 @@ def _torch_conv(stride: int, padding: int, groups: int) -> Callable[[Weights, st
 def rows() -> list[Workload]:
     mlp = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
     out = [Workload(f"mlp b{b} 784-512-512-10", mlp, (b, 784), torch_mlp) for b in (1, 256)]
+    odd = nn.Sequential(nn.Linear(37, 77), nn.ReLU(), nn.Linear(77, 1000), nn.ReLU(), nn.Linear(1000, 10))
+    out.append(Workload("mlp b7 37-77-1000-10", odd, (7, 37), torch_mlp))  # issue 13's widths no vector divides
     for d in (256, 512, 768):
         layer = nn.TransformerEncoderLayer(*encoder_widths(d))
         out += [Workload(f"encoder d{d} {b}x128", layer, (b, 128, d), torch_encoder(*encoder_widths(d)))

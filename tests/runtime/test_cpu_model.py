@@ -243,3 +243,27 @@ def test_kiln_calibrate_show_prints_the_model_and_times_nothing(cache: Path, cap
     out = capsys.readouterr().out
     assert out.startswith(f"cpu: {cpu_model(cpu_target()).describe()}\n") and "none (the model decides)" in out
     assert not (cache / "calibration").exists()
+
+
+def _matmul_schedule(target: Target, m: int, k: int, n: int) -> str:
+    """The TIR CPUMatmul gives the `m x k x n` matmul for `target`."""
+    mod = relax.transform.LegalizeOps()(calibrate_mod.relax_module([(m, k), (k, n)], relax.op.matmul))
+    (func,) = [f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    with target:
+        return CPUMatmul().apply(func, target, False).mod["main"].script()
+
+
+@pytest.mark.parametrize(("target", "width"), [(HASWELL, 64), (AVX512, 256)], ids=["avx2", "avx512"])
+def test_batch1_matmul_tile_fills_the_accumulators(target: Target, width: int) -> None:
+    """A batch-1 matmul (a GEMV) keeps as many vector sums in flight as the model's accumulators, 8 x 8 lanes on
+    AVX2 and 16 x 16 on AVX-512, not the `TILE_VECTORS` of a row tile (13% of peak on Zen 3); batch 256 keeps `nr`."""
+    rule = CPUMatmul().for_cpu(cpu_model(target))
+    assert rule.lanes * rule.accumulators == width
+    assert f"T.vectorized(T.int64({width}))" in _matmul_schedule(target, 1, 784, 512)
+    assert f"T.vectorized(T.int64({rule.nr}))" in _matmul_schedule(target, 256, 784, 512)
+
+
+def test_avx512_batch1_matmul_emits_zmm() -> None:
+    """The widened batch-1 tile on `-mcpu=skylake-avx512` is zmm code (32 registers x 16 lanes)."""
+    asm, _ = _asm(AVX512, [(1, 784), (784, 512)], relax.op.matmul)
+    assert "zmm" in _vector_registers(asm)

@@ -91,11 +91,13 @@ def _fuse_into_store(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, result
 
     Only blocks that iterate exactly over `result` and read it at their own iteration point qualify:
     on a broadcasting epilogue reverse_compute_inline can fail with an internal error rather than a
-    ScheduleError.
+    ScheduleError. A unit dim of `result` read at 0 needs no iterator (a batch-1 layer's bias and relu).
     """
     stmt = sch.get(block)
     iter_vars = [iv.var for iv in stmt.iter_vars]
-    regions = [r.region for r in stmt.reads if r.source.same_as(result)]
+    regions = [[r for r, size in zip(access.region, result.shape, strict=True)
+                if not (static_extent(size) == 1 and isinstance(r.min, tirx.IntImm) and r.min.value == 0)]
+               for access in stmt.reads if access.source.same_as(result)]
     pointwise = all(
         len(region) == len(iter_vars) and all(r.min.same_as(v) for r, v in zip(region, iter_vars))
         for region in regions
@@ -258,9 +260,17 @@ class CPUMatmul(dl.ScheduleRule):
                 schedule_elementwise(sch, block, self.lanes)
         return sch
 
-    def vector_tile(self, extent: tirx.Expr) -> int:
-        """Columns of C in one register tile (`nr`, or a divisor of the extent of at least 8)."""
-        return split_factor(extent, self.nr, 8)
+    def vector_tile(self, extent: tirx.Expr, rows: int | None = None) -> int:
+        """Columns of C in one register tile (`nr`, or a divisor of the extent of at least 8).
+
+        A matmul of fewer than `mr` rows (`rows`: a GEMV at batch 1) widens the tile to as many vectors as its rows
+        leave accumulators for: at 1 x `nr` only `TILE_VECTORS` sums are in flight, too few to hide the FMA
+        latency, and the 1x784x512 layer ran at 13% of peak (13.6 GB/s of weight) on a Zen 3 core.
+        """
+        width = self.nr
+        if rows is not None and 0 < rows < self.mr:
+            width = max(width, self.lanes * (self.accumulators // rows))
+        return split_factor(extent, width, 8)
 
     def _pad_tails(self, sch: s_tir.Schedule, info: dl.SBlockInfo, roles: _Contraction) -> bool:
         """Pad a symbolic row extent (a dynamic batch) to a multiple of `mr`, and the columns of a batched matmul
@@ -268,7 +278,10 @@ class CPUMatmul(dl.ScheduleRule):
 
         Columns: a vector tile with a predicated tail is not vectorized, so the 48x197x64x197 attention matmul ran
         at 2 GFLOP/s (24x onnxruntime); padded, the B copy and a guarded store cost one pass over B and C each and
-        it ran at 21-27 (2.1x). Unbatched matmuls keep their tail (their epilogue stays in the register store).
+        it ran at 21-27 (2.1x). Unbatched matmuls keep their tail (their epilogue stays in the register store),
+        except a width between one vector and `nr` that is no multiple of the vector (an MLP's 10 outputs: 8 + a
+        2-lane vector built element by element) under at least `mr` rows, which pay for the B copy: 256x512x10 ran
+        0.159 -> 0.068 ms, 7x1000x10 0.017 -> 0.007 (Zen 3, one core).
 
         Splitting the symbolic loop directly guards the tail with a predicate on every block of the
         tile, and TVM's buffer compaction then cannot shrink the accumulator below the whole symbolic
@@ -282,8 +295,12 @@ class CPUMatmul(dl.ScheduleRule):
         if roles.row is not None and static_extent(loop_extent(sch, roles.row)) is None:
             factors[roles.row] = self.mr
         batch = [static_extent(loop_extent(sch, loop)) for loop in roles.spatial]
-        if (roles.line is None and None not in batch and math.prod(batch) > 1
-                and self._ragged(loop_extent(sch, roles.vector), self.nr, 8)):
+        width = static_extent(loop_extent(sch, roles.vector))
+        rows = 1 if roles.row is None else static_extent(loop_extent(sch, roles.row))
+        if (roles.line is None and None not in batch and (math.prod(batch) > 1
+                and self._ragged(loop_extent(sch, roles.vector), self.nr, 8)
+                or width is not None and self.lanes < width < self.nr and width % self.lanes
+                and rows is not None and rows >= self.mr)):
             factors[roles.vector] = self.nr
         if not factors:
             return False
@@ -336,7 +353,9 @@ class CPUMatmul(dl.ScheduleRule):
         padded: bool = False,
     ) -> None:
         """Tile, reorder, cache the accumulator in registers, fuse the epilogue and annotate loops."""
-        vec_o, vec_i = sch.split(roles.vector, [None, self.vector_tile(loop_extent(sch, roles.vector))])
+        rows = None if roles.line is not None else (
+            1 if roles.row is None else static_extent(loop_extent(sch, roles.row)))  # of C in the register tile
+        vec_o, vec_i = sch.split(roles.vector, [None, self.vector_tile(loop_extent(sch, roles.vector), rows)])
         panel, vec_o = self._column_panels(sch, main, roles, vec_o, vec_i)
         rows, lines = self._tile_shape(sch, roles, static_extent(loop_extent(sch, vec_i)), bool(panel))
         row_tile: list[s_tir.schedule.LoopRV] = []
@@ -385,7 +404,9 @@ class CPUMatmul(dl.ScheduleRule):
         A matmul whose vector operand streams from L2 in panels takes at least `PANEL_TILE_ROWS` rows: every row
         tile re-reads its panel, and with 16 vector registers (AVX2: `mr` 4) that traffic, not the FMAs, bounds
         it; x86 FMAs take the vector operand from memory, so the extra sums fit. On a Zen 3 core the 256x1024x1024
-        matmul ran at 37% of peak with 4x16 tiles and 74% with 8x16; AVX-512's 8x32 is unchanged.
+        matmul ran at 37% of peak with 4x16 tiles and 74% with 8x16; AVX-512's 8x32 is unchanged. A static row
+        count `mr` does not divide takes up to `PANEL_TILE_ROWS` rows for the same reason, so an odd batch of 7 is one
+        tile rather than 4 rows and a predicated 3 (the 7x77x1000 layer: 34% -> 57% of peak on Zen 3).
 
         Every k step loads one broadcast per row and one vector per line and vector tile, for rows x lines x
         vectors FMAs, so of the shapes that fit `accumulators` registers the one with the fewest loads per FMA
@@ -396,7 +417,11 @@ class CPUMatmul(dl.ScheduleRule):
             return 1 if roles.row is None else split_factor(loop_extent(sch, roles.row), mr, 4)
 
         if roles.line is None or width is None:
-            return rows_of(max(self.mr, PANEL_TILE_ROWS) if panelled else self.mr), 1
+            rows = rows_of(max(self.mr, PANEL_TILE_ROWS) if panelled else self.mr)
+            count = None if roles.row is None else static_extent(loop_extent(sch, roles.row))
+            if count is not None and count % rows:  # (a symbolic count is padded to `mr` rows already)
+                rows = max(rows, rows_of(max(self.mr, PANEL_TILE_ROWS)))  # 7 rows whole, not 4 + a guarded 3
+            return rows, 1
         vectors = -(-width // self.lanes)
         shapes = []
         for rows in {rows_of(self.mr), rows_of(max(1, self.mr // 2))}:
