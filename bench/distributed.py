@@ -3,8 +3,9 @@ efficiency of 1, 2 and 4 processes of one thread each (weak scaling: 64 samples 
 with as many threads taking the same global batch, and the bytes each step communicates (payload, and on the wire per
 rank by the ring model: 2 (N-1)/N of an all_reduce's payload, (N-1)/N of a broadcast's; `--zero 1` shards the
 update, ZeRO-1, whose gather is a broadcast from each owner). The interpreter backend runs
-the step (numpy; `--backend tvm` builds it with TVM, one thread per process). The figures feed docs/distributed.md's
-model of larger clusters.
+the step (numpy; `--backend tvm` builds it with TVM, one thread per process). The cores column says when a run asks
+for more processes (or threads) than the host has cores: those rows are oversubscribed, not a scaling figure. The
+figures feed docs/distributed.md's model of larger clusters.
 
     .venv/bin/python bench/distributed.py [--procs 1,2,4] [--steps 20] [--backend interpreter|tvm] [--zero 0|1]
 """
@@ -113,11 +114,11 @@ def run(args: argparse.Namespace, mode: str, procs: int, out: Path) -> dict:
 HOP_LATENCY_S = 50e-6  # one message between two nodes over TCP, a typical figure for 10-100 Gb/s Ethernet
 
 
-def model(compute_s: float, nbytes: int) -> None:
+def model(compute_s: float, nbytes: int, backend: str) -> None:
     """docs/distributed.md's model: a ring all-reduce sends 2(N-1)/N x bytes per rank in 2(N-1) messages, after the
-    backward (no overlap, as kiln runs collectives today); efficiency = compute / (compute + communication)."""
-    print(f"\nModel (compute {compute_s * 1e3:.1f} ms/step measured at 1 x 1, {nbytes} bytes all-reduced per step, "
-          f"{HOP_LATENCY_S * 1e6:.0f} us per message):")
+    backward (no overlap: an upper bound on communication); efficiency = compute / (compute + communication)."""
+    print(f"\nModel (compute {compute_s * 1e3:.1f} ms/step measured at 1 x 1 on the {backend} backend, {nbytes} bytes "
+          f"all-reduced per step, {HOP_LATENCY_S * 1e6:.0f} us per message):")
     print("| nodes | 10 Gb/s: comm ms | efficiency | 100 Gb/s: comm ms | efficiency |")
     print("|---|---|---|---|---|")
     for n in (8, 16, 32, 64):
@@ -138,9 +139,10 @@ def main() -> None:
     print(f"{MODEL}; {PER_RANK} samples per rank and step; backend {args.backend}; ZeRO stage {args.zero}; "
           f"{os.cpu_count()} cores, "
           f"load average {load:.1f} at start")
-    print("| processes x threads | global batch | step ms | samples/s | scaling efficiency | vs 1 process x N threads "
-          "| payload bytes/step | wire bytes/step per rank |")
-    print("|---|---|---|---|---|---|---|---|")
+    cores = os.cpu_count() or 1
+    print("| processes x threads | cores | global batch | step ms | steps/s | samples/s | scaling efficiency "
+          "| vs 1 process x N threads | payload bytes/step | wire bytes/step per rank |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         base, one = None, None
         for n in procs:
@@ -150,11 +152,17 @@ def main() -> None:
             base = base or rate
             one = one or ddp
             peer = threaded["batch"] / threaded["seconds"]
-            print(f"| {n} x 1 | {ddp['batch'] * n} | {ddp['seconds'] * 1e3:.1f} | {rate:.0f} | {rate / (n * base):.2f} "
+            print(f"| {n} x 1 | {cores_cell(n, cores)} | {ddp['batch'] * n} | {ddp['seconds'] * 1e3:.1f} "
+                  f"| {1 / ddp['seconds']:.1f} | {rate:.0f} | {rate / (n * base):.2f} "
                   f"| {rate / peer:.2f} (1 x {n}: {threaded['seconds'] * 1e3:.1f} ms) | {ddp['bytes']} "
                   f"| {ddp['wire']} |")
         if one is not None:
-            model(one["seconds"], one["bytes"])
+            model(one["seconds"], one["bytes"], args.backend)
+
+
+def cores_cell(n: int, cores: int) -> str:
+    """The host's cores, and whether `n` processes (or threads) oversubscribe them."""
+    return f"{cores}" + (f" (oversubscribed {n / cores:.1f}x)" if n > cores else "")
 
 
 if __name__ == "__main__":

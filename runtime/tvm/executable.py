@@ -57,13 +57,17 @@ class _InputSpec:
 class _Plan:
     """A function's per-call constants: VM entry point, device, inputs, params, seeding, output dtypes to restore."""
 
-    __slots__ = ("entry", "device", "cpu", "inputs", "params", "seeded", "outputs", "named")
+    __slots__ = ("entry", "device", "cpu", "inputs", "params", "seeded", "outputs", "named", "handed")
 
     def __init__(self, entry: Any, device: tvm.runtime.Device, cpu: bool, inputs: tuple[_InputSpec, ...],
                  params: tuple[tuple[str, TensorType], ...], seeded: bool, outputs: tuple[Any, ...]):
         self.entry, self.device, self.cpu, self.inputs, self.params = entry, device, cpu, inputs, params
         self.seeded, self.outputs = seeded, outputs
         self.named = any(spec.type.names for spec in inputs)  # some inputs name their dims: check they agree
+        # the last `copy=False` call's views, by id, with the VM tensors they show: fed back (a training step's
+        # parameters and optimizer state), a view goes in as its tensor, with no conversion. Holding the view keeps
+        # its id from being reused.
+        self.handed: dict[int, tuple[np.ndarray, Any]] = {}
 
 
 def _writeable_base(x: np.ndarray) -> np.ndarray | None:
@@ -94,6 +98,15 @@ def _device_input(function: str, spec: _InputSpec, x: Any, plan: _Plan) -> Any:
     buf = _alloc(spec.tvm_shape(x.shape), spec.tvm_dtype, plan.device, None)
     np.copyto(np.from_dlpack(buf), x)
     return buf
+
+
+def _input(function: str, spec: _InputSpec, x: Any, plan: _Plan) -> Any:
+    """`x` as the VM takes it: the VM's own tensor for a view the last `copy=False` call handed out (when its
+    dtype and static shape are this input's), else `_device_input`'s checked conversion."""
+    found = plan.handed.get(id(x))
+    if found is not None and found[0] is x and x.dtype == spec.dtype and x.shape == spec.shape:
+        return found[1]
+    return _device_input(function, spec, x, plan)
 
 
 def _seed_input(seed: int, plan: _Plan) -> Any:
@@ -164,13 +177,14 @@ class Executable:
         """Run `function` on numpy inputs; `seed` drives stochastic ops (dropout) reproducibly.
 
         `copy=False` returns CPU outputs as read-only views of the VM's own buffers instead of copies: a caller
-        that feeds them back (a training step's parameters and optimizer state) then passes them in zero-copy.
+        that feeds them back (a training step's parameters and optimizer state) then passes them in zero-copy and
+        unconverted. The function keeps its last `copy=False` outputs alive until its next `copy=False` call.
         """
         plan = self._plans.get(function) or self._plan(function)
         if len(inputs) != len(plan.inputs):
             raise KilnError(f"@{function} takes {len(plan.inputs)} inputs, got {len(inputs)}")
         try:
-            args = [_device_input(function, spec, x, plan) for spec, x in zip(plan.inputs, inputs)]
+            args = [_input(function, spec, x, plan) for spec, x in zip(plan.inputs, inputs)]
             if plan.named:  # inputs sharing a dim name agree on it (one TVM var)
                 check_named_dims([s.type for s in plan.inputs], [a.shape for a in args],
                                  [f"@{function} input %{s.name}" for s in plan.inputs])
@@ -186,8 +200,13 @@ class Executable:
         # the VM hands back on every call, and the caller owns (and may write) what it gets back. Without it the
         # views are read-only for the same reason. Elements by index: the Array's own iterator costs ~4 us.
         host = [_item(outs, i) for i in range(len(plan.outputs))]
-        return tuple((np.from_dlpack(o).copy() if copy else _read_only(np.from_dlpack(o))) if t is None
-                     else from_storage(o.numpy(), t) for o, t in zip(host, plan.outputs))
+        if copy:
+            return tuple(np.from_dlpack(o).copy() if t is None else from_storage(o.numpy(), t)
+                         for o, t in zip(host, plan.outputs))
+        results = tuple(_read_only(np.from_dlpack(o)) if t is None else from_storage(o.numpy(), t)
+                        for o, t in zip(host, plan.outputs))
+        plan.handed = {id(r): (r, o) for r, o, t in zip(results, host, plan.outputs) if t is None}
+        return results
 
     def _plan(self, function: str) -> _Plan:
         """What every call of `function` needs, looked up once: its VM entry point and per-input checks."""

@@ -63,3 +63,66 @@ def test_other_read_only_arrays_are_copied(affine: tuple[kiln.ir.Graph, Executab
     assert np.from_dlpack(tensor).ctypes.data != frozen[0].ctypes.data
     for got, want in zip(exe.run(*frozen), interpret(graph, inputs)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the inputs `_device_input` converts from now on."""
+    from kiln.runtime.tvm import executable
+
+    names: list[str] = []
+    real = executable._device_input
+
+    def counted(function: str, spec: executable._InputSpec, x: object, plan: executable._Plan) -> object:
+        names.append(spec.name)
+        return real(function, spec, x, plan)
+    monkeypatch.setattr(executable, "_device_input", counted)
+    return names
+
+
+def test_views_of_the_last_call_go_back_as_the_vms_tensors(affine: tuple[kiln.ir.Graph, Executable],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14 (the step's per-call Python): a view the last `copy=False` call handed out is not converted again;
+    one at an input of another shape is still checked and refused."""
+    graph, exe = affine
+    inputs = _inputs(2)
+    y, z = exe.run(*inputs, copy=False)
+    converted = _counting(monkeypatch)
+    again = exe.run(y, *inputs[1:], copy=False)
+    assert converted == ["w", "b"]
+    for got, want in zip(again, interpret(graph, [np.array(y), *inputs[1:]])):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(kiln.ShapeError, match=r"input %w expects .*got shape \[4, 16\]"):
+        exe.run(inputs[0], again[1], inputs[2], copy=False)
+
+
+def test_a_tvm_train_step_converts_only_the_batch_and_lr_after_its_first_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14: "keep parameter/optimizer-state buffers on the device between steps": from the second step on,
+    parameters and Adam's moments go back in as the VM's tensors; the oracle for the values is the interpreter."""
+    from kiln import nn, optim
+    from kiln.runtime.backend import set_default_backend
+    from kiln.runtime.tvm.backend import TVMBackend
+
+    device = kiln.Device("cpu").autodiff()
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8)
+    steps = {}
+    for name, backend in (("tvm", TVMBackend()), ("interpreter", None)):
+        kiln.seed(0)
+        model = nn.Sequential(nn.Linear(6, 5, device=device), nn.ReLU(), nn.Linear(5, 3, device=device))
+        step = kiln.compile_step(model, lambda m, a, b: nn.cross_entropy(m(a), b), optim.Adam(), ((8, 6), "f32"),
+                                 ((8,), "i64"))
+        previous = set_default_backend(backend) if backend is not None else None
+        try:
+            losses = [step(0.01, x, y)]
+            converted = _counting(monkeypatch)
+            losses += [step(0.01, x, y) for _ in range(2)]
+            monkeypatch.undo()
+        finally:
+            if previous is not None:
+                set_default_backend(previous)
+        steps[name] = (losses, step.model(), converted)
+    assert steps["tvm"][2] == ["lr", "x", "x1"] * 2  # not the 4 parameters and 8 moments
+    np.testing.assert_allclose(steps["tvm"][0], steps["interpreter"][0], rtol=1e-5)
+    for (_, p), (_, q) in zip(steps["tvm"][1].leaves(), steps["interpreter"][1].leaves()):
+        np.testing.assert_allclose(p.state.get(), q.state.get(), rtol=1e-5, atol=1e-6)

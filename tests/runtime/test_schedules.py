@@ -18,6 +18,7 @@ from kiln.runtime.tvm import target as target_mod
 from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.pipeline import cpu_pipeline, cuda_pipeline
 from kiln.runtime.tvm.schedules import (
+    CPUColumnReduction,
     CPUInjective,
     CPUMatmul,
     CPUReductionFallback,
@@ -619,8 +620,8 @@ def test_safe_reraises_in_debug_mode() -> None:
 
 def test_default_rules_order() -> None:
     kinds = [type(rule.rule) for rule in default_cpu_rules()]
-    assert kinds == [CPUMatmul, CPUWindowReduction, CPURowReduction, dl.cpu.Reduction, CPUInjective,
-                     CPUReductionFallback]
+    assert kinds == [CPUMatmul, CPUWindowReduction, CPURowReduction, CPUColumnReduction, dl.cpu.Reduction,
+                     CPUInjective, CPUReductionFallback]
 
 
 # --- targets, threads and the CUDA pipeline -----------------------------------------------------
@@ -657,3 +658,26 @@ def test_cuda_pipeline_generates_cuda_source_without_a_gpu() -> None:
     (host,) = exe.mod.imports
     (device,) = host.imports
     assert device.kind == "cuda" and "__global__" in device.inspect_source()
+
+
+@pytest.mark.parametrize(("shape", "axes"), [((8, 128, 256), [0, 1]), ((300, 100), [0]), ((5, 3), [0]),
+                                             ((4, 6, 32), [0])], ids=["bias-grad", "odd-width", "tiny", "two-spatial"])
+def test_column_sums_run_down_vectors_of_columns(shape: tuple[int, ...], axes: list[int]) -> None:
+    """Issue 14 (the training step's non-matmul kernels): a sum over the leading axes (bias and norm-scale
+    gradients) is CPUColumnReduction's: the reduction loops outside one vector loop over adjacent columns, the
+    column blocks in parallel; the oracle is numpy's f64 sum."""
+    mod = relax_module([shape], lambda x: relax.op.sum(x, axis=axes))
+    x = rand(*shape)
+    check(run(mod, x), f64(x)[0].sum(tuple(axes)), EXACT)
+    (func,) = fused_prim_funcs(mod)
+    lines = CPUColumnReduction().apply(func, TARGET, False).mod["main"].script().splitlines()
+    update = next(i for i, line in enumerate(lines) if '_update")' in line)
+    loops = [line.strip() for line in lines[:update] if line.lstrip().startswith("for ")]
+    assert "T.parallel" in loops[0] and "T.vectorized" in loops[-1], loops
+    assert "range(" in loops[-2] or "T.grid(" in loops[-2], loops  # the reduction, outside the vector
+
+
+def test_row_reductions_are_not_column_reductions() -> None:
+    """A sum over the contiguous last axis stays with the row rules."""
+    (func,) = fused_prim_funcs(relax_module([(6, 128)], lambda x: relax.op.sum(x, axis=[1])))
+    assert CPUColumnReduction().apply(func, TARGET, False) is None

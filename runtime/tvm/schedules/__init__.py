@@ -5,6 +5,7 @@ from tvm.target import Target
 
 from ..calibration import stored_tile
 from ..cpu import cpu_model
+from .column_reduction import CPUColumnReduction
 from .injective import CPUInjective
 from .matmul import CPUMatmul
 from .reduction import CPUReductionFallback
@@ -13,6 +14,7 @@ from .safe import Safe
 from .window import CPUWindowReduction
 
 __all__ = [
+    "CPUColumnReduction",
     "CPUInjective",
     "CPUMatmul",
     "CPUReductionFallback",
@@ -26,12 +28,14 @@ __all__ = [
 def default_cpu_rules(target: Target | None = None) -> list[dl.ScheduleRule]:
     """Matmul/conv first, pooling windows, row reductions (kiln's, then dlight's stock rule), injective, then the
     reduction fallback. Every rule takes its sizes from the CPU model of the target it is applied for; with a
-    `target` whose CPU has a stored calibration, the matmul/conv tile is the calibrated one."""
+    `target` whose CPU has a stored calibration, the matmul/conv tile is the calibrated one.
+    kiln's column reductions (bias gradients) are tried before dlight's stock rule."""
     tile = stored_tile(cpu_model(target)) if target is not None and target.kind.name == "llvm" else None
     return [
         Safe(CPUMatmul(**(tile or {}))),
         Safe(CPUWindowReduction()),
         Safe(CPURowReduction()),
+        Safe(CPUColumnReduction()),
         Safe(dl.cpu.Reduction()),
         Safe(CPUInjective()),
         Safe(CPUReductionFallback()),

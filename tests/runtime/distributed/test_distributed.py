@@ -222,3 +222,42 @@ def test_two_ranks_on_tvm_average_gradients_and_gather_zero1_updates(tmp_path: P
     for name, p in torch_adam(init, x, y, 2).items():
         np.testing.assert_array_equal(ranks[1][f"zero1.{name}"], ranks[0][f"zero1.{name}"])
         np.testing.assert_allclose(ranks[0][f"zero1.{name}"], p, rtol=1e-4, atol=1e-5)
+
+
+@SLOW  # four TVM builds per rank
+def test_learner_on_tvm_zero1_clipping_and_synced_batch_norm(tmp_path: Path) -> None:
+    """Issue 14: "ZeRO-1 gives the same parameters as plain data parallel" (here with gradient clipping, under the
+    Learner, on TVM) and "batch-norm statistics synced across ranks" as torch's SyncBatchNorm: the oracles are the
+    interpreter's plain data-parallel Learner (itself torch's clip_grad_norm_ + Adam in the 2-rank test) and torch's
+    `F.batch_norm` on each concatenated global batch with SGD."""
+    pytest.importorskip("tvm")
+    launch(2, "tvm-learner", str(tmp_path), timeout=400)
+    ranks = [dict(np.load(tmp_path / f"tvml{r}.npz")) for r in range(2)]
+    for name in PARAMS:
+        # the clipping is live: the unclipped run ends elsewhere
+        assert not np.allclose(ranks[0][f"interp.noclip.{name}"], ranks[0][f"interp.clip0.{name}"], atol=1e-4)
+        for rank in ranks:
+            np.testing.assert_allclose(rank[f"tvm.clip1.{name}"], rank[f"tvm.clip0.{name}"], rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(rank[f"tvm.clip1.{name}"], rank[f"interp.clip0.{name}"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(ranks[1][f"tvm.clip1.{name}"], ranks[0][f"tvm.clip1.{name}"])
+    # synced batch norm: two SGD steps (lr 0.1) of torch on each concatenated global batch of 2 x BATCH rows
+    bn = {k.removeprefix("bn.init."): torch.tensor(v, dtype=torch.float64, requires_grad=True)
+          for k, v in ranks[0].items() if k.startswith("bn.init.")}
+    running_mean, running_var = bn.pop("bn.running_mean").detach(), bn.pop("bn.running_var").detach()
+    x, _ = worker.global_batch(4)
+    target = torch.from_numpy(ranks[0]["bn.target"]).double()
+    for b in range(2):
+        rows = slice(2 * b * worker.BATCH, 2 * (b + 1) * worker.BATCH)
+        h = (torch.from_numpy(x[rows]).double() @ bn["fc.weight"] + bn["fc.bias"]).reshape(-1, 3, 2)
+        out = torch.nn.functional.batch_norm(h, running_mean, running_var, bn["bn.gamma"], bn["bn.beta"],
+                                             training=True, momentum=0.1, eps=1e-5)
+        ((out - target[rows]) ** 2).mean().backward()
+        with torch.no_grad():
+            for p in bn.values():
+                p -= 0.1 * p.grad
+                p.grad = None
+    want = {**{k: p.detach().numpy() for k, p in bn.items()}, "bn.running_mean": running_mean.numpy(),
+            "bn.running_var": running_var.numpy()}
+    for rank in ranks:
+        for name, value in want.items():
+            np.testing.assert_allclose(rank[f"bn.{name}"], value, rtol=1e-4, atol=1e-5, err_msg=name)

@@ -4,6 +4,7 @@ MASTER_ADDR=127.0.0.1, MASTER_PORT in the environment, one thread) or by torchru
     python worker.py checks OUT                    gradients, DLPack, ZeRO-1, overlap, another model -> OUT/rank<r>.npz
     python worker.py learner OUT CKPT [--kill-at N] [--zero 1]   a data-parallel Learner run -> OUT/learner<r>.npz
     python worker.py tvm OUT                       the averaged gradients and a ZeRO-1 step on TVM -> OUT/tvm<r>.npz
+    python worker.py tvm-learner OUT               Learners on TVM: ZeRO-1 + clipping, synced BN -> OUT/tvml<r>.npz
 
 `learner --kill-at N` SIGKILLs rank 1 after its N-th step on torchrun's first attempt (TORCHELASTIC_RESTART_COUNT=0);
 the restarted group resumes from the newest checkpoint in CKPT.
@@ -241,14 +242,16 @@ def tvm_run(engine: TorchEngine, out: Path) -> None:
     np.savez(out / f"tvm{r}.npz", **result)
 
 
-def learner(engine: TorchEngine, ckpt: str, zero: int, keep: int = 2) -> tuple[Learner, DataLoader]:
-    """The Learner runs' learner (AdamW, its gradients clipped under ZeRO-1) checkpointing every 2 steps, and data:
-    96 samples, 6 per rank and step."""
+def learner(engine: TorchEngine, ckpt: str, zero: int, keep: int = 2, clip: bool | None = None
+            ) -> tuple[Learner, DataLoader]:
+    """The Learner runs' learner (AdamW, its gradients clipped if `clip`, by default under ZeRO-1) checkpointing
+    every 2 steps, and data: 96 samples, 6 per rank and step."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((96, D_IN)).astype(np.float32)
     y = np.tanh(x @ rng.standard_normal((D_IN, D_OUT))).astype(np.float32)
     kiln.seed(7)
-    adamw = optim.AdamW(grad_clipping=optim.GradientClipping.norm(CLIP) if zero else None)
+    clipped = bool(zero) if clip is None else clip
+    adamw = optim.AdamW(grad_clipping=optim.GradientClipping.norm(CLIP) if clipped else None)
     run = Learner(MLP(), adamw, mse, optim.ConstantLr(0.02), stream=open(os.devnull, "w"),
                   checkpointing=Checkpointing(ckpt, every_steps=2, keep=keep), data_parallel=DataParallel(zero=zero),
                   engine=engine, metrics=(Loss(),))
@@ -290,6 +293,32 @@ def sync_batch_norm(engine: TorchEngine) -> dict[str, np.ndarray]:
     return result
 
 
+def tvm_learner(engine: TorchEngine, out: Path) -> None:
+    """Learners whose steps TVM builds: AdamW with clipping under ZeRO-1 and plain data parallel (one epoch each),
+    the same and an unclipped run on the interpreter; and SGD over Normed with synced batch norm on two unshuffled
+    global batches."""
+    from kiln.runtime.backend import InterpreterBackend, set_default_backend
+    from kiln.runtime.tvm.backend import TVMBackend
+
+    result: dict[str, np.ndarray] = {}
+    for backend, runs in ((InterpreterBackend(), (("interp.clip0", 0, True), ("interp.noclip", 0, False))),
+                          (TVMBackend(), (("tvm.clip0", 0, True), ("tvm.clip1", 1, True)))):
+        set_default_backend(backend)
+        for key, zero, clip in runs:
+            run, loader = learner(engine, str(out / f"{key}-ckpt"), zero, clip=clip)
+            result.update({f"{key}.{k}": v for k, v in params(run.fit(loader, epochs=1)).items()})
+    x, _ = global_batch(2 * engine.world_size)  # two global batches
+    target = np.random.default_rng(5).standard_normal((len(x), 3, 2)).astype(np.float32)
+    kiln.seed(3)
+    model = Normed()
+    result.update({f"bn.init.{k}": v for k, v in params(model).items()})
+    run = Learner(model, optim.SGD(), mse, optim.ConstantLr(0.1), stream=open(os.devnull, "w"),
+                  data_parallel=DataParallel(sync_batch_norm=True), engine=engine)
+    result.update({f"bn.{k}": v for k, v in params(run.fit(DataLoader((x, target), BATCH, drop_last=True))).items()})
+    result["bn.target"] = target
+    np.savez(out / f"tvml{engine.rank}.npz", **result)
+
+
 def zero_resume(engine: TorchEngine, out: Path) -> dict[str, np.ndarray]:
     """ZeRO-1 checkpoints: a 2-epoch run, and a second Learner resumed from its step-6 checkpoint to the end; the
     number of optimizer-state arrays in a checkpoint (all ranks' shares) and in each rank's optimizer."""
@@ -328,7 +357,7 @@ def learner_run(engine: TorchEngine, out: Path, ckpt: str, kill_at: int | None, 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("checks", "learner", "tvm"))
+    parser.add_argument("mode", choices=("checks", "learner", "tvm", "tvm-learner"))
     parser.add_argument("out")
     parser.add_argument("ckpt", nargs="?")
     parser.add_argument("--kill-at", type=int)
@@ -339,6 +368,8 @@ def main() -> None:
         checks(engine, Path(args.out))
     elif args.mode == "tvm":
         tvm_run(engine, Path(args.out))
+    elif args.mode == "tvm-learner":
+        tvm_learner(engine, Path(args.out))
     else:
         learner_run(engine, Path(args.out), args.ckpt, args.kill_at, args.zero)
     engine.dist.destroy_process_group()
