@@ -87,6 +87,8 @@ class FunctionBuilder:
                 full = validate_attrs(kind, registry.lookup(kind).attrs, attrs)
         except ShapeError as e:
             raise located(loc, e) from None
+        if not names:  # what rewrites emit: every result takes a fresh name
+            return Op(kind, operands, full, tuple([Value(t, self.fresh_name()) for t in types]), loc)
         names = list(names) + [None] * (len(types) - len(names))
         self.taken.update(n for n in names if n)
         return Op(kind, operands, full, tuple(Value(t, n or self.fresh_name()) for t, n in zip(types, names)), loc)
@@ -106,6 +108,8 @@ class FunctionBuilder:
 
     def operands(self, kind: str, operands: Sequence[Operandish]) -> tuple[Operand, ...]:
         """Operands as values: Python and numpy literals become constants of the other operands' dtype."""
+        if all(o.__class__ is Value or o.__class__ is SymRef for o in operands):  # what rewrites pass: no literal
+            return tuple(operands)
         like = next((o.type.dtype for o in operands if isinstance(o, Value | SymRef)), None)
         out = []
         for i, o in enumerate(operands):

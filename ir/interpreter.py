@@ -15,7 +15,7 @@ from . import init as initializers
 from . import registry
 from .dtypes import DType
 from .errors import ShapeError
-from .graph import Graph, ParamNode, SymRef
+from .graph import Graph, ParamNode, Value
 from .ops.random import run_seed
 from .symbols import SymbolResolver
 from .types import TensorType, check_named_dims
@@ -41,10 +41,12 @@ def _evaluate(kind: str, arrays: Sequence[np.ndarray], attrs: Mapping[str, Any],
         raise ShapeError(f"{kind}: {e}") from None
     results = []
     for out, t in zip(outs, result_types):
-        out = np.asarray(out)
-        if out.dtype != t.dtype.numpy:
-            out = out.astype(t.dtype.numpy)
-        if not t.matches(out.shape):
+        if out.__class__ is not np.ndarray:
+            out = np.asarray(out)
+        want = t.dtype.numpy
+        if out.dtype is not want and out.dtype != want:  # numpy's builtin dtypes are singletons: mostly `is`
+            out = out.astype(want)
+        if out.shape != t.shape and not t.matches(out.shape):  # equal tuples: a static type, checked in C
             raise ShapeError(f"{kind}: produced shape {list(out.shape)} but its type is {t}")
         results.append(out)
     return tuple(results)
@@ -76,26 +78,23 @@ class Interpreter:
             raise ShapeError(f"module @{self.graph.name} has no function @{function}")
         if len(inputs) != len(fn.args):
             raise ShapeError(f"@{function} takes {len(fn.args)} inputs, got {len(inputs)}")
-        env: dict[int, np.ndarray] = {}
+        env: dict[Value, np.ndarray] = {}  # keyed by the Value itself: identity hashing in C, no id() call
         for arg, x in zip(fn.args, inputs):
             x = np.asarray(x)
             if x.dtype != arg.type.dtype.numpy or not arg.type.matches(x.shape):
                 raise ShapeError(f"@{function} input %{arg.name} expects {arg.type}, got shape "
                                  f"{list(x.shape)} dtype {x.dtype}")
-            env[id(arg)] = x
-        check_named_dims([a.type for a in fn.args], [env[id(a)].shape for a in fn.args],
+            env[arg] = x
+        check_named_dims([a.type for a in fn.args], [env[a].shape for a in fn.args],
                          [f"@{function} input %{a.name}" for a in fn.args])
-
-        def value(o) -> np.ndarray:
-            return self.symbol(o.name) if isinstance(o, SymRef) else env[id(o)]
-
+        symbol = self.symbol
         with run_seed(seed), np.errstate(all="ignore"):
             for op in fn.ops:
-                arrays = [env[id(o)] if id(o) in env else value(o) for o in op.operands]  # values inline: per operand
+                arrays = [env[o] if o.__class__ is Value else symbol(o.name) for o in op.operands]  # type: ignore[index]
                 outs = _evaluate(op.kind, arrays, op.attrs, [r.type for r in op.results])
                 for r, out in zip(op.results, outs):
-                    env[id(r)] = out
-        return tuple(value(r) for r in fn.results)
+                    env[r] = out
+        return tuple(env[r] if r.__class__ is Value else symbol(r.name) for r in fn.results)  # type: ignore[index]
 
 
 def interpret(graph: Graph, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0

@@ -140,16 +140,19 @@ class Rewriter:
                ) -> None:
         """Offer each op, operands mapped, to the rules; `values` learns what its results became. An op whose
         operands are unchanged is reused, unless `rename` is given: then every op is copied, results renamed."""
-        mapped = self.mapped
+        mapped, get = self.mapped, values.get
         for op in ops:
-            operands = tuple([mapped(o, values) for o in op.operands])
+            if self.symbols is None:  # `mapped` inline: no symbol's id is a key of `values` (its keys are live Values)
+                operands = tuple([get(id(o), o) for o in op.operands])
+            else:
+                operands = tuple([mapped(o, values) for o in op.operands])
             if rename is None and operands == op.operands:  # values compare by identity, symbols by name and type
                 candidate = op
             else:
                 names = [rename(r.name) if rename is not None else r.name for r in op.results]
                 self.builder.taken.update(names)
-                candidate = Op(op.kind, operands, op.attrs, tuple(Value(r.type, n) for r, n in zip(op.results, names)),
-                               op.loc)
+                results = tuple([Value(r.type, n) for r, n in zip(op.results, names)])
+                candidate = Op(op.kind, operands, op.attrs, results, op.loc)
             for old, new in zip(op.results, self.process(candidate)):
                 if new is not old:
                     values[id(old)] = new

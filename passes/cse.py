@@ -25,15 +25,23 @@ class _Table:
 
     def __init__(self) -> None:
         self.seen: dict[tuple, Op] = {}
+        self.kinds: dict[str, tuple[bool, bool]] = {}  # kind -> (never merged, commutative): traits read once per kind
+
+    def _traits(self, kind: str) -> tuple[bool, bool]:
+        opdef = lookup(kind)
+        traits = (opdef.has(Trait.STOCHASTIC) or opdef.has(Trait.COLLECTIVE), opdef.has(Trait.COMMUTATIVE))
+        self.kinds[kind] = traits
+        return traits
 
     def __call__(self, rw: Rewriter, op: Op) -> Sequence[Operand] | None:
-        opdef = lookup(op.kind)
-        if opdef.has(Trait.STOCHASTIC) or opdef.has(Trait.COLLECTIVE):
+        kind = op.kind
+        never, commutative = self.kinds.get(kind) or self._traits(kind)
+        if never:
             return None
-        operands = tuple(o if isinstance(o, SymRef) else id(o) for o in op.operands)
-        if opdef.has(Trait.COMMUTATIVE):
+        operands = tuple([o if o.__class__ is SymRef else id(o) for o in op.operands])
+        if commutative:
             operands = tuple(sorted(operands, key=_order))
-        key = (op.kind, operands, attrs_key(op.attrs), tuple(r.type for r in op.results))
+        key = (kind, operands, attrs_key(op.attrs) if op.attrs else (), tuple([r.type for r in op.results]))
         first = self.seen.setdefault(key, op)
         return None if first is op else first.results
 

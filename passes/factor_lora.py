@@ -17,20 +17,29 @@ from kiln.ir import Graph, Op, Operand, Rewriter, SymRef, rewrite
 from .base import Pass
 
 
-def _factored(rw: Rewriter, op: Op) -> Sequence[Operand] | None:
+class _Factored:
     """The rule: a matmul or linear of a LoRA weight as the base product plus the scaled product of the factors."""
-    if op.kind not in ("matmul", "linear") or len(op.operands) < 2 or not isinstance(op.operands[1], SymRef):
-        return None
-    node = rw.graph.reparams.get(op.operands[1].name)
-    if node is None or node.kind != "lora":
-        return None
-    x, rest = op.operands[0], op.operands[2:]
-    base, a, b = (SymRef(name, rw.graph.symbol(name).type) for name in node.operands)
-    t = op.results[0].type  # every product below but x @ a has it: the factored sum equals the op's result
-    product = rw.emit_as(t, op.kind, x, base, *rest)
-    delta = rw.emit_as(t, "matmul", rw.emit("matmul", x, a), b)
-    scaled = rw.emit_as(t, "mul", delta, rw.builder.constant(node.attrs["scale"], t.dtype))
-    return (rw.emit_as(t, "add", product, scaled),)
+
+    def __init__(self) -> None:
+        self.factors: dict[str, tuple[SymRef, SymRef, SymRef]] = {}  # lora node -> its operands, made once per node
+
+    def __call__(self, rw: Rewriter, op: Op) -> Sequence[Operand] | None:
+        if op.kind not in ("matmul", "linear") or len(op.operands) < 2 or op.operands[1].__class__ is not SymRef:
+            return None
+        node = rw.graph.reparams.get(op.operands[1].name)  # type: ignore[union-attr]
+        if node is None or node.kind != "lora":
+            return None
+        x, rest = op.operands[0], op.operands[2:]
+        factors = self.factors.get(node.name)
+        if factors is None:
+            base, a, b = (SymRef(name, rw.graph.symbol(name).type) for name in node.operands)  # type: ignore[union-attr]
+            factors = self.factors[node.name] = (base, a, b)
+        base, a, b = factors
+        t = op.results[0].type  # every product below but x @ a has it: the factored sum equals the op's result
+        product = rw.emit_as(t, op.kind, x, base, *rest)
+        delta = rw.emit_as(t, "matmul", rw.emit("matmul", x, a), b)
+        scaled = rw.emit_as(t, "mul", delta, rw.builder.constant(node.attrs["scale"], t.dtype))
+        return (rw.emit_as(t, "add", product, scaled),)
 
 
 @dataclass(frozen=True)
@@ -40,4 +49,4 @@ class FactorLora(Pass):
     name = "factor-lora"
 
     def apply(self, graph: Graph) -> Graph:
-        return rewrite(graph, lambda: [_factored])
+        return rewrite(graph, lambda: [_Factored()])
