@@ -11,11 +11,24 @@ _MIN_PARALLEL_ELEMS = 4096  # below this, waking the thread pool costs more than
 
 def cpu_blocks(func: tirx.PrimFunc, target: Target) -> tuple[s_tir.Schedule | None, list[dl.SBlockInfo] | None]:
     """A schedule of `func` and dlight's normalized view of its blocks, where every kiln rule starts; the blocks
-    are None unless `func` is a PrimFunc for an LLVM target that dlight can normalize."""
+    are None unless `func` is a PrimFunc for an LLVM target that dlight can normalize, and none of them is a
+    reduction whose every reduction loop has length 1 (`_unit_reduction`)."""
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
         return None, None
     sch = s_tir.Schedule(func)
-    return sch, dl.normalize_prim_func(sch)
+    infos = dl.normalize_prim_func(sch)
+    if infos is not None and any(_unit_reduction(sch, info) for info in infos):
+        return sch, None
+    return sch, infos
+
+
+def _unit_reduction(sch: s_tir.Schedule, info: dl.SBlockInfo) -> bool:
+    """Whether dlight's normalization dropped every (length-1) reduction loop of the block but kept its init: the
+    block then looks spatial, and reverse-inlining an epilogue into it applies the epilogue to the init and again
+    to the update (a 1-channel 1x1 conv's relu(x * w + b) gave relu(x * w + 2b); softmax over a length-1 axis gave
+    values other than 1). No kiln rule takes such a kernel: TVM's unscheduled loops compute it correctly (a matmul
+    with K = 1 never gets here: `ops._product` makes it a broadcast product)."""
+    return sch.get(info.block_rv).init is not None and "R" not in info.dom_kind()
 
 
 def static_extent(extent: tirx.Expr) -> int | None:
