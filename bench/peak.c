@@ -1,5 +1,7 @@
-/* Peak float32 FMA throughput of this CPU: every thread runs 16 independent chains of vector FMAs that stay in
- * registers, so nothing but the FMA units limits it. Built and run by bench/roofline.py with -march=native
+/* Peak float32 FMA throughput of this CPU: every thread runs independent chains of vector FMAs that stay in
+ * registers, so nothing but the FMA units limits it: enough chains to cover two FMA units' latency, few enough
+ * that they and the two operands fit the ISA's registers (16 chains + 2 operands spilled AVX2's 16 ymm registers
+ * to the stack and read 40% below the real peak). Built and run by bench/roofline.py with -march=native
  * (or -mavx2 -mfma, `--isa avx2`: the AVX2 peak on any CPU).
  * Usage: peak THREADS [cpu] -> prints GFLOP/s (best of 5 runs); with `cpu`, per second of process CPU time rather
  * than of wall time (on a shared host the wall clock measures the share of a core this process got). */
@@ -16,16 +18,17 @@ typedef __m512 vec;
 #define SET1 _mm512_set1_ps
 #define STOREU _mm512_storeu_ps
 #define FMA _mm512_fmadd_ps
+#define CHAINS 16 /* of 32 zmm registers */
 #elif defined(__AVX2__) && defined(__FMA__)
 typedef __m256 vec;
 #define LANES 8
 #define SET1 _mm256_set1_ps
 #define STOREU _mm256_storeu_ps
 #define FMA _mm256_fmadd_ps
+#define CHAINS 12 /* of 16 ymm registers */
 #else
 #error "needs AVX2+FMA or AVX-512"
 #endif
-#define CHAINS 16
 
 static int cpu_clock;
 static double now(void) { return cpu_clock ? (double)clock() / CLOCKS_PER_SEC : omp_get_wtime(); }
