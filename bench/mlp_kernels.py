@@ -18,6 +18,7 @@ os.environ["TVM_NUM_THREADS"] = "1"  # before TVM's pool starts
 import numpy as np
 import tvm
 from roofline import peak_gflops  # bench/ is the script's directory
+from timing import best_ms
 from tvm import relax
 
 import kiln.runtime.tvm.pipeline as pipeline
@@ -40,16 +41,6 @@ def kernels() -> list[tuple[str, int, int, int, bool]]:
                 out.append((f"{mlp} b{m} {m}x{k}x{n}{' +bias+relu' if relu else ' +bias'}", m, k, n, relu))
     return out
 
-
-def _ms(run, clock, calls: int) -> float:
-    run()
-    best = float("inf")
-    for _ in range(5):
-        start = clock()
-        for _ in range(calls):
-            run()
-        best = min(best, (clock() - start) / calls * 1e3)
-    return best
 
 
 def main() -> None:
@@ -85,7 +76,7 @@ def main() -> None:
             tensors = [tvm.runtime.tensor(d) for d in data]
             np.testing.assert_allclose(fn(*tensors).numpy(), want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
             flops = 2 * m * k * n
-            ms = _ms(lambda f=fn, a=tensors: f(*a), clock, max(1, int(2e8 // flops)))
+            ms = best_ms(lambda f=fn, a=tensors: f(*a), clock, max(1, int(2e8 // flops)))
             gflops = flops / ms / 1e6
             share = f"{100 * gflops / peak:.0f}" if peak else "-"
             print(f"| {name} | {label} | {ms:.4f} | {gflops:.1f} | {share} | {4 * k * n / ms / 1e6:.1f} |", flush=True)

@@ -22,6 +22,7 @@ os.environ["TVM_NUM_THREADS"] = "1"  # before TVM's pool starts
 import numpy as np
 import tvm
 from roofline import peak_gflops  # bench/ is the script's directory
+from timing import best_ms
 from tvm import relax
 
 import kiln.runtime.tvm.pipeline as pipeline
@@ -43,16 +44,6 @@ KERNELS = {  # name: (operand shapes, relax body, flops)
 }
 
 
-def _ms(run, clock, calls: int = 5) -> float:
-    run()
-    best = float("inf")
-    for _ in range(5):
-        start = clock()
-        for _ in range(calls):
-            run()
-        best = min(best, (clock() - start) / calls * 1e3)
-    return best
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -72,7 +63,7 @@ def main() -> None:
             library = tvm.compile(relax_module(shapes, body), target=target,
                                   relax_pipeline=pipeline.cpu_pipeline(target))
             main_fn = relax.VirtualMachine(library, tvm.cpu())["main"]
-            ms = _ms(lambda f=main_fn, a=args: f(*a), clock)
+            ms = best_ms(lambda f=main_fn, a=args: f(*a), clock)
             gflops = flops / ms / 1e6
             share = f"{100 * gflops / peak:.0f}" if peak else "-"
             print(f"| {name} | {label} | {ms:.3f} | {gflops:.1f} | {share} |", flush=True)

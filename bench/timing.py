@@ -42,6 +42,19 @@ def wait_quiet(limit: float = 0.05, patience_s: float = 5.0) -> None:
             return
 
 
+def best_ms(run: Runner, clock: Callable[[], float] = time.perf_counter, calls: int = 5) -> float:
+    """The best of 5 blocks of `calls` calls, in ms per call, after one warm-up call; `clock` is
+    `time.process_time` where a loaded host makes wall time meaningless (one-thread kernels)."""
+    run()
+    best = float("inf")
+    for _ in range(5):
+        start = clock()
+        for _ in range(calls):
+            run()
+        best = min(best, (clock() - start) / calls * 1e3)
+    return best
+
+
 def time_block(run: Runner, warmup: int = 5, min_runs: int = 20, min_s: float = 0.2, quiet: bool = True,
                settle_s: float = 0.0) -> float:
     """Median ms per call of one block; `quiet` waits for a quiet host first and redoes a block that was disturbed;

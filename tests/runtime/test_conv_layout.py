@@ -4,8 +4,6 @@ CPU model blocks, the packed weight, and numbers against torch, bound and as inp
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -13,7 +11,6 @@ import tvm
 from tvm import relax, tirx
 
 from kiln.ir import Builder
-from kiln.runtime.tvm import compile_cache
 from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.conv_layout import BLOCKED_NAME, blocks_output_channels, pack_weight
@@ -27,14 +24,7 @@ TARGET = cpu_target()
 AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})  # 16 lanes, 32-column tiles
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})  # 8 lanes, 16-column tiles
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path: pytest.TempPathFactory) -> Iterator[None]:
-    """Builds go to a cache of this test's own, never to ~/.cache/kiln."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(compile_cache.CACHE_ENV, str(tmp_path))
-        yield
-    compile_cache.clear_memory()
+pytestmark = pytest.mark.usefixtures("module_cache")  # builds go to a scratch cache, never ~/.cache/kiln
 
 
 @pytest.mark.parametrize(("target", "channels", "width", "blocked"), [

@@ -4,8 +4,6 @@ kernel"): where the rewrite converts, and chains of convs and elementwise ops ag
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -13,7 +11,6 @@ import tvm
 from tvm import relax
 
 from kiln.ir import Builder
-from kiln.runtime.tvm import compile_cache
 from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.conv_layout import BLOCKED_NAME
@@ -30,14 +27,7 @@ RNG = np.random.default_rng(0)
 W1, W2, W3 = (RNG.standard_normal(s).astype(np.float32) / 8 for s in ((36, 20, 3, 3), (36, 36, 1, 1), (36, 36, 3, 3)))
 BIAS, SCALE, SHIFT = (RNG.standard_normal((36, 1, 1)).astype(np.float32) for _ in range(3))
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path: pytest.TempPathFactory) -> Iterator[None]:
-    """Builds go to a cache of this test's own, never to ~/.cache/kiln."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(compile_cache.CACHE_ENV, str(tmp_path))
-        yield
-    compile_cache.clear_memory()
+pytestmark = pytest.mark.usefixtures("module_cache")  # builds go to a scratch cache, never ~/.cache/kiln
 
 
 def _chain(x: relax.Expr) -> relax.Expr:
