@@ -203,6 +203,12 @@ def _schedule_padding(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> No
     sch.annotate(inner, "pragma_loop_partition_hint", 1)
 
 
+def _row_count(sch: s_tir.Schedule, roles: _Contraction) -> int | None:
+    """The rows of C: 1 without a row loop (a GEMV), its static extent, or None when it is symbolic (a dynamic
+    batch)."""
+    return 1 if roles.row is None else static_extent(loop_extent(sch, roles.row))
+
+
 class CPUMatmul(dl.ScheduleRule):
     """Block an `mr x nr` tile of C in registers, unroll K by `k_unroll`, fuse epilogues into the store.
 
@@ -292,11 +298,11 @@ class CPUMatmul(dl.ScheduleRule):
         load instead left the dynamic-batch MLP 1.27x slower than the static build; the copy makes it 1.04x.
         """
         factors = {}
-        if roles.row is not None and static_extent(loop_extent(sch, roles.row)) is None:
+        if _row_count(sch, roles) is None:
             factors[roles.row] = self.mr
         batch = [static_extent(loop_extent(sch, loop)) for loop in roles.spatial]
         width = static_extent(loop_extent(sch, roles.vector))
-        rows = 1 if roles.row is None else static_extent(loop_extent(sch, roles.row))
+        rows = _row_count(sch, roles)
         if (roles.line is None and None not in batch and (math.prod(batch) > 1
                 and self._ragged(loop_extent(sch, roles.vector), self.nr, 8)
                 or width is not None and self.lanes < width < self.nr and width % self.lanes
@@ -353,8 +359,7 @@ class CPUMatmul(dl.ScheduleRule):
         padded: bool = False,
     ) -> None:
         """Tile, reorder, cache the accumulator in registers, fuse the epilogue and annotate loops."""
-        rows = None if roles.line is not None else (
-            1 if roles.row is None else static_extent(loop_extent(sch, roles.row)))  # of C in the register tile
+        rows = None if roles.line is not None else _row_count(sch, roles)  # of C in the register tile
         vec_o, vec_i = sch.split(roles.vector, [None, self.vector_tile(loop_extent(sch, roles.vector), rows)])
         panel, vec_o = self._column_panels(sch, main, roles, vec_o, vec_i)
         rows, lines = self._tile_shape(sch, roles, static_extent(loop_extent(sch, vec_i)), bool(panel))
@@ -418,7 +423,7 @@ class CPUMatmul(dl.ScheduleRule):
 
         if roles.line is None or width is None:
             rows = rows_of(max(self.mr, PANEL_TILE_ROWS) if panelled else self.mr)
-            count = None if roles.row is None else static_extent(loop_extent(sch, roles.row))
+            count = _row_count(sch, roles)
             if count is not None and count % rows:  # (a symbolic count is padded to `mr` rows already)
                 rows = max(rows, rows_of(max(self.mr, PANEL_TILE_ROWS)))  # 7 rows whole, not 4 + a guarded 3
             return rows, 1
