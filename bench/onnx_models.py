@@ -27,14 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx.backend.test.loader import load_model_tests
-from onnx.backend.test.runner import Runner as OnnxRunner
 from peers import onnxruntime_runner, openvino_runner  # bench/ is the script's directory
 from roofline import cpu_model, peak_gflops
 from timing import interleaved
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "frontend"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "runtime" / "onnx_import"))
+import backend_suites  # noqa: E402  (the light models as the tests find and feed them)
 import torch_zoo  # noqa: E402  (the models the ecosystem tests use)
 
 import kiln  # noqa: E402
@@ -42,7 +41,6 @@ from kiln.runtime.tvm import compile_cache  # noqa: E402
 from kiln.runtime.tvm.target import configure_threads, cpu_count  # noqa: E402
 
 CNNS = {"resnet", "mobilenetv3", "efficientnet"}
-LIGHT = {case.model_name: case for case in load_model_tests(kind="real")}  # the nine `light` models
 Runner = Callable[[], object]
 
 
@@ -71,13 +69,9 @@ def zoo_model(name: str, opset: int, folder: Path) -> Prepared:
 
 def light_model(name: str) -> Prepared:
     """A `light` model from the onnx package, on the dummy input and tolerances onnx's own runner uses for it."""
-    case = LIGHT[name]
-    path = Path(onnx.__file__).parent.parent / case.url  # the url names the file inside the onnx package
-    graph = onnx.load(path, load_external_data=False).graph
-    initializers = {t.name for t in graph.initializer}
-    inputs = [i for i in graph.input if i.name not in initializers]
-    return Prepared(path, [i.name for i in inputs], {1: [OnnxRunner.generate_dummy_data(i, name=name) for i in inputs]},
-                    case.rtol, case.atol)
+    path, feeds = backend_suites.light_model(name)
+    case = backend_suites.LIGHT_MODELS[name]
+    return Prepared(path, list(feeds), {1: list(feeds.values())}, case.rtol, case.atol)
 
 
 def bench_model(name: str, prepared: Prepared, rounds: int, threads: int) -> tuple[list[str], str | None]:
@@ -119,7 +113,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--opset", type=int, default=17)
     parser.add_argument("--markdown", help="also write the table to this markdown file")
-    models = [*torch_zoo.zoo(), *(f"light/{n}" for n in LIGHT)]
+    models = [*torch_zoo.zoo(), *(f"light/{n}" for n in backend_suites.LIGHT_MODELS)]
     parser.add_argument("--only", action="append", choices=models, help="run this model only (repeatable)")
     args = parser.parse_args()
     os.environ[compile_cache.CACHE_ENV] = tempfile.mkdtemp(prefix="kiln-bench-cache-")  # every build starts cold

@@ -1,5 +1,6 @@
 """One group of the ONNX project's backend tests (`onnx.backend.test.BackendTest`) run through a kiln backend and
-checked against a file of expected failures, one test and reason key a line: shared by the node and model harnesses.
+checked against a file of expected failures, one test and reason key a line: shared by the node and model harnesses;
+and the `light` models as the light-model test and bench/onnx_models.py find and feed them.
 
 Building a `BackendTest` generates every node case's data (~10 s of CPU), so one is built per backend and shared.
 """
@@ -14,8 +15,23 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+import onnx
 import onnx.backend.test
 from onnx.backend.base import Backend
+from onnx.backend.test.loader import load_model_tests
+from onnx.backend.test.runner import Runner
+
+LIGHT_MODELS = {case.model_name: case for case in load_model_tests(kind="real")}  # the nine `light` models
+
+
+def light_model(name: str) -> tuple[Path, dict[str, np.ndarray]]:
+    """A `light` model's file inside the onnx package (its url names it) and, by graph input, the dummy inputs
+    onnx's own runner feeds it (`OnnxBackendRealModelTest`); the tolerances are `LIGHT_MODELS[name]`'s."""
+    path = Path(onnx.__file__).parent.parent / LIGHT_MODELS[name].url
+    graph = onnx.load(path, load_external_data=False).graph
+    initializers = {t.name for t in graph.initializer}
+    return path, {i.name: Runner.generate_dummy_data(i, name=name) for i in graph.input if i.name not in initializers}
 
 
 @functools.cache

@@ -11,12 +11,11 @@ all nine (about a minute, squeezenet's TVM build cached on disk after the first 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from onnx.backend.test.loader import load_model_tests
+from backend_suites import LIGHT_MODELS, light_model
 from onnx.backend.test.runner import Runner
 
 from kiln.frontend.onnx_backend import KilnBackend, KilnReferenceBackend
@@ -36,21 +35,17 @@ _LIGHT = {  # model -> (backend, runs in CI)
     "vgg19": (KilnReferenceBackend, False),
     "zfnet512": (KilnReferenceBackend, False),
 }
-_CASES = {case.model_name: case for case in load_model_tests(kind="real")}
-
 
 def test_the_table_names_every_light_model():
-    assert sorted(_LIGHT) == sorted(_CASES)
+    assert sorted(_LIGHT) == sorted(LIGHT_MODELS)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if ci or _ALL else pytest.mark.skip(
     reason="a 224x224 CNN costs seconds: KILN_ONNX_LIGHT_ALL=1 runs it")) for n, (_, ci) in _LIGHT.items()])
 def test_light_model_matches_its_reference_output(name: str):
-    case, (backend, _) = _CASES[name], _LIGHT[name]
-    path = Path(onnx.__file__).parent.parent / case.url  # the url names the file inside the onnx package
+    case, (backend, _) = LIGHT_MODELS[name], _LIGHT[name]
+    path, inputs = light_model(name)
     model = onnx.load(path)
-    initializers = {t.name for t in model.graph.initializer}
-    inputs = [Runner.generate_dummy_data(i, name=name) for i in model.graph.input if i.name not in initializers]
     want = onnx.numpy_helper.to_array(onnx.load_tensor(path.with_name(f"{path.stem}_output_0.pb")))
-    (got,) = backend.prepare(model).run(inputs)
+    (got,) = backend.prepare(model).run(list(inputs.values()))
     Runner.assert_similar_outputs([want], [np.asarray(got)], rtol=case.rtol, atol=case.atol)
