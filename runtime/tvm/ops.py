@@ -15,6 +15,7 @@ from .dtypes import to_storage, tvm_dtype
 from .lowp import lowp_matmul
 from .quant_matmul import quant_matmul
 from .rule import OpCall, RelaxResult, relax_rule
+from .transposed_matmul import transposed_lhs
 
 _UNARY = {"neg": R.negative, "abs": R.abs, "relu": R.nn.relu, "exp": R.exp, "log": R.log, "sqrt": R.sqrt,
           "rsqrt": R.rsqrt, "tanh": R.tanh, "sigmoid": R.sigmoid, "silu": R.nn.silu, "erf": R.erf,
@@ -110,7 +111,8 @@ def _product(call: OpCall) -> relax.Expr:
     a, b = call.types[0], call.types[1]
     if a.rank >= 2 and b.rank >= 2 and a.shape[-1] == 1:
         return R.multiply(call.args[0], call.args[1])
-    return R.matmul(call.args[0], call.args[1])
+    folded = transposed_lhs(call)  # attention's `p^T @ g` as one kernel
+    return folded if folded is not None else R.matmul(call.args[0], call.args[1])
 
 
 @relax_rule("matmul")

@@ -1,0 +1,169 @@
+"""Where a captured training step's time goes, kernel by kernel: the TVM step of an encoder layer (forward, mse loss,
+backward, Adam) under TVM's VM profiler, 1 thread, each kernel's best call of N steps, with its share of the step,
+GFLOP/s where it is a contraction, and the kiln ops behind it; then torch eager's same step under torch.profiler
+(its top ops, self CPU time, best of the same N).
+
+    .venv/bin/python bench/step_kernels.py [--d 256 --batch 8] [--steps 5] [--top 25]
+
+Times are process CPU time (a shared host distorts them less than the wall clock), each kernel's the best of
+`--steps` steps. d 256 x batch 8 and d 768 x batch 1 (128 tokens) are bench/train_step.py's "transformer" and
+"encoder768" rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+from collections import defaultdict
+
+os.environ["TVM_NUM_THREADS"] = "1"  # before TVM's pool starts
+
+import numpy as np
+import torch
+from inference import encoder_widths  # bench/ is the script's directory
+
+import kiln
+from kiln import nn, optim
+from kiln.frontend.step import build_step
+from kiln.ir import DType, TensorType
+from kiln.runtime.tvm.compile import compile_graph, lowering_input
+from kiln.runtime.tvm.op_map import ops_named
+
+
+def step_graph(d: int, batch: int) -> tuple[kiln.ir.Graph, list[np.ndarray]]:
+    """The captured step of a d-wide encoder layer (dropout 0) and its arguments (params, Adam state, lr, x, y)."""
+    width, heads, ffn = encoder_widths(d)
+    model = nn.TransformerEncoderLayer(width, heads, ffn, dropout=0.0, device=kiln.Device("cpu").autodiff())
+    x_type = TensorType((batch, 128, d), DType.f32)
+    program = build_step(model, lambda m, x, y: nn.mse_loss(m(x), y), optim.Adam(), [x_type, x_type])
+    rng = np.random.default_rng(0)
+    args = [np.float64(1e-3) if a.name == "lr" else (rng.standard_normal(a.type.shape) * 0.05).astype(
+        a.type.dtype.numpy) for a in program.graph.functions["step"].args]
+    return program.graph, args
+
+
+Kernel = tuple[float, int, list[tuple[int, ...]]]  # best ms per step (all its calls), calls per step, arg shapes
+
+
+def kiln_kernels(graph: kiln.ir.Graph, args: list[np.ndarray], steps: int) -> tuple[float, dict[str, Kernel]]:
+    """(best step ms, per kernel name: its best ms summed over its calls in a step, calls, the shapes of its first
+    call's arguments), each VM call timed by an
+    instrument (a few us of Python per call; VM builtins such as allocations appear under their own names)."""
+    exe = compile_graph(graph, params="inputs", functions=("step",))
+    exe.run(*args, function="step")
+    per: dict[str, float] = defaultdict(float)
+    started: list[float] = []
+    shapes: dict[str, list[tuple[int, ...]]] = {}
+    calls: dict[str, int] = defaultdict(int)
+
+    def instrument(func, name, before, ret, *call_args) -> int:  # noqa: ANN001 (TVM's callback signature)
+        if before:
+            started.append(time.process_time())
+            shapes.setdefault(str(name), [tuple(a.shape) for a in call_args if hasattr(a, "shape")])
+            calls[str(name)] += 1
+        else:
+            per[str(name)] += (time.process_time() - started.pop()) * 1e3
+        return 0  # VMInstrumentReturnKind.NO_OP
+
+    plain = float("inf")
+    for _ in range(steps):
+        start = time.process_time()
+        exe.run(*args, function="step")
+        plain = min(plain, (time.process_time() - start) * 1e3)
+    exe._machine().set_instrument(instrument)
+    best = {}
+    for _ in range(steps):
+        per.clear()
+        calls.clear()
+        exe.run(*args, function="step")
+        for name, ms in per.items():
+            best[name] = min(best.get(name, float("inf")), ms)
+    return plain, {n: (ms, calls[n], shapes[n]) for n, ms in best.items()}
+
+
+def torch_ops(d: int, batch: int, steps: int) -> tuple[float, dict[str, float]]:
+    """torch eager's step of the same layer: (best step ms, best self-CPU ms per aten op)."""
+    torch.set_num_threads(1)
+    width, heads, ffn = encoder_widths(d)
+    layer = torch.nn.TransformerEncoderLayer(width, heads, ffn, dropout=0.0, activation="gelu", batch_first=True)
+    opt = torch.optim.Adam(layer.parameters(), 1e-3)
+    x, y = torch.randn(batch, 128, d), torch.randn(batch, 128, d)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(layer(x), y).backward()
+        opt.step()
+
+    step()
+    plain = float("inf")
+    for _ in range(steps):
+        start = time.process_time()
+        step()
+        plain = min(plain, (time.process_time() - start) * 1e3)
+    best = {}
+    for _ in range(steps):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step()
+        per = {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()}
+        for name, ms in per.items():
+            best[name] = min(best.get(name, float("inf")), ms)
+    return plain, best
+
+
+def kernel_ops(graph: kiln.ir.Graph, name: str, op_map: dict[str, list[int]]) -> str:
+    """The kiln op kinds behind a kernel name (`fused_matmul3_add2` -> matmul, add), counted."""
+    ops = lowering_input(graph).functions["step"].ops
+    kinds: dict[str, int] = defaultdict(int)
+    for i in ops_named(name, op_map):
+        kinds[ops[i].kind] += 1
+    return ", ".join(f"{k}x{n}" if n > 1 else k for k, n in kinds.items()) or "-"
+
+
+def matmul_flops(name: str, shapes: list[tuple[int, ...]], calls: int) -> int:
+    """2 x multiply-adds of a matmul kernel's calls from its operand and output shapes (the output last, the
+    contraction the operand axis not in it); 0 for other kernels."""
+    if "matmul" not in name or len(shapes) < 3:
+        return 0
+    a, out = shapes[0], shapes[-1]
+    k = a[-1] if a[-2] == out[-2] else a[-2]
+    return 2 * int(np.prod(out)) * k * calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--d", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--top", type=int, default=25)
+    a = parser.parse_args()
+    graph, args = step_graph(a.d, a.batch)
+    total, kernels = kiln_kernels(graph, args, a.steps)
+    op_map = compile_graph(graph, params="inputs", functions=("step",)).program.op_map["step"]
+    print(f"d{a.d} batch {a.batch}x128, 1 thread, best of {a.steps}; load {os.getloadavg()[0]:.1f}")
+    in_kernels = sum(ms for ms, _, _ in kernels.values())
+    print(f"kiln TVM step: {total:.2f} ms CPU time; its {len(kernels)} kernels and VM builtins, each timed "
+          f"alone: {in_kernels:.2f} ms\n")
+    print("| kernel | calls | ms | % step | GFLOP/s | shapes | kiln ops |\n|---|---:|---:|---:|---:|---|---|")
+    for name, (ms, n, shapes) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:a.top]:
+        flops = matmul_flops(name, shapes, n)
+        rate = f"{flops / ms / 1e6:.1f}" if flops else ""
+        shown = " ".join("x".join(map(str, s)) for s in shapes)
+        print(f"| {name[:60]} | {n} | {ms:.3f} | {100 * ms / total:.1f} | {rate} | {shown} | "
+              f"{kernel_ops(graph, name, op_map)} |")
+    by_kind: dict[str, float] = defaultdict(float)
+    for name, (ms, _, _) in kernels.items():
+        by_kind[re.sub(r"\d+$", "", name.split("_")[1] if name.startswith("fused_") else name)] += ms
+    print("\n| kernel family | ms | % step |\n|---|---:|---:|")
+    for name, ms in sorted(by_kind.items(), key=lambda kv: -kv[1])[:a.top]:
+        print(f"| {name} | {ms:.3f} | {100 * ms / total:.1f} |")
+    t_total, t_ops = torch_ops(a.d, a.batch, a.steps)
+    print(f"\ntorch eager step: {t_total:.2f} ms CPU time (ops: torch.profiler's self CPU time)\n")
+    print("| aten op | ms | % step |\n|---|---:|---:|")
+    for name, ms in sorted(t_ops.items(), key=lambda kv: -kv[1])[:a.top]:
+        print(f"| {name} | {ms:.3f} | {100 * ms / t_total:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
