@@ -16,6 +16,7 @@ from tvm.s_tir import dlight as dl
 
 from kiln.runtime.tvm import target as target_mod
 from kiln.runtime.tvm.calibrate import relax_module
+from kiln.runtime.tvm.cpu import cpu_model
 from kiln.runtime.tvm.pipeline import cpu_pipeline, cuda_pipeline
 from kiln.runtime.tvm.schedules import (
     CPUColumnReduction,
@@ -420,6 +421,18 @@ def test_transpose(shape: tuple[int, int]) -> None:
     assert sch is not None and "T.vectorized" in sch.mod["main"].script()
 
 
+@pytest.mark.parametrize("target", [TARGET, AVX512], ids=["host", "avx512"])
+def test_transpose_tile_gathers_one_vector_from_few_source_rows(target: tvm.target.Target) -> None:
+    """A tile of 8 cache lines of the source's contiguous axis by one vector: the vector gathers from `lanes` source
+    rows (16 x 16 tiles gathered from 16, more lines than an L1 set holds when rows are 4 KiB apart)."""
+    mod = relax_module([(64, 256)], relax.op.permute_dims)
+    (func,) = fused_prim_funcs(mod)
+    lines = CPUInjective().apply(func, target, False).mod["main"].script().splitlines()
+    loops = [line.strip() for line in lines if line.lstrip().startswith("for ")]
+    lanes, rows = cpu_model(target).lanes(), 8 * cpu_model(target).caches.line // 4
+    assert loops[-2].endswith(f"in range(T.int64({rows})):") and f"T.vectorized(T.int64({lanes}))" in loops[-1]
+
+
 def softmax_ref(x: np.ndarray) -> np.ndarray:
     (xd,) = f64(x)
     e = np.exp(xd - xd.max(-1, keepdims=True))
@@ -441,7 +454,8 @@ def assert_row_rule(funcs: list[tirx.PrimFunc], partial: bool, target: tvm.targe
 
 def test_transpose_after_a_reshape_is_tiled() -> None:
     """Splitting heads reads `x[b, s, h * 64 + d]`: the last index walks `d` with stride 1 inside an expression,
-    and the kernel still gets 16x16 tiles (a loop of 16 rows around 16 vector lanes), not a strided gather."""
+    and the kernel still gets its transpose tile (a loop over the 32 rows around one vector of the target's lanes),
+    not a strided gather."""
     mod = relax_module([(2, 32, 128)], lambda x: relax.op.permute_dims(relax.op.reshape(x, (2, 32, 4, 32)),
                                                                           [0, 2, 3, 1]))
     x = rand(2, 32, 128)
@@ -449,7 +463,8 @@ def test_transpose_after_a_reshape_is_tiled() -> None:
     (func,) = fused_prim_funcs(mod)
     lines = CPUInjective().apply(func, TARGET, False).mod["main"].script().splitlines()
     loops = [line.strip() for line in lines if line.lstrip().startswith("for ")]
-    assert loops[-2].endswith("in range(T.int64(16)):") and "T.vectorized(T.int64(16))" in loops[-1]
+    lanes = cpu_model(TARGET).lanes()
+    assert loops[-2].endswith("in range(T.int64(32)):") and f"T.vectorized(T.int64({lanes}))" in loops[-1]
 
 
 @pytest.mark.parametrize(("fast_math", "rtol"), [(False, EXACT), (True, FAST)], ids=["exact", "fast-math"])
