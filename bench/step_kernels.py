@@ -49,10 +49,10 @@ Kernel = tuple[float, int, list[tuple[int, ...]]]  # best ms per step (all its c
 
 def kiln_kernels(graph: kiln.ir.Graph, args: list[np.ndarray], steps: int) -> tuple[float, dict[str, Kernel]]:
     """(best step ms, per kernel name: its best ms summed over its calls in a step, calls, the shapes of its first
-    call's arguments), each VM call timed by an
+    call's arguments), run as `TrainStep` runs it (outputs as views, `copy=False`), each VM call timed by an
     instrument (a few us of Python per call; VM builtins such as allocations appear under their own names)."""
     exe = compile_graph(graph, params="inputs", functions=("step",))
-    exe.run(*args, function="step")
+    exe.run(*args, function="step", copy=False)
     per: dict[str, float] = defaultdict(float)
     started: list[float] = []
     shapes: dict[str, list[tuple[int, ...]]] = {}
@@ -70,14 +70,14 @@ def kiln_kernels(graph: kiln.ir.Graph, args: list[np.ndarray], steps: int) -> tu
     plain = float("inf")
     for _ in range(steps):
         start = time.process_time()
-        exe.run(*args, function="step")
+        exe.run(*args, function="step", copy=False)
         plain = min(plain, (time.process_time() - start) * 1e3)
     exe._machine().set_instrument(instrument)
     best = {}
     for _ in range(steps):
         per.clear()
         calls.clear()
-        exe.run(*args, function="step")
+        exe.run(*args, function="step", copy=False)
         for name, ms in per.items():
             best[name] = min(best.get(name, float("inf")), ms)
     return plain, {n: (ms, calls[n], shapes[n]) for n, ms in best.items()}
