@@ -17,6 +17,7 @@ from tvm import relax
 import kiln
 from kiln import nn
 from kiln.frontend.trace import trace
+from kiln.runtime.tvm import const_fold
 from kiln.runtime.tvm.compile import lowering_input
 from kiln.runtime.tvm.const_fold import fold_constant_kernels
 from kiln.runtime.tvm.lower import lower
@@ -73,6 +74,17 @@ def test_fold_then_fold_constant_is_fold_constant() -> None:
         want = relax.transform.FoldConstant()(mod)
         got = relax.transform.FoldConstant()(fold_constant_kernels()(mod))
     assert tvm_ffi.structural_equal(got, want)
+
+
+def test_kernels_tvm_cannot_run_here_are_left_to_fold_constant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build or run that fails leaves the module as it was (FoldConstant then tries each kernel itself)."""
+    def fail(*_args: object) -> None:
+        raise RuntimeError("no LLVM here")
+
+    mod, target = before_fold()
+    monkeypatch.setattr(const_fold, "_evaluate", fail)
+    with target:
+        assert tvm_ffi.structural_equal(fold_constant_kernels()(mod), mod)
 
 
 def test_every_constant_kernel_folds_in_one_build(monkeypatch: pytest.MonkeyPatch) -> None:
