@@ -115,7 +115,7 @@ def compile_graph(graph: Graph, *, target: TargetLike = "llvm", params: str = "b
         program, path = build(graph, names, tgt, params, fast_math, tuned, mode), None
         if cache:
             with stage(f"storing @{graph.name} in the compile cache"):
-                compile_cache.store(key, program, program.library.export_library)
+                program, path = compile_cache.store(key, program, program.library.export_library)
     values = None
     if params == "inputs":
         values = {p.name: param_value(p) for name in names for p in used_params(graph, name)}

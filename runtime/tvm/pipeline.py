@@ -25,6 +25,7 @@ from tvm.target import Target
 
 from kiln.runtime.tvm.schedules.fastmath import fast_math_passes
 
+from .const_fold import fold_constant_kernels
 from .conv_regions import block_conv_regions
 from .output_fusion import fuse_output_producers
 from .schedules import Safe, default_cpu_rules
@@ -69,9 +70,15 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
 
 
 def _with_output_fusion(passes: list[tvm.transform.Pass]) -> list[tvm.transform.Pass]:
-    """TVM's legalize-and-fuse passes with `fuse_output_producers` just before FuseTIR."""
-    at = next(i for i, p in enumerate(passes) if p.info.name == "FuseTIR")
-    return [*passes[:at], fuse_output_producers, *passes[at:]]
+    """TVM's legalize-and-fuse passes with `fold_constant_kernels` just before FoldConstant (one build for all of
+    them) and `fuse_output_producers` just before FuseTIR."""
+    passes = _insert_before(passes, "FoldConstant", fold_constant_kernels())
+    return _insert_before(passes, "FuseTIR", fuse_output_producers)
+
+
+def _insert_before(passes: list[tvm.transform.Pass], name: str, new: tvm.transform.Pass) -> list[tvm.transform.Pass]:
+    at = next(i for i, p in enumerate(passes) if p.info.name == name)
+    return [*passes[:at], new, *passes[at:]]
 
 
 def cpu_pipeline(
