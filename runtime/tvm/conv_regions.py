@@ -1,6 +1,7 @@
 """Blocked regions: a Relax rewrite before legalization that computes the convs the CPU model blocks in NCHW[x]c
 (`conv_layout.py`) and keeps their activations in that layout through the elementwise ops after them (bias add,
-relu/clip, batch norm's scale and shift, a residual add, max and average pooling) and into the next blocked conv.
+relu/clip, batch norm's scale and shift, a residual add, max and average pooling, a depthwise conv) and into the
+next blocked conv.
 
 Every value of a region is also bound in NCHW (`from_blocked` of its blocked form), for the consumers that are not
 blocked (flatten, a global mean, matmul, the outputs); dead code elimination drops the unread ones. A region's
@@ -18,7 +19,9 @@ from tvm.target import Target
 
 from .conv_layout import (
     BLOCKED_NAME,
+    DEPTHWISE_NAME,
     blocked_conv,
+    blocked_depthwise,
     blocks_output_channels,
     from_blocked,
     pack_te,
@@ -102,10 +105,12 @@ class _Regions(PyExprMutator):
                                                         primfunc_name_hint="pack_per_channel"))
 
     def _conv(self, call: relax.Call, out: list[int]) -> relax.Expr | None:
-        a = call.attrs
+        a, x = call.attrs, call.args[0]
         x_shape, w_shape = (_static(arg.ty) for arg in call.args)
-        plain = (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "OIHW", "NCHW") and int(a.groups) == 1
-        if not (plain and x_shape and w_shape and blocks_output_channels(out[1], out[3], self.rule)):
+        nchw = (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "OIHW", "NCHW") and x_shape and w_shape
+        # a depthwise conv stays blocked where its input is: it computes lane by lane, whatever the map's width
+        depthwise = nchw and int(a.groups) == x_shape[1] == out[1] > 1 and w_shape[1] == 1 and x in self.blocked
+        if not (depthwise or nchw and int(a.groups) == 1 and blocks_output_channels(out[1], out[3], self.rule)):
             return None
         w = call.args[1]
         if isinstance(w, tvm.ir.Constant):
@@ -114,7 +119,9 @@ class _Regions(PyExprMutator):
             wp = self.builder_.emit(self.builder_.call_te(pack_te, w, self.block,
                                                           primfunc_name_hint="pack_conv_weight"))
         ints = [[int(v) for v in vs] for vs in (a.strides, a.padding, a.dilation)]
-        x = call.args[0]
+        if depthwise:
+            return self.builder_.call_te(blocked_depthwise, self.blocked[x], wp, *ints,
+                                         primfunc_name_hint=DEPTHWISE_NAME)
         return self.builder_.call_te(blocked_conv, self.blocked.get(x, x), wp, x_shape[1], *ints,
                                      primfunc_name_hint=BLOCKED_NAME)
 

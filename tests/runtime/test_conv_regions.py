@@ -13,7 +13,7 @@ from tvm import relax
 from kiln.ir import Builder
 from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.compile import compile_graph
-from kiln.runtime.tvm.conv_layout import BLOCKED_NAME
+from kiln.runtime.tvm.conv_layout import BLOCKED_NAME, DEPTHWISE_NAME
 from kiln.runtime.tvm.conv_regions import block_conv_regions
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.pipeline import cpu_fusion_passes, cpu_pipeline
@@ -108,6 +108,39 @@ def test_blocked_pools_match_torch(kind: str, batch: int, kernel: int, stride: i
     t = torch.nn.functional.max_pool2d(t, kernel, stride, pad) if kind == "max" else \
         torch.nn.functional.avg_pool2d(t, kernel, stride, pad, count_include_pad=include_pad)
     want = torch.nn.functional.conv2d(t, torch.from_numpy(W2).double()).numpy()
+    np.testing.assert_allclose(_run(mod, x), want, rtol=1e-4, atol=1e-4)
+
+
+DEPTHWISE = np.random.default_rng(4).standard_normal((36, 1, 3, 3)).astype(np.float32)
+
+
+def _depthwise_chain(x: relax.Expr, stride: int = 1, dilation: int = 1) -> relax.Expr:
+    """1x1 conv + relu, a 3x3 depthwise conv (36 channels: a partial last block), relu, 1x1 conv."""
+    y = nn.relu(nn.conv2d(x, relax.const(W2)))
+    y = nn.relu(nn.conv2d(y, relax.const(DEPTHWISE), strides=stride, padding=dilation, dilation=dilation, groups=36))
+    return nn.conv2d(y, relax.const(W2))
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_depthwise_conv_inside_a_region_adds_no_layout_change(target: tvm.target.Target) -> None:
+    """Issue 13: "depthwise convs that read and write the blocked layout inside a region": between two blocked
+    1x1 convs it is a blocked kernel too, and the chain converts once, out (before: `from_blocked` into it)."""
+    names = _calls(relax_module([(2, 36, 18, 18)], _depthwise_chain), target)
+    assert names == [BLOCKED_NAME, DEPTHWISE_NAME, BLOCKED_NAME, "from_blocked"], names
+
+
+@pytest.mark.parametrize(("batch", "width", "stride", "dilation"), [(8, 19, 2, 1), (1, 19, 1, 2)],
+                         ids=["s2-batch-8", "dilated-s1"])
+def test_blocked_depthwise_convs_match_torch(batch: int, width: int, stride: int, dilation: int) -> None:
+    """The chain above, strided at batch 8 and dilated at batch 1, on a 19-wide map (odd), against torch."""
+    x = RNG.standard_normal((batch, 36, width, width)).astype(np.float32)
+    mod = relax_module([x.shape], lambda v: _depthwise_chain(v, stride, dilation))
+    assert DEPTHWISE_NAME in _calls(mod, TARGET)
+    t = {k: torch.from_numpy(v).double() for k, v in dict(x=x, w=W2, d=DEPTHWISE).items()}
+    y = torch.relu(torch.nn.functional.conv2d(t["x"], t["w"]))
+    y = torch.relu(torch.nn.functional.conv2d(y, t["d"], stride=stride, padding=dilation, dilation=dilation,
+                                              groups=36))
+    want = torch.nn.functional.conv2d(y, t["w"]).numpy()
     np.testing.assert_allclose(_run(mod, x), want, rtol=1e-4, atol=1e-4)
 
 
