@@ -1,6 +1,7 @@
 """Issue 13's worst kernels against onnxruntime, one thread each: strided, dilated and depthwise convs at 56²-112²
 and the attention batched matmuls (K = 64, 197 tokens), next to the stride-1 3x3 and 1x1 convs at 56²-7² and a
-ResNet basic block (two 3x3 convs, residual add and relus) they are measured against.
+ResNet basic block (two 3x3 convs, residual add and relus) they are measured against; `conv-7` and `conv-1x1-56` are
+ResNet-50's last-stage convs (512-2048 channels on 7² maps, batch 1 and 8) and its bottleneck 1x1 convs at 56².
 
 Run from the repository root:
 
@@ -70,6 +71,9 @@ GROUPS: dict[str, Callable[[], list[Case]]] = {
     "conv-s1": lambda: [conv(1, 64, 56, 64), conv(1, 128, 28, 128), conv(1, 256, 14, 256), conv(1, 256, 7, 256)],
     "conv-1x1": lambda: [conv(1, 64, 56, 256, size=1), conv(1, 128, 28, 128, size=1), conv(1, 256, 14, 256, size=1),
                          conv(1, 256, 7, 256, size=1)],
+    "conv-7": lambda: [conv(1, 512, 7, 512), conv(1, 512, 7, 2048, size=1), conv(1, 2048, 7, 512, size=1),
+                       conv(8, 512, 7, 512), conv(8, 2048, 7, 512, size=1)],  # ResNet-50's last stage
+    "conv-1x1-56": lambda: [conv(1, 64, 56, 64, size=1), conv(1, 256, 56, 64, size=1), conv(8, 64, 56, 256, size=1)],
     "stage": lambda: [stage(1, 64, 56), stage(1, 128, 28), stage(1, 256, 14)],
     "conv-s2": lambda: [conv(1, 64, 56, 128, 2), conv(1, 128, 56, 128, 2), conv(1, 256, 28, 256, 2),
                         conv(3, 256, 28, 64, 2)],

@@ -1,9 +1,10 @@
 """Blocked regions: a Relax rewrite before legalization that computes the convs the CPU model blocks in NCHW[x]c
 (`conv_layout.py`) and keeps their activations in that layout through the elementwise ops after them (bias add,
-relu/clip, batch norm's scale and shift, a residual add) and into the next blocked conv.
+relu/clip, batch norm's scale and shift, a residual add, max and average pooling, a depthwise conv) and into the
+next blocked conv.
 
 Every value of a region is also bound in NCHW (`from_blocked` of its blocked form), for the consumers that are not
-blocked (pooling, flatten, matmul, the function's outputs); dead code elimination drops the unread ones. A region's
+blocked (flatten, a global mean, matmul, the outputs); dead code elimination drops the unread ones. A region's
 first conv reads its NCHW input in place, so a chain converts once, on the way out. An NCHW operand of a blocked
 elementwise op (the skip branch of a residual add) is converted once (`to_blocked`), and a per-channel one (a bias
 `[C, 1, 1]`) is blocked as a `[1, C, 1, 1]` map, which FoldConstant packs at build time when it is a constant.
@@ -18,7 +19,9 @@ from tvm.target import Target
 
 from .conv_layout import (
     BLOCKED_NAME,
+    DEPTHWISE_NAME,
     blocked_conv,
+    blocked_depthwise,
     blocks_output_channels,
     from_blocked,
     pack_te,
@@ -29,6 +32,8 @@ from .cpu import cpu_model
 from .schedules.matmul import CPUMatmul
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+# pooling windows slide over H and W only, so on a blocked map (layout NCHW[b]c) they pool each lane's channel
+_POOL2D = {tvm.ir.Op.get(f"relax.nn.{kind}_pool2d"): getattr(relax.op.nn, f"{kind}_pool2d") for kind in ("max", "avg")}
 # ops computed lane by lane whatever the layout: on blocked operands they give the blocked result
 _ELEMENTWISE = frozenset(tvm.ir.Op.get(f"relax.{name}") for name in (
     "add", "subtract", "multiply", "divide", "maximum", "minimum", "nn.relu", "clip", "sigmoid", "tanh", "nn.silu"))
@@ -74,6 +79,8 @@ class _Regions(PyExprMutator):
                 blocked = self._conv(call, out)
             elif call.op in _ELEMENTWISE:
                 blocked = self._elementwise(call, out)
+            elif call.op in _POOL2D:
+                blocked = self._pool(call)
         if blocked is None:
             super().visit_var_binding_(binding)
             return
@@ -98,10 +105,12 @@ class _Regions(PyExprMutator):
                                                         primfunc_name_hint="pack_per_channel"))
 
     def _conv(self, call: relax.Call, out: list[int]) -> relax.Expr | None:
-        a = call.attrs
+        a, x = call.attrs, call.args[0]
         x_shape, w_shape = (_static(arg.ty) for arg in call.args)
-        plain = (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "OIHW", "NCHW") and int(a.groups) == 1
-        if not (plain and x_shape and w_shape and blocks_output_channels(out[1], out[3], self.rule)):
+        nchw = (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "OIHW", "NCHW") and x_shape and w_shape
+        # a depthwise conv stays blocked where its input is: it computes lane by lane, whatever the map's width
+        depthwise = nchw and int(a.groups) == x_shape[1] == out[1] > 1 and w_shape[1] == 1 and x in self.blocked
+        if not (depthwise or nchw and int(a.groups) == 1 and blocks_output_channels(out[1], out[3], self.rule)):
             return None
         w = call.args[1]
         if isinstance(w, tvm.ir.Constant):
@@ -110,9 +119,19 @@ class _Regions(PyExprMutator):
             wp = self.builder_.emit(self.builder_.call_te(pack_te, w, self.block,
                                                           primfunc_name_hint="pack_conv_weight"))
         ints = [[int(v) for v in vs] for vs in (a.strides, a.padding, a.dilation)]
-        x = call.args[0]
+        if depthwise:
+            return self.builder_.call_te(blocked_depthwise, self.blocked[x], wp, *ints,
+                                         primfunc_name_hint=DEPTHWISE_NAME)
         return self.builder_.call_te(blocked_conv, self.blocked.get(x, x), wp, x_shape[1], *ints,
                                      primfunc_name_hint=BLOCKED_NAME)
+
+    def _pool(self, call: relax.Call) -> relax.Expr | None:
+        """Max or average pooling of a blocked map, in the blocked layout; None for an NCHW input (it stays so)."""
+        x, a = call.args[0], call.attrs
+        if not (isinstance(x, relax.Var) and x in self.blocked and a.layout == a.out_layout == "NCHW"):
+            return None
+        return _POOL2D[call.op](self.blocked[x], a.pool_size, a.strides, a.padding, a.dilation, a.ceil_mode,
+                                a.count_include_pad, layout=f"NCHW{self.block}c")
 
     def _elementwise(self, call: relax.Call, out: list[int]) -> relax.Expr | None:
         """The op on blocked operands when one of them is blocked and every other tensor is the full map or

@@ -4,16 +4,18 @@ CPU model blocks, the packed weight, and numbers against torch, bound and as inp
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 import tvm
-from tvm import relax, tirx
+from tvm import relax, te, tirx
 
 from kiln.ir import Builder
 from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.compile import compile_graph
-from kiln.runtime.tvm.conv_layout import BLOCKED_NAME, blocks_output_channels, pack_weight
+from kiln.runtime.tvm.conv_layout import BLOCKED_NAME, blocked_conv, blocks_output_channels, pack_weight
 from kiln.runtime.tvm.conv_regions import block_conv_regions
 from kiln.runtime.tvm.cpu import cpu_model
 from kiln.runtime.tvm.pipeline import cpu_pipeline
@@ -28,13 +30,14 @@ pytestmark = pytest.mark.usefixtures("module_cache")  # builds go to a scratch c
 
 
 @pytest.mark.parametrize(("target", "channels", "width", "blocked"), [
-    (AVX2, 128, 28, True), (AVX2, 256, 14, True), (AVX2, 256, 7, False), (AVX2, 64, 56, True),
+    (AVX2, 128, 28, True), (AVX2, 256, 14, True), (AVX2, 256, 7, True), (AVX2, 64, 56, True),
     (AVX2, 10, 28, False), (AVX2, 77, 28, True), (AVX512, 128, 28, True), (AVX512, 64, 56, True),
     (AVX512, 64, 64, True), (AVX512, 24, 14, False)])
 def test_the_cpu_model_blocks_convs_whose_width_fills_vectors_worse(target: tvm.target.Target, channels: int,
                                                                    width: int, blocked: bool) -> None:
     """Width tiles of 28 columns are 14 + 14 (8 + 6 lanes on AVX2), of 14 one partial vector: those convs ran at a
-    third of onnxruntime's speed and are blocked; a 7-wide map (under one vector) is not; a 56-wide map fills
+    third of onnxruntime's speed and are blocked, and so is a 7-wide map (under one vector: its 7 columns are one
+    register tile, `test_a_7_wide_blocked_conv_keeps_its_columns_in_one_tile`); a 56-wide map fills
     whole vectors on AVX2, as many as 64 channels do, and a tie is blocked (the 1x1 64x56² -> 256 conv ran 1.8x
     faster blocked; on AVX-512 56 wide tiles as 8 of 16 lanes; 64 wide ties); channel counts (10 on AVX2, 24 of
     AVX-512's 32) that would fill fewer lanes than the width does stay NCHW."""
@@ -70,12 +73,17 @@ def _prim_names(mod: tvm.IRModule) -> list[str]:
     ((2, 3, 20, 20), (77, 3, 3, 3), dict(padding=1), True, True),
     ((1, 10, 18, 18), (16, 10, 1, 1), dict(padding=0), False, True),
     ((1, 5, 39, 39), (24, 5, 3, 3), dict(padding=1, strides=2), False, False),
-    ((1, 4, 20, 20), (32, 4, 3, 3), dict(padding=2, dilation=2), True, False)],
-    ids=["3x3-77-channels-bias-relu-bound", "1x1-18-wide-bound", "3x3-s2-20-wide-inputs", "dilated-20-wide-inputs"])
+    ((1, 4, 20, 20), (32, 4, 3, 3), dict(padding=2, dilation=2), True, False),
+    ((8, 13, 7, 7), (21, 13, 3, 3), dict(padding=1), True, True),
+    ((1, 16, 7, 7), (24, 16, 1, 1), dict(padding=0), False, False),
+    ((1, 9, 14, 14), (16, 9, 3, 3), dict(padding=1, strides=2), False, True)],
+    ids=["3x3-77-channels-bias-relu-bound", "1x1-18-wide-bound", "3x3-s2-20-wide-inputs", "dilated-20-wide-inputs",
+         "3x3-7-wide-batch-8-odd-channels", "1x1-7-wide-inputs", "3x3-s2-to-7-wide-bound"])
 def test_blocked_conv_matches_torch(x_shape: tuple[int, ...], w_shape: tuple[int, ...], kw: dict, epilogue: bool,
                                     bound: bool) -> None:
     """Blocked convs (a 77-channel tail, 1x1, strided, dilated, with a fused bias and relu; 18-20 wide, so blocked on
-    AVX2 and AVX-512 hosts alike) equal torch's; a bound
+    AVX2 and AVX-512 hosts alike; 7-wide maps at batch 1 and 8, whose 7 columns are one register tile) equal torch's;
+    a bound
     weight is packed at build time (no packing kernel), a weight passed as input is packed by a kernel of the
     program."""
     rng = np.random.default_rng(0)
@@ -92,12 +100,24 @@ def test_blocked_conv_matches_torch(x_shape: tuple[int, ...], w_shape: tuple[int
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize(("width", "blocked"), [(56, True), (7, False)])
-def test_a_56_wide_conv_is_blocked_and_a_7_wide_one_stays_nchw(width: int, blocked: bool) -> None:
+@pytest.mark.parametrize("width", [56, 7])
+def test_56_and_7_wide_convs_are_blocked(width: int) -> None:
     """64 channels on a 56-wide map fill whole vectors either way, and blocked wins the tie; a 7-wide map is narrower
-    than one vector (on AVX2 and AVX-512) and stays NCHW."""
+    than one vector (on AVX2 and AVX-512), so channel vectors fill more lanes and it is blocked too."""
     mod = relax_module([(1, 8, width, width), (64, 8, 3, 3)], lambda x, w: relax.op.nn.conv2d(x, w, padding=1))
-    assert (BLOCKED_NAME in _prim_names(mod)) is blocked
+    assert BLOCKED_NAME in _prim_names(mod)
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_7_wide_blocked_conv_keeps_its_columns_in_one_tile(target: tvm.target.Target) -> None:
+    """ResNet's last stage (7² maps, 2.2x onnxruntime): tiled 2 + 2 + 2 + 1 columns (AVX2's `mr / 2`) the guarded
+    column kept its sums in memory; a row tile that divides the 7 columns wins (7 rows of 8 or 16 accumulators)."""
+    x = te.placeholder((1, 8, 9, 9, 8), name="x")
+    wp = te.placeholder((8, 64, 3, 3, 8), name="w")
+    func = te.create_prim_func([x, wp, blocked_conv(x, wp, 64, [1, 1], [0, 0, 0, 0], [1, 1])])
+    text = CPUMatmul().apply(func, target, False).mod["main"].script()
+    tile = text[:text.index('"conv_blocked_update"')].rsplit("T.grid", 1)[1]  # kernel width, columns, channels
+    assert 7 in [int(n) for n in re.findall(r"T\.unroll\((\d+)\)", tile)]
 
 
 @pytest.mark.parametrize("params", ["bound", "inputs"])

@@ -13,7 +13,7 @@ from tvm import relax
 from kiln.ir import Builder
 from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.compile import compile_graph
-from kiln.runtime.tvm.conv_layout import BLOCKED_NAME
+from kiln.runtime.tvm.conv_layout import BLOCKED_NAME, DEPTHWISE_NAME
 from kiln.runtime.tvm.conv_regions import block_conv_regions
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.pipeline import cpu_fusion_passes, cpu_pipeline
@@ -67,15 +67,81 @@ def test_a_three_conv_chain_converts_once_in_and_once_out(target: tvm.target.Tar
     assert names == [BLOCKED_NAME, BLOCKED_NAME, BLOCKED_NAME, "from_blocked"], names
 
 
-def test_a_pooling_consumer_is_a_region_boundary() -> None:
-    """Pooling has no blocked form: the conv before it converts out (the pool, a Relax op, reads that NCHW value),
-    the conv after it reads the pool's NCHW result in place; an NCHW value read by a blocked add (the skip branch
-    `x`) is converted by `to_blocked`."""
+def _pool_chain(x: relax.Expr) -> relax.Expr:
+    """conv 3x3 + relu, a 3x3/1 max pool, conv 3x3, + the NCHW input `x` (36 channels)."""
+    y = nn.relu(nn.conv2d(x, relax.const(W3), padding=1))
+    return relax.op.add(nn.conv2d(nn.max_pool2d(y, 3, 1, 1), relax.const(W3), padding=1), x)
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_pool_inside_a_region_adds_no_layout_change(target: tvm.target.Target) -> None:
+    """"layout changes only at the boundaries of blocked regions": the max pool between two blocked convs pools the
+    blocked map (layout NCHW[x]c, x the lanes) and the next conv reads its result, so the only conversions are the
+    skip branch `x` into the blocked add (`to_blocked`) and the result out (before, the pool was a boundary: a
+    `from_blocked` of the first conv's map)."""
+    names = _calls(relax_module([(2, 36, 18, 18)], _pool_chain), target)
+    assert names == [BLOCKED_NAME, BLOCKED_NAME, "to_blocked", "from_blocked"], names
+    with target:
+        out = block_conv_regions(target)(relax_module([(2, 36, 18, 18)], _pool_chain))
+    lanes = 16 if target is AVX512 else 8
+    assert f'layout="NCHW{lanes}c"' in out.script() and 'layout="NCHW"' not in out.script()
+
+
+@pytest.mark.parametrize(("kind", "batch", "kernel", "stride", "pad", "include_pad"), [
+    ("max", 1, 3, 2, 1, False), ("avg", 8, 3, 2, 1, True), ("avg", 1, 3, 2, 1, False), ("max", 8, 2, 2, 0, False)],
+    ids=["max-3x3-s2-pad1", "avg-batch-8-counting-pad", "avg-not-counting-pad", "max-2x2-batch-8"])
+def test_blocked_pools_match_torch(kind: str, batch: int, kernel: int, stride: int, pad: int,
+                                   include_pad: bool) -> None:
+    """conv -> pool -> 1x1 conv with 36 channels (a partial last block) on a 19-wide map (odd: the pools' last
+    windows overhang), the pool blocked between the convs, against torch at batch 1 and 8."""
+    pool = {"max": nn.max_pool2d, "avg": nn.avg_pool2d}[kind]
+
     def body(x: relax.Expr) -> relax.Expr:
-        y = nn.relu(nn.conv2d(x, relax.const(W3), padding=1))
-        return relax.op.add(nn.conv2d(nn.max_pool2d(y, 3, 1, 1), relax.const(W3), padding=1), x)
-    names = _calls(relax_module([(2, 36, 18, 18)], body), AVX2)
-    assert names == [BLOCKED_NAME, "from_blocked", BLOCKED_NAME, "to_blocked", "from_blocked"], names
+        y = pool(nn.relu(nn.conv2d(x, relax.const(W3), padding=1)), kernel, stride, pad,
+                 count_include_pad=include_pad)
+        return nn.conv2d(y, relax.const(W2))
+
+    x = RNG.standard_normal((batch, 36, 19, 19)).astype(np.float32)
+    mod = relax_module([x.shape], body)
+    assert _calls(mod, TARGET) == [BLOCKED_NAME, BLOCKED_NAME, "from_blocked"]
+    t = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(W3).double(), padding=1))
+    t = torch.nn.functional.max_pool2d(t, kernel, stride, pad) if kind == "max" else \
+        torch.nn.functional.avg_pool2d(t, kernel, stride, pad, count_include_pad=include_pad)
+    want = torch.nn.functional.conv2d(t, torch.from_numpy(W2).double()).numpy()
+    np.testing.assert_allclose(_run(mod, x), want, rtol=1e-4, atol=1e-4)
+
+
+DEPTHWISE = np.random.default_rng(4).standard_normal((36, 1, 3, 3)).astype(np.float32)
+
+
+def _depthwise_chain(x: relax.Expr, stride: int = 1, dilation: int = 1) -> relax.Expr:
+    """1x1 conv + relu, a 3x3 depthwise conv (36 channels: a partial last block), relu, 1x1 conv."""
+    y = nn.relu(nn.conv2d(x, relax.const(W2)))
+    y = nn.relu(nn.conv2d(y, relax.const(DEPTHWISE), strides=stride, padding=dilation, dilation=dilation, groups=36))
+    return nn.conv2d(y, relax.const(W2))
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_depthwise_conv_inside_a_region_adds_no_layout_change(target: tvm.target.Target) -> None:
+    """Issue 13: "depthwise convs that read and write the blocked layout inside a region": between two blocked
+    1x1 convs it is a blocked kernel too, and the chain converts once, out (before: `from_blocked` into it)."""
+    names = _calls(relax_module([(2, 36, 18, 18)], _depthwise_chain), target)
+    assert names == [BLOCKED_NAME, DEPTHWISE_NAME, BLOCKED_NAME, "from_blocked"], names
+
+
+@pytest.mark.parametrize(("batch", "width", "stride", "dilation"), [(8, 19, 2, 1), (1, 19, 1, 2)],
+                         ids=["s2-batch-8", "dilated-s1"])
+def test_blocked_depthwise_convs_match_torch(batch: int, width: int, stride: int, dilation: int) -> None:
+    """The chain above, strided at batch 8 and dilated at batch 1, on a 19-wide map (odd), against torch."""
+    x = RNG.standard_normal((batch, 36, width, width)).astype(np.float32)
+    mod = relax_module([x.shape], lambda v: _depthwise_chain(v, stride, dilation))
+    assert DEPTHWISE_NAME in _calls(mod, TARGET)
+    t = {k: torch.from_numpy(v).double() for k, v in dict(x=x, w=W2, d=DEPTHWISE).items()}
+    y = torch.relu(torch.nn.functional.conv2d(t["x"], t["w"]))
+    y = torch.relu(torch.nn.functional.conv2d(y, t["d"], stride=stride, padding=dilation, dilation=dilation,
+                                              groups=36))
+    want = torch.nn.functional.conv2d(y, t["w"]).numpy()
+    np.testing.assert_allclose(_run(mod, x), want, rtol=1e-4, atol=1e-4)
 
 
 def test_without_block_convs_the_program_stays_nchw() -> None:

@@ -566,6 +566,20 @@ def test_pooling(kind: str, shape: tuple[int, ...], kernel: int, stride: int, pa
     assert_window_rule(mod)
 
 
+@pytest.mark.parametrize("kind", ["max", "avg"])
+def test_pooling_a_blocked_map_vectorizes_its_channel_lanes(kind: str) -> None:
+    """Issue 13: "max/avg pooling ... that read and write the blocked layout inside a region": on NCHW8c the window
+    slides along the width, the index before the lanes; the rule takes it, one vector over the 8 channel lanes."""
+    mod = relax_module([(2, 3, 15, 15, 8)], lambda x: getattr(relax.op.nn, f"{kind}_pool2d")(
+        x, 3, 2, 1, layout="NCHW8c"))
+    assert_window_rule(mod)
+    x = rand(2, 3, 15, 15, 8)
+    nchw = torch.from_numpy(x).double().permute(0, 1, 4, 2, 3).reshape(2, 24, 15, 15)
+    want = getattr(torch.nn.functional, f"{kind}_pool2d")(nchw, 3, 2, 1, **({"count_include_pad": False}
+                                                                            if kind == "avg" else {}))
+    check(run(mod, x), want.reshape(2, 3, 8, 8, 8).permute(0, 1, 3, 4, 2).numpy(), EXACT)
+
+
 def test_pooling_over_a_dynamic_batch() -> None:
     n = tirx.Var("n", "int64")
     mod = relax_module([(n, 16, 8, 8)], lambda x: relax.op.nn.max_pool2d(x, 2, 2))

@@ -61,14 +61,23 @@ class CPUWindowReduction(dl.ScheduleRule):
     @staticmethod
     def _is_window(sch: s_tir.Schedule, info: dl.SBlockInfo) -> bool:
         """Spatial loops then a static window of at most MAX_WINDOW elements that slides along the last output
-        index: some input's last index combines that output index with a window index (`ow * stride + kw`)."""
+        index: some input's last index combines that output index with a window index (`ow * stride + kw`), or is
+        that output index itself while the window slides along the one before (a blocked NCHW[x]c map, whose last
+        index is a lane of channels: `x[.., ow * stride + kw, c]`, the vector a contiguous load; a matmul's `B[k, j]`
+        slides along no output index)."""
         kinds = info.dom_kind()
         if not re.fullmatch("S+R+", kinds):
             return False
         window = [static_extent(loop_extent(sch, it.loop_rv)) for it in info.iters if it.kind == "R"]
         if None in window or math.prod(window) > MAX_WINDOW:
             return False
-        last = [it for it in info.iters if it.kind == "S"][-1].var
+        outputs = [it.var for it in info.iters if it.kind == "S"]
         slide = [it.var for it in info.iters if it.kind == "R"]
-        return any(uses_var(read.region[-1].min, last) and any(uses_var(read.region[-1].min, r) for r in slide)
+
+        def slides(index: tirx.Expr, along: list[tirx.Var]) -> bool:
+            return any(uses_var(index, o) for o in along) and any(uses_var(index, r) for r in slide)
+
+        return any(slides(read.region[-1].min, outputs[-1:])
+                   or len(read.region) > 1 and read.region[-1].min.same_as(outputs[-1])
+                   and slides(read.region[-2].min, outputs[:-1])
                    for read in sch.get(info.block_rv).reads)
