@@ -27,12 +27,13 @@ _MATMUL = tvm.ir.Op.get("relax.matmul")
 
 def panel_width(rule: CPUMatmul, rows: int, n: int) -> int | None:
     """Columns of one panel of an `n`-column weight multiplied by `rows` rows (C's innermost row extent), or None
-    when it stays `[K, N]`: the vector tile `rule` (sized `for_cpu`) takes for the shape, when that is whole vectors,
-    divides `n` and is narrower than it (a single panel is the weight as it is; a ragged width keeps the rule's
-    padded path)."""
-    width = rule.vector_tile(tirx.IntImm("int64", n), rows)
+    when it stays `[K, N]`: the tile width `rule` (sized `for_cpu`) takes for the rows, or `n` rounded up to whole
+    vectors when narrower (a width no panel divides, 10, 77 or 1000, is zero-padded to whole panels: no tile has a
+    ragged vector or a predicated tail, where `[K, N]` would take a divisor such as 8 of 1000); a weight
+    that is already one panel (16 columns on AVX2) stays as it is."""
     lanes = rule.lanes or 1
-    return width if width % lanes == 0 and n % width == 0 and width < n else None
+    width = min(rule.tile_width(rows), -(-n // lanes) * lanes)
+    return None if width == n else width
 
 
 def packs_operand(model: CPUModel, rows: int) -> bool:
@@ -43,25 +44,38 @@ def packs_operand(model: CPUModel, rows: int) -> bool:
     return rows >= model.lanes() * model.fma_units
 
 
+def padded_columns(n: int, width: int) -> int:
+    """The columns of a weight of `n` packed in panels of `width`: whole panels, zeros past `n`."""
+    return -(-n // width) * width
+
+
 def pack_weight(w: np.ndarray, width: int) -> np.ndarray:
-    """`[K, N]` as `[N / width, K, width]` (`width` divides N)."""
+    """`[K, N]` as `[ceil(N / width), K, width]`, zero past N."""
     k, n = w.shape
-    return np.ascontiguousarray(w.reshape(k, n // width, width).transpose(1, 0, 2))
+    padded = np.zeros((k, padded_columns(n, width)), w.dtype)
+    padded[:, :n] = w
+    return np.ascontiguousarray(padded.reshape(k, -1, width).transpose(1, 0, 2))
 
 
 def pack_te(w: te.Tensor, width: int) -> te.Tensor:
     """`pack_weight` as a kernel, for a weight known only at run time."""
     k, n = (int(d) for d in w.shape)
-    return te.compute((n // width, k, width), lambda p, r, v: w[r, p * width + v], name="pack")
+    return te.compute((padded_columns(n, width) // width, k, width), lambda p, r, v: tirx.if_then_else(
+        p * width + v < n, w[r, tirx.min(p * width + v, n - 1)], tirx.const(0, w.dtype)), name="pack")
 
 
-def packed_matmul(x: te.Tensor, wp: te.Tensor) -> te.Tensor:
+def packed_matmul(x: te.Tensor, wp: te.Tensor, n: int) -> te.Tensor:
     """`x @ w` with `w` packed: `[.., M, K] x [N / w, K, w] -> [.., M, N]`; the panel index `j % w` is what
-    `CPUMatmul` recognizes as a packed operand, taking `w` as its vector tile."""
+    `CPUMatmul` recognizes as a packed operand, taking `w` as its vector tile. With padded panels the sums cover
+    every panel column and a second block keeps the first `n`: the rule fuses it into the register tile's store,
+    which alone is guarded."""
     panels, k, width = (int(d) for d in wp.shape)
     r = te.reduce_axis((0, k), "k")
-    return te.compute((*x.shape[:-1], panels * width), lambda *i: te.sum(
+    sums = te.compute((*x.shape[:-1], panels * width), lambda *i: te.sum(
         x[(*i[:-1], r)] * wp[i[-1] // width, r, i[-1] % width], axis=r), name="matmul_packed")
+    if panels * width == n:
+        return sums
+    return te.compute((*x.shape[:-1], n), lambda *i: sums(*i), name="matmul_columns")
 
 
 @mutator
@@ -87,7 +101,7 @@ class _Packer(PyExprMutator):
             wp = self.builder_.emit(self.builder_.call_te(pack_te, w, width, primfunc_name_hint="pack_matmul_weight"))
         else:
             return call
-        return self.builder_.call_te(packed_matmul, x, wp, primfunc_name_hint=PACKED_NAME)
+        return self.builder_.call_te(packed_matmul, x, wp, w_shape[1], primfunc_name_hint=PACKED_NAME)
 
 
 def pack_matmul_weights(target: Target) -> tvm.transform.Pass:

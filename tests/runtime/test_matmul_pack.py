@@ -40,11 +40,12 @@ def _rule(target: tvm.target.Target) -> CPUMatmul:
 
 
 @pytest.mark.parametrize(("target", "rows", "n", "width"), [
-    (AVX2, 256, 512, 16), (AVX512, 256, 512, 32), (AVX2, 7, 1000, 8), (AVX2, 1, 512, 64), (AVX512, 1, 512, 256),
-    (AVX2, 256, 10, None), (AVX2, 256, 16, None), (AVX2, 7, 77, None), (AVX512, 1, 256, None)])
-def test_panel_width_is_the_rules_vector_tile(target: tvm.target.Target, rows: int, n: int, width: int | None) -> None:
-    """A panel is the vector tile the rule takes for the shape (16 = 2 AVX2 vectors, 32 on AVX-512; a GEMV's wide
-    tile: 8 vectors at batch 1); a ragged width (10, 77) or a weight of one panel (16) stays `[K, N]`."""
+    (AVX2, 256, 512, 16), (AVX512, 256, 512, 32), (AVX2, 7, 1000, 16), (AVX2, 1, 512, 64), (AVX512, 1, 512, 256),
+    (AVX2, 256, 10, 16), (AVX2, 7, 77, 16), (AVX512, 7, 77, 32), (AVX2, 256, 16, None), (AVX512, 1, 256, None)])
+def test_panel_width_is_the_rules_tile_width(target: tvm.target.Target, rows: int, n: int, width: int | None) -> None:
+    """A panel is the tile width the rule takes for the rows (16 = 2 AVX2 vectors, 32 on AVX-512; a GEMV's wide
+    tile: 8 vectors at batch 1), whole vectors (10 -> 16), whether or not it divides N (77, 1000: padded panels,
+    where `[K, N]` tiles 1000 by 8); a weight of one panel (16 on AVX2, 256 for an AVX-512 GEMV) stays `[K, N]`."""
     assert panel_width(_rule(target), rows, n) == width
 
 
@@ -70,6 +71,15 @@ def test_pack_weight_puts_panels_first() -> None:
     assert packed.shape == (3, 5, 16) and packed.flags.c_contiguous
     for j in (0, 15, 16, 47):
         np.testing.assert_array_equal(packed[j // 16, :, j % 16], w[:, j])
+
+
+def test_pack_weight_pads_the_last_panel_with_zeros() -> None:
+    """77 columns in panels of 16: 5 panels, the last holding columns 64-76 and 3 zero columns."""
+    w = np.random.default_rng(0).standard_normal((3, 77)).astype(np.float32)
+    packed = pack_weight(w, 16)
+    assert packed.shape == (5, 3, 16)
+    np.testing.assert_array_equal(packed[4, :, :13], w[:, 64:])
+    assert not packed[4, :, 13:].any()
 
 
 def _prim_names(mod: tvm.IRModule, target: tvm.target.Target = TARGET) -> list[str]:
@@ -122,11 +132,14 @@ def _linear_graph(m: tuple[int, ...], k: int, n: int, relu: bool, seed: int) -> 
 
 @pytest.mark.parametrize(("rows", "k", "n", "relu", "params"), [
     ((256,), 33, 64, True, "bound"), ((7,), 77, 64, True, "bound"), ((1,), 33, 512, False, "bound"),
-    ((37,), 33, 64, False, "inputs"), ((2, 19), 33, 64, True, "inputs")],
-    ids=["b256-bias-relu-bound", "b7-bound", "b1-bound", "b37-inputs", "3d-bias-relu-inputs"])
+    ((37,), 33, 64, False, "inputs"), ((2, 19), 33, 64, True, "inputs"), ((7,), 37, 77, True, "bound"),
+    ((37,), 20, 10, False, "inputs"), ((1,), 13, 10, False, "bound")],
+    ids=["b256-bias-relu-bound", "b7-bound", "b1-bound", "b37-inputs", "3d-bias-relu-inputs", "b7-n77-bound",
+         "b37-n10-inputs", "b1-n10-bound"])
 def test_packed_linear_matches_numpy(rows: tuple[int, ...], k: int, n: int, relu: bool, params: str) -> None:
     """x @ w + b (+ relu) through `compile_graph` for odd K and rows (7, 37, 2 x 19 with batch dims), batch 1 and
-    256, bound and as inputs, against float64 numpy; every case packs its weight on AVX2 and AVX-512 alike."""
+    256, widths 77 and 10 in zero-padded panels, bound and as inputs, against float64 numpy; every case packs its
+    weight on AVX2 and AVX-512 alike."""
     graph, x, want = _linear_graph(rows, k, n, relu, seed=len(rows) + k)
     got = compile_graph(graph, target=TARGET, params=params, fast_math=False)(x)
     np.testing.assert_allclose(np.asarray(got[0] if isinstance(got, (list, tuple)) else got), want,
@@ -135,7 +148,7 @@ def test_packed_linear_matches_numpy(rows: tuple[int, ...], k: int, n: int, relu
 
 def _packed_func(m: int, k: int, n: int, width: int) -> tirx.PrimFunc:
     x, wp = te.placeholder((m, k), name="x"), te.placeholder((n // width, k, width), name="wp")
-    return te.create_prim_func([x, wp, packed_matmul(x, wp)])
+    return te.create_prim_func([x, wp, packed_matmul(x, wp, n)])
 
 
 @pytest.mark.parametrize(("target", "rows", "tile"), [(AVX2, 12, (6, 16)), (AVX512, 28, (14, 32)), (AVX2, 7, (7, 16))])
@@ -157,3 +170,25 @@ def test_avx512_cross_build_of_a_packed_matmul_uses_zmm() -> None:
     asm = tvm.compile(mod, target=AVX512, relax_pipeline=cpu_pipeline(AVX512)).mod.imports[0].inspect_source("asm")
     assert re.search(r"vfmadd\d+ps\s+[^\n]*%zmm", asm)
     assert PACKED_NAME in _prim_names(mod, AVX512)
+
+
+def test_padded_panels_guard_only_the_store() -> None:
+    """77 columns in 5 panels of 16: the sums cover all 80 columns unguarded (no predicated vector in the k loop,
+    which had left the 7x37x77 layer at 3% of peak), and only the store of the real 77 is guarded."""
+    x, wp = te.placeholder((7, 37), name="x"), te.placeholder((5, 37, 16), name="wp")
+    text = _rule(AVX2).apply(te.create_prim_func([x, wp, packed_matmul(x, wp, 77)]), AVX2, False).mod["main"].script()
+    head, after = text.split('T.sblock("matmul_packed_update")')
+    update, store = after.split("T.sblock(", 1)
+    assert "T.where" not in head + update and "T.where" in store
+
+
+def test_a_row_tail_over_padded_panels_guards_rows_and_columns() -> None:
+    """37 rows (tiles of 8 and a tail) over 77 columns in padded panels, with a relu: the store keeps both bounds
+    (fused into the tile's store, the column guard replaced the row guard, and the tail wrote past the output)."""
+    x, wp = te.placeholder((37, 70), name="x"), te.placeholder((5, 70, 16), name="wp")
+    y = packed_matmul(x, wp, 77)
+    relu = te.compute((37, 77), lambda i, j: tirx.max(y[i, j], tirx.const(0, "float32")), name="relu")
+    text = _rule(AVX2).apply(te.create_prim_func([x, wp, relu]), AVX2, False).mod["main"].script()
+    store = text.split('T.sblock("relu")')[1]
+    guard = re.search(r"T\.where\((.*)\)", store).group(1)
+    assert "< 37" in guard and "< 77" in guard

@@ -214,6 +214,16 @@ def _schedule_padding(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> No
     sch.annotate(inner, "pragma_loop_partition_hint", 1)
 
 
+def _sums_wider(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, epilogue: list[s_tir.schedule.SBlockRV]) -> bool:
+    """Whether the contraction sums more columns than its last epilogue stores (a packed weight's zero-padded last
+    panel): that epilogue is then computed at the register tile with its own bounds, as after `_pad_tails` (inlined
+    into the tile's store instead, its column guard replaced the store's row guard, and a row tail wrote past C)."""
+    if not epilogue:
+        return False
+    sums, out = ([static_extent(d) for d in sch.get(b).writes[0].source.shape] for b in (main, epilogue[-1]))
+    return len(sums) == len(out) and sums[:-1] == out[:-1] and None not in (sums[-1], out[-1]) and out[-1] < sums[-1]
+
+
 def _row_count(sch: s_tir.Schedule, roles: _Contraction) -> int | None:
     """The rows of C: 1 without a row loop (a GEMV), its static extent, or None when it is symbolic (a dynamic
     batch)."""
@@ -272,7 +282,7 @@ class CPUMatmul(dl.ScheduleRule):
         main = reductions[0].block_rv
         producers = sch.get_producers(main)
         epilogue = self._inline_side_blocks(sch, infos, main, producers)
-        self._block_contraction(sch, main, roles, epilogue, padded)
+        self._block_contraction(sch, main, roles, epilogue, padded or _sums_wider(sch, main, epilogue))
         for block in producers:
             if _is_padding(sch.get(block)):
                 _schedule_padding(sch, block)
@@ -281,16 +291,19 @@ class CPUMatmul(dl.ScheduleRule):
         return sch
 
     def vector_tile(self, extent: tirx.Expr, rows: int | None = None) -> int:
-        """Columns of C in one register tile (`nr`, or a divisor of the extent of at least 8).
+        """Columns of C in one register tile (`tile_width`, or a divisor of the extent of at least 8)."""
+        return split_factor(extent, self.tile_width(rows), 8)
+
+    def tile_width(self, rows: int | None = None) -> int:
+        """Columns of C the register tile takes where the extent needs no divisor (a weight packed in padded panels).
 
         A matmul of fewer than `mr` rows (`rows`: a GEMV at batch 1) widens the tile to as many vectors as its rows
         leave accumulators for: at 1 x `nr` only `TILE_VECTORS` sums are in flight, too few to hide the FMA
         latency, and the 1x784x512 layer ran at 13% of peak (13.6 GB/s of weight) on a Zen 3 core.
         """
-        width = self.nr
         if rows is not None and 0 < rows < self.mr:
-            width = max(width, self.lanes * (self.accumulators // rows))
-        return split_factor(extent, width, 8)
+            return max(self.nr, self.lanes * (self.accumulators // rows))
+        return self.nr
 
     def packed_rows(self, vectors: int) -> int:
         """Rows of a register tile over a packed operand `vectors` vectors wide: as many as leave room in the vector
