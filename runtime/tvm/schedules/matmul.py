@@ -37,6 +37,7 @@ class _Contraction:
     line: s_tir.schedule.LoopRV | None = None  # innermost of `spatial` only the vector operand walks (conv rows)
     vector_var: tirx.Var | None = None  # the block iterator of `vector`
     stride: int = 1  # of the vector operand along `vector`: above 1 in a strided conv
+    panel: int | None = None  # the panel width of a packed vector operand read `B[j // w, .., j % w]` (`matmul_layout`)
 
 
 Indices = list[tirx.Expr]
@@ -127,10 +128,12 @@ def _match(sch: s_tir.Schedule, info: dl.SBlockInfo) -> _Contraction | None:
     # strided conv: `_split_phases` stores that operand phase by phase so it is read with stride 1 after all)
     pairs = [(s, vec_op, other) for vec_op, other in ((lhs, rhs), (rhs, lhs))
              if not any(uses_var(e, vec.var) for e in other)
-             and (s := stride(vec_op[-1], vec.var)) is not None and 1 <= s <= MAX_STRIDE]
+             and (s := 1 if _panel_width(vec_op[-1], vec.var) else stride(vec_op[-1], vec.var)) is not None
+             and 1 <= s <= MAX_STRIDE]
     if not pairs:
         return None
     step, vec_op, other = min(pairs, key=lambda p: p[0])
+    panel = _panel_width(vec_op[-1], vec.var)
     row = next(
         (
             it
@@ -153,7 +156,15 @@ def _match(sch: s_tir.Schedule, info: dl.SBlockInfo) -> _Contraction | None:
         line=None if line is None else line.loop_rv,
         vector_var=vec.var,
         stride=step,
+        panel=panel,
     )
+
+
+def _panel_width(expr: tirx.Expr, var: tirx.Var) -> int | None:
+    """w where `expr` is `var % w` for a constant w: the last index of a weight packed in panels of w columns."""
+    if isinstance(expr, tirx.FloorMod) and expr.a.same_as(var) and isinstance(expr.b, tirx.IntImm):
+        return int(expr.b.value)
+    return None
 
 
 def _phases(step: int, ndim: int) -> tirx.IndexMap:
@@ -203,6 +214,16 @@ def _schedule_padding(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> No
     sch.annotate(inner, "pragma_loop_partition_hint", 1)
 
 
+def _sums_wider(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, epilogue: list[s_tir.schedule.SBlockRV]) -> bool:
+    """Whether the contraction sums more columns than its last epilogue stores (a packed weight's zero-padded last
+    panel): that epilogue is then computed at the register tile with its own bounds, as after `_pad_tails` (inlined
+    into the tile's store instead, its column guard replaced the store's row guard, and a row tail wrote past C)."""
+    if not epilogue:
+        return False
+    sums, out = ([static_extent(d) for d in sch.get(b).writes[0].source.shape] for b in (main, epilogue[-1]))
+    return len(sums) == len(out) and sums[:-1] == out[:-1] and None not in (sums[-1], out[-1]) and out[-1] < sums[-1]
+
+
 def _row_count(sch: s_tir.Schedule, roles: _Contraction) -> int | None:
     """The rows of C: 1 without a row loop (a GEMV), its static extent, or None when it is symbolic (a dynamic
     batch)."""
@@ -220,13 +241,16 @@ class CPUMatmul(dl.ScheduleRule):
     ones. Inputs computed in the same kernel (conv padding) are materialized and scheduled separately.
 
     A parameter left None comes from the target CPU's model (`for_cpu`): on AVX-512 (32 x 16 lanes) an 8 x 32
-    tile and 128 KiB panels of a 1 MiB L2, on AVX2 (16 x 8 lanes) 4 x 16 and an eighth of its L2.
+    tile and 128 KiB panels of a 1 MiB L2, on AVX2 (16 x 8 lanes) 4 x 16 and an eighth of its L2. A vector operand
+    packed in panels (`matmul_layout.py`, read `B[j // w, k, j % w]`) sets the vector tile to w and the rows to
+    `packed_rows` (`registers`: the vector register file).
     """
 
     def __init__(self, mr: int | None = None, nr: int | None = None, k_unroll: int = 4,
-                 panel_bytes: int | None = None, accumulators: int | None = None, lanes: int | None = None) -> None:
+                 panel_bytes: int | None = None, accumulators: int | None = None, lanes: int | None = None,
+                 registers: int | None = None) -> None:
         self.mr, self.nr, self.k_unroll, self.panel_bytes = mr, nr, k_unroll, panel_bytes
-        self.accumulators, self.lanes = accumulators, lanes
+        self.accumulators, self.lanes, self.registers = accumulators, lanes, registers
 
     def for_cpu(self, model: CPUModel) -> "CPUMatmul":
         """This rule with every parameter it leaves None taken from `model`: `TILE_VECTORS` vectors wide, as many
@@ -234,10 +258,10 @@ class CPUMatmul(dl.ScheduleRule):
         accumulators = self.accumulators or model.accumulators
         return CPUMatmul(self.mr or max(1, accumulators // TILE_VECTORS), self.nr or TILE_VECTORS * model.lanes(),
                          self.k_unroll, self.panel_bytes or model.caches.l2 // PANEL_SHARE, accumulators,
-                         self.lanes or model.lanes())
+                         self.lanes or model.lanes(), self.registers or model.vector_registers)
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if None in (self.mr, self.nr, self.panel_bytes, self.accumulators, self.lanes):
+        if None in (self.mr, self.nr, self.panel_bytes, self.accumulators, self.lanes, self.registers):
             return self.for_cpu(cpu_model(target)).apply(func, target, tunable)
         sch, infos = cpu_blocks(func, target)
         if infos is None:
@@ -258,7 +282,7 @@ class CPUMatmul(dl.ScheduleRule):
         main = reductions[0].block_rv
         producers = sch.get_producers(main)
         epilogue = self._inline_side_blocks(sch, infos, main, producers)
-        self._block_contraction(sch, main, roles, epilogue, padded)
+        self._block_contraction(sch, main, roles, epilogue, padded or _sums_wider(sch, main, epilogue))
         for block in producers:
             if _is_padding(sch.get(block)):
                 _schedule_padding(sch, block)
@@ -267,16 +291,31 @@ class CPUMatmul(dl.ScheduleRule):
         return sch
 
     def vector_tile(self, extent: tirx.Expr, rows: int | None = None) -> int:
-        """Columns of C in one register tile (`nr`, or a divisor of the extent of at least 8).
+        """Columns of C in one register tile (`tile_width`, or a divisor of the extent of at least 8)."""
+        return split_factor(extent, self.tile_width(rows), 8)
+
+    def tile_width(self, rows: int | None = None) -> int:
+        """Columns of C the register tile takes where the extent needs no divisor (a weight packed in padded panels).
 
         A matmul of fewer than `mr` rows (`rows`: a GEMV at batch 1) widens the tile to as many vectors as its rows
         leave accumulators for: at 1 x `nr` only `TILE_VECTORS` sums are in flight, too few to hide the FMA
         latency, and the 1x784x512 layer ran at 13% of peak (13.6 GB/s of weight) on a Zen 3 core.
         """
-        width = self.nr
         if rows is not None and 0 < rows < self.mr:
-            width = max(width, self.lanes * (self.accumulators // rows))
-        return split_factor(extent, width, 8)
+            return max(self.nr, self.lanes * (self.accumulators // rows))
+        return self.nr
+
+    def packed_rows(self, vectors: int) -> int:
+        """Rows of a register tile over a packed operand `vectors` vectors wide: as many as leave room in the vector
+        register file for the tile's sums, the operand's vectors of one k step and one broadcast (6 x 16 on AVX2,
+        14 x 32 on AVX-512), so no sum is spilled."""
+        return max(1, (self.registers - vectors - 1) // vectors)
+
+    def _packed_tile_rows(self, roles: _Contraction) -> int | None:
+        """`packed_rows` for the panel of a packed vector operand; None when the operand is not packed."""
+        if roles.panel is None or roles.row is None:
+            return None
+        return self.packed_rows(-(-roles.panel // self.lanes))
 
     def _pad_tails(self, sch: s_tir.Schedule, info: dl.SBlockInfo, roles: _Contraction) -> bool:
         """Pad a symbolic row extent (a dynamic batch) to a multiple of `mr`, and the columns of a batched matmul
@@ -360,7 +399,8 @@ class CPUMatmul(dl.ScheduleRule):
     ) -> None:
         """Tile, reorder, cache the accumulator in registers, fuse the epilogue and annotate loops."""
         rows = None if roles.line is not None else _row_count(sch, roles)  # of C in the register tile
-        vec_o, vec_i = sch.split(roles.vector, [None, self.vector_tile(loop_extent(sch, roles.vector), rows)])
+        width = roles.panel or self.vector_tile(loop_extent(sch, roles.vector), rows)
+        vec_o, vec_i = sch.split(roles.vector, [None, width])
         panel, vec_o = self._column_panels(sch, main, roles, vec_o, vec_i)
         rows, lines = self._tile_shape(sch, roles, static_extent(loop_extent(sch, vec_i)), bool(panel))
         row_tile: list[s_tir.schedule.LoopRV] = []
@@ -411,7 +451,9 @@ class CPUMatmul(dl.ScheduleRule):
         it; x86 FMAs take the vector operand from memory, so the extra sums fit. On a Zen 3 core the 256x1024x1024
         matmul ran at 37% of peak with 4x16 tiles and 74% with 8x16; AVX-512's 8x32 is unchanged. A static row
         count `mr` does not divide takes up to `PANEL_TILE_ROWS` rows for the same reason, so an odd batch of 7 is one
-        tile rather than 4 rows and a predicated 3 (the 7x77x1000 layer: 34% -> 57% of peak on Zen 3).
+        tile rather than 4 rows and a predicated 3 (the 7x77x1000 layer: 34% -> 57% of peak on Zen 3). Over a
+        packed operand the rows are `packed_rows` (or a divisor of at least 4), its panels in L2 needing no more: the
+        256x784x512 layer ran 4.8 ms in place (8 x 16) and 2.9 packed (4 x 16) on a Zen 3 core, in one run.
 
         Every k step loads one broadcast per row and one vector per line and vector tile, for rows x lines x
         vectors FMAs, so of the shapes that fit `accumulators` registers the one with the fewest loads per FMA
@@ -425,10 +467,12 @@ class CPUMatmul(dl.ScheduleRule):
             return 1 if roles.row is None else split_factor(loop_extent(sch, roles.row), mr, 4)
 
         if roles.line is None or width is None:
-            rows = rows_of(max(self.mr, PANEL_TILE_ROWS) if panelled else self.mr)
+            packed = self._packed_tile_rows(roles)
+            base = packed or self.mr
+            rows = rows_of(max(base, PANEL_TILE_ROWS) if panelled and packed is None else base)
             count = _row_count(sch, roles)
             if count is not None and count % rows:  # (a symbolic count is padded to `mr` rows already)
-                rows = max(rows, rows_of(max(self.mr, PANEL_TILE_ROWS)))  # 7 rows whole, not 4 + a guarded 3
+                rows = max(rows, rows_of(max(base, PANEL_TILE_ROWS)))  # 7 rows whole, not 4 + a guarded 3
             return rows, 1
         vectors = -(-width // self.lanes)
         candidates = {rows_of(self.mr), rows_of(max(1, self.mr // 2)), rows_of(max(1, self.accumulators // vectors))}

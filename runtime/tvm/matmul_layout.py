@@ -1,0 +1,120 @@
+"""Matmul weights in the panel order `CPUMatmul`'s register tile reads: a `[K, N]` weight stored `[N / w, K, w]`
+(w: the rule's vector tile for the shape), so one tile's k steps read one contiguous stream instead of one row of
+stride N per step, and the rule's tile rows come from the register file (`CPUMatmul.packed_rows`).
+
+A weight that is a constant (`params="bound"`) is packed in numpy at build time; any other 2-D right operand
+(`params="inputs"`, a training step's weights) by a kernel of the program, where the rows amortize its copy
+(`packs_operand`). A Relax rewrite before legalization, like the conv layout (`conv_regions.py`): it needs the target.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tvm
+from tvm import relax, te, tirx
+from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.target import Target
+
+from .conv_regions import _static  # the static float32 shape of a Relax type: one helper for both layouts
+from .cpu import CPUModel, cpu_model
+from .schedules.matmul import CPUMatmul
+
+PACKED_NAME = "matmul_packed"  # the PrimFunc name hint of a matmul reading a packed weight
+_MATMUL = tvm.ir.Op.get("relax.matmul")
+
+
+def panel_width(rule: CPUMatmul, rows: int, n: int) -> int | None:
+    """Columns of one panel of an `n`-column weight multiplied by `rows` rows (C's innermost row extent), or None
+    when it stays `[K, N]`: the tile width `rule` (sized `for_cpu`) takes for the rows, or `n` rounded up to whole
+    vectors when narrower (a width no panel divides, 10, 77 or 1000, is zero-padded to whole panels: no tile has a
+    ragged vector or a predicated tail, where `[K, N]` would take a divisor such as 8 of 1000); a weight
+    that is already one panel (16 columns on AVX2) stays as it is."""
+    lanes = rule.lanes or 1
+    width = min(rule.tile_width(rows), -(-n // lanes) * lanes)
+    return None if width == n else width
+
+
+def packs_operand(model: CPUModel, rows: int) -> bool:
+    """Whether a weight computed at run time is worth a packing kernel under `rows` rows of activations (batch dims
+    included): its copy moves each element once, about one vector store per `lanes` elements, while the matmul
+    spends `rows / fma_units` FMA cycles on each of those vectors; with at least `lanes x fma_units` rows the copy
+    is at most 1 / lanes of the matmul (under 4% on AVX2). A GEMV (batch 1) never pays for it."""
+    return rows >= model.lanes() * model.fma_units
+
+
+def padded_columns(n: int, width: int) -> int:
+    """The columns of a weight of `n` packed in panels of `width`: whole panels, zeros past `n`."""
+    return -(-n // width) * width
+
+
+def pack_weight(w: np.ndarray, width: int) -> np.ndarray:
+    """`[K, N]` as `[ceil(N / width), K, width]`, zero past N."""
+    k, n = w.shape
+    padded = np.zeros((k, padded_columns(n, width)), w.dtype)
+    padded[:, :n] = w
+    return np.ascontiguousarray(padded.reshape(k, -1, width).transpose(1, 0, 2))
+
+
+def pack_te(w: te.Tensor, width: int) -> te.Tensor:
+    """`pack_weight` as a kernel, for a weight known only at run time."""
+    k, n = (int(d) for d in w.shape)
+    return te.compute((padded_columns(n, width) // width, k, width), lambda p, r, v: tirx.if_then_else(
+        p * width + v < n, w[r, tirx.min(p * width + v, n - 1)], tirx.const(0, w.dtype)), name="pack")
+
+
+def packed_matmul(x: te.Tensor, wp: te.Tensor, n: int) -> te.Tensor:
+    """`x @ w` with `w` packed: `[.., M, K] x [N / w, K, w] -> [.., M, N]`; the panel index `j % w` is what
+    `CPUMatmul` recognizes as a packed operand, taking `w` as its vector tile. With padded panels the sums cover
+    every panel column and a second block keeps the first `n`: the rule fuses it into the register tile's store,
+    which alone is guarded."""
+    panels, k, width = (int(d) for d in wp.shape)
+    r = te.reduce_axis((0, k), "k")
+    sums = te.compute((*x.shape[:-1], panels * width), lambda *i: te.sum(
+        x[(*i[:-1], r)] * wp[i[-1] // width, r, i[-1] % width], axis=r), name="matmul_packed")
+    if panels * width == n:
+        return sums
+    return te.compute((*x.shape[:-1], n), lambda *i: sums(*i), name="matmul_columns")
+
+
+@mutator
+class _Packer(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, model: CPUModel) -> None:
+        super().__init__(mod)
+        self.model, self.rule = model, CPUMatmul().for_cpu(model)
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if call.op != _MATMUL:
+            return call
+        x, w = call.args
+        x_shape, w_shape = _static(x.ty), _static(w.ty)
+        if x_shape is None or w_shape is None or len(x_shape) < 2 or len(w_shape) != 2:
+            return call
+        width = panel_width(self.rule, x_shape[-2], w_shape[1])
+        if width is None:
+            return call
+        if isinstance(w, tvm.ir.Constant):
+            wp: relax.Expr = relax.const(pack_weight(w.value.numpy(), width))
+        elif packs_operand(self.model, math.prod(x_shape[:-1])):
+            wp = self.builder_.emit(self.builder_.call_te(pack_te, w, width, primfunc_name_hint="pack_matmul_weight"))
+        else:
+            return call
+        return self.builder_.call_te(packed_matmul, x, wp, w_shape[1], primfunc_name_hint=PACKED_NAME)
+
+
+def pack_matmul_weights(target: Target) -> tvm.transform.Pass:
+    """The module pass computing every static float32 `x @ w` with a 2-D `w` that `panel_width` packs for `target`'s
+    CPU from the packed weight: packed at build time when `w` is a constant, by a kernel where `packs_operand`."""
+    model = cpu_model(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="KilnPackMatmulWeights")
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        packer = _Packer(mod, model)
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                packer.builder_.update_func(gvar, packer.visit_expr(func))
+        return packer.builder_.get()
+
+    return _pass

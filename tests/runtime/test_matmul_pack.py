@@ -1,0 +1,194 @@
+"""Matmul weights pre-packed into the panel order the kernel reads (issue 13: "matmul weights pre-packed into the
+panel order the kernel reads"; the classic AVX2 kernels' 6x16 tile over a `[N / nr][K][nr]` weight): which weights
+pack, the packed layout, the register tile the CPU model derives for it, and numbers against numpy, bound and as
+inputs, for odd shapes, batch 1 and 7."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, te, tirx
+
+from kiln.ir import Builder
+from kiln.runtime.tvm.calibrate import relax_module
+from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.cpu import cpu_model
+from kiln.runtime.tvm.matmul_layout import (
+    PACKED_NAME,
+    pack_matmul_weights,
+    pack_weight,
+    packed_matmul,
+    packs_operand,
+    panel_width,
+)
+from kiln.runtime.tvm.pipeline import cpu_pipeline
+from kiln.runtime.tvm.schedules import CPUMatmul
+from kiln.runtime.tvm.target import cpu_target
+
+TARGET = cpu_target()
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})  # 32 x 16 lanes
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})  # 16 x 8 lanes
+
+pytestmark = pytest.mark.usefixtures("module_cache")  # builds go to a scratch cache, never ~/.cache/kiln
+
+
+def _rule(target: tvm.target.Target) -> CPUMatmul:
+    return CPUMatmul().for_cpu(cpu_model(target))
+
+
+@pytest.mark.parametrize(("target", "rows", "n", "width"), [
+    (AVX2, 256, 512, 16), (AVX512, 256, 512, 32), (AVX2, 7, 1000, 16), (AVX2, 1, 512, 64), (AVX512, 1, 512, 256),
+    (AVX2, 256, 10, 16), (AVX2, 7, 77, 16), (AVX512, 7, 77, 32), (AVX2, 256, 16, None), (AVX512, 1, 256, None)])
+def test_panel_width_is_the_rules_tile_width(target: tvm.target.Target, rows: int, n: int, width: int | None) -> None:
+    """A panel is the tile width the rule takes for the rows (16 = 2 AVX2 vectors, 32 on AVX-512; a GEMV's wide
+    tile: 8 vectors at batch 1), whole vectors (10 -> 16), whether or not it divides N (77, 1000: padded panels,
+    where `[K, N]` tiles 1000 by 8); a weight of one panel (16 on AVX2, 256 for an AVX-512 GEMV) stays `[K, N]`."""
+    assert panel_width(_rule(target), rows, n) == width
+
+
+def test_the_register_tile_over_a_packed_weight_comes_from_the_register_file() -> None:
+    """"try 6x16 on AVX2 = 12 accumulators; AVX-512 must derive its own, e.g. 8x32 or 14x32 of 32 zmm": the sums,
+    the k step's vectors and a broadcast fill the file (16 ymm: 12 + 2 + 1; 32 zmm: 28 + 2 + 1)."""
+    assert _rule(AVX2).packed_rows(2) == 6 and _rule(AVX512).packed_rows(2) == 14
+    assert _rule(AVX2).packed_rows(8) == 1  # a GEMV's 64 columns: one row
+
+
+def test_a_weight_computed_at_run_time_packs_only_where_rows_amortize_it() -> None:
+    """"weights that are inputs, as in a training step, packed by a kernel only where the rows amortize it":
+    lanes x FMA units rows (16 on AVX2, 32 on AVX-512); batch 1 never."""
+    assert packs_operand(cpu_model(AVX2), 16) and not packs_operand(cpu_model(AVX2), 15)
+    assert packs_operand(cpu_model(AVX512), 32) and not packs_operand(cpu_model(AVX512), 31)
+    assert not packs_operand(cpu_model(AVX2), 1)
+
+
+def test_pack_weight_puts_panels_first() -> None:
+    """`[K, N]` as `[N / w, K, w]`: column j of the weight is column j % w of panel j // w."""
+    w = np.arange(5 * 48, dtype=np.float32).reshape(5, 48)
+    packed = pack_weight(w, 16)
+    assert packed.shape == (3, 5, 16) and packed.flags.c_contiguous
+    for j in (0, 15, 16, 47):
+        np.testing.assert_array_equal(packed[j // 16, :, j % 16], w[:, j])
+
+
+def test_pack_weight_pads_the_last_panel_with_zeros() -> None:
+    """77 columns in panels of 16: 5 panels, the last holding columns 64-76 and 3 zero columns."""
+    w = np.random.default_rng(0).standard_normal((3, 77)).astype(np.float32)
+    packed = pack_weight(w, 16)
+    assert packed.shape == (5, 3, 16)
+    np.testing.assert_array_equal(packed[4, :, :13], w[:, 64:])
+    assert not packed[4, :, 13:].any()
+
+
+def _prim_names(mod: tvm.IRModule, target: tvm.target.Target = TARGET) -> list[str]:
+    with target:
+        out = pack_matmul_weights(target)(mod)
+    return [g.name_hint for g, f in out.functions_items() if isinstance(f, tirx.PrimFunc)]
+
+
+@pytest.mark.parametrize("bound", [True, False])
+def test_a_bound_weight_is_packed_at_build_time_and_an_input_by_a_kernel(bound: bool) -> None:
+    """A constant weight becomes a packed constant (no per-call packing kernel); a weight passed in is packed by a
+    kernel of the program (here 64 rows: worth it on AVX2 and AVX-512)."""
+    w = np.random.default_rng(0).standard_normal((33, 64)).astype(np.float32)
+    mod = relax_module([(64, 33)] if bound else [(64, 33), (33, 64)],
+                       lambda x, *ws: relax.op.matmul(x, ws[0] if ws else relax.const(w)))
+    with TARGET:
+        out = pack_matmul_weights(TARGET)(mod)
+    names = [g.name_hint for g, f in out.functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert PACKED_NAME in names and ("pack_matmul_weight" in names) is not bound
+    if bound:
+        width = panel_width(_rule(TARGET), 64, 64)
+        consts = _constants(out["main"])
+        assert any(c.shape == (64 // width, 33, width) and np.array_equal(c, pack_weight(w, width)) for c in consts)
+
+
+def _constants(func: relax.Function) -> list[np.ndarray]:
+    """The tensor constants `func` holds."""
+    found: list[np.ndarray] = []
+    relax.analysis.post_order_visit(func, lambda e: found.append(e.value.numpy()) if isinstance(
+        getattr(e, "value", None), tvm.runtime.Tensor) else None)
+    return found
+
+
+def test_a_gemv_with_an_input_weight_is_not_packed() -> None:
+    """Batch 1 reads each weight element once: a packing kernel would double its memory traffic."""
+    mod = relax_module([(1, 33), (33, 512)], relax.op.matmul)
+    assert PACKED_NAME not in _prim_names(mod)
+
+
+def _linear_graph(m: tuple[int, ...], k: int, n: int, relu: bool, seed: int) -> tuple:
+    rng = np.random.default_rng(seed)
+    w, bias = rng.standard_normal((k, n)).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    x = rng.standard_normal((*m, k)).astype(np.float32)
+    b = Builder("Linear")
+    y = b.linear(b.input("x", (x.shape, "f32")), b.param("w", w.shape, data=w), b.param("b", bias.shape, data=bias))
+    b.ret(b.relu(y) if relu else y)
+    want = x.astype(np.float64) @ w.astype(np.float64) + bias
+    return b.build(), x, np.maximum(want, 0) if relu else want
+
+
+@pytest.mark.parametrize(("rows", "k", "n", "relu", "params"), [
+    ((256,), 33, 64, True, "bound"), ((7,), 77, 64, True, "bound"), ((1,), 33, 512, False, "bound"),
+    ((37,), 33, 64, False, "inputs"), ((2, 19), 33, 64, True, "inputs"), ((7,), 37, 77, True, "bound"),
+    ((37,), 20, 10, False, "inputs"), ((1,), 13, 10, False, "bound")],
+    ids=["b256-bias-relu-bound", "b7-bound", "b1-bound", "b37-inputs", "3d-bias-relu-inputs", "b7-n77-bound",
+         "b37-n10-inputs", "b1-n10-bound"])
+def test_packed_linear_matches_numpy(rows: tuple[int, ...], k: int, n: int, relu: bool, params: str) -> None:
+    """x @ w + b (+ relu) through `compile_graph` for odd K and rows (7, 37, 2 x 19 with batch dims), batch 1 and
+    256, widths 77 and 10 in zero-padded panels, bound and as inputs, against float64 numpy; every case packs its
+    weight on AVX2 and AVX-512 alike."""
+    graph, x, want = _linear_graph(rows, k, n, relu, seed=len(rows) + k)
+    got = compile_graph(graph, target=TARGET, params=params, fast_math=False)(x)
+    np.testing.assert_allclose(np.asarray(got[0] if isinstance(got, (list, tuple)) else got), want,
+                               rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def _packed_func(m: int, k: int, n: int, width: int) -> tirx.PrimFunc:
+    x, wp = te.placeholder((m, k), name="x"), te.placeholder((n // width, k, width), name="wp")
+    return te.create_prim_func([x, wp, packed_matmul(x, wp, n)])
+
+
+@pytest.mark.parametrize(("target", "rows", "tile"), [(AVX2, 12, (6, 16)), (AVX512, 28, (14, 32)), (AVX2, 7, (7, 16))])
+def test_cpu_matmul_tiles_a_packed_weight_by_its_panel(target: tvm.target.Target, rows: int, tile: tuple) -> None:
+    """The rule takes the panel width as its vector tile and `packed_rows` rows (6 x 16, 14 x 32; an odd 7 rows
+    whole, not 6 + a guarded 1), with no predicate in the kernel."""
+    width = tile[1]
+    sch = _rule(target).apply(_packed_func(rows, 33, 4 * width, width), target, False)
+    text = sch.mod["main"].script()
+    assert "T.where" not in text
+    assert f"T.unroll({tile[0]})" in text and f"T.vectorized({width})" in text
+
+
+def test_avx512_cross_build_of_a_packed_matmul_uses_zmm() -> None:
+    """"AVX-512 must derive its own [tile] and still build and use zmm for -mcpu=skylake-avx512": the 14 x 32 tile
+    over a packed weight builds and its FMAs are on zmm registers."""
+    w = np.random.default_rng(0).standard_normal((33, 64)).astype(np.float32)
+    mod = relax_module([(28, 33)], lambda x: relax.op.matmul(x, relax.const(w)))
+    asm = tvm.compile(mod, target=AVX512, relax_pipeline=cpu_pipeline(AVX512)).mod.imports[0].inspect_source("asm")
+    assert re.search(r"vfmadd\d+ps\s+[^\n]*%zmm", asm)
+    assert PACKED_NAME in _prim_names(mod, AVX512)
+
+
+def test_padded_panels_guard_only_the_store() -> None:
+    """77 columns in 5 panels of 16: the sums cover all 80 columns unguarded (no predicated vector in the k loop,
+    which had left the 7x37x77 layer at 3% of peak), and only the store of the real 77 is guarded."""
+    x, wp = te.placeholder((7, 37), name="x"), te.placeholder((5, 37, 16), name="wp")
+    text = _rule(AVX2).apply(te.create_prim_func([x, wp, packed_matmul(x, wp, 77)]), AVX2, False).mod["main"].script()
+    head, after = text.split('T.sblock("matmul_packed_update")')
+    update, store = after.split("T.sblock(", 1)
+    assert "T.where" not in head + update and "T.where" in store
+
+
+def test_a_row_tail_over_padded_panels_guards_rows_and_columns() -> None:
+    """37 rows (tiles of 8 and a tail) over 77 columns in padded panels, with a relu: the store keeps both bounds
+    (fused into the tile's store, the column guard replaced the row guard, and the tail wrote past the output)."""
+    x, wp = te.placeholder((37, 70), name="x"), te.placeholder((5, 70, 16), name="wp")
+    y = packed_matmul(x, wp, 77)
+    relu = te.compute((37, 77), lambda i, j: tirx.max(y[i, j], tirx.const(0, "float32")), name="relu")
+    text = _rule(AVX2).apply(te.create_prim_func([x, wp, relu]), AVX2, False).mod["main"].script()
+    store = text.split('T.sblock("relu")')[1]
+    guard = re.search(r"T\.where\((.*)\)", store).group(1)
+    assert "< 37" in guard and "< 77" in guard
