@@ -13,13 +13,17 @@ and cse under equivalence checking), also per op of the forward function.
     .venv/bin/python bench/passes.py --passes --sizes 10000 --only autodiff --only "cse, checked"
     .venv/bin/python bench/passes.py --passes --sizes 10000,100000 --repeat 3   # best of 3: steadier under load
     .venv/bin/python bench/passes.py --no-gc             # without Python's cyclic GC, to see its share
+    .venv/bin/python bench/passes.py --passes --gc-stats --sizes 100000 --only factor-lora   # what the GC walks
 
+`--gc-stats` adds, per size and column, the collector-tracked objects per forward op (of the graph built, and
+the new ones alive after the pass, by type) and the collector's CPU time per op in each generation during one run.
 `--only` skips the first table (it times the IR stages on every size, minutes at 1M ops) to time just those columns.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import platform
 import resource
@@ -111,6 +115,81 @@ def measure_passes(n_ops: int, stages: list[tuple[str, str, str]], repeat: int =
     return row
 
 
+def tracked_since(before: set[int]) -> collections.Counter[str]:
+    """Collector-tracked objects not in `before` (ids), counted by type name."""
+    return collections.Counter(type(o).__name__ for o in gc.get_objects() if id(o) not in before)
+
+
+def census_text(counts: collections.Counter[str], ops: int) -> str:
+    top = ", ".join(f"{name} {n / ops:.2f}" for name, n in counts.most_common(4))
+    return f"{sum(counts.values()) / ops:.2f} ({top})"
+
+
+class CollectorClock:
+    """The collector's CPU seconds and collections per generation (`gc.callbacks`) while the block runs."""
+
+    def __init__(self) -> None:
+        self.seconds: collections.Counter[int] = collections.Counter()
+        self.count: collections.Counter[int] = collections.Counter()
+        self.started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.process_time()
+        else:
+            self.seconds[info["generation"]] += time.process_time() - self.started
+            self.count[info["generation"]] += 1
+
+    def __enter__(self) -> CollectorClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+def collector_stats(n_ops: int, stages: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """Per column: tracked objects per forward op of the graph and of what the pass keeps (census taken with the
+    collector off), then the collector's CPU µs per op and collections per generation in one run with it on."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    before = {id(o) for o in gc.get_objects()}
+    base = trainable(n_ops)
+    ops = len(base.functions["forward"].ops)
+    graph = census_text(tracked_since(before), ops)
+    rows = []
+    for column, prep, pipeline in stages:
+        prepared = PassManager.parse(prep).run(base) if prep else base
+        manager = PassManager.parse(pipeline, check_equivalence=column.endswith("checked"))
+        gc.collect()
+        gc.disable()
+        before = {id(o) for o in gc.get_objects()}
+        out = manager.run(prepared)
+        kept = census_text(tracked_since(before), ops)
+        del out, before
+        gc.collect()
+        gc.enable()
+        with CollectorClock() as clock:
+            _, total = timed(lambda manager=manager, prepared=prepared: manager.run(prepared))
+        collector = ", ".join(f"gen{g} {1e6 * clock.seconds[g] / ops:.2f} ({clock.count[g]}x)"
+                              for g in sorted(clock.count)) or "none"
+        rows.append({"ops": ops, "column": column, "graph": graph, "kept": kept, "collector": collector,
+                     "us_per_op": 1e6 * total / ops})
+    (gc.enable if was_enabled else gc.disable)()
+    return rows
+
+
+def collector_table(rows: list[dict[str, Any]]) -> str:
+    head = ["forward ops", "column", "graph: tracked/op (top types)", "new after the pass: tracked/op (top types)",
+            "collector µs/op (collections)", "pass µs/op"]
+    lines = ["| " + " | ".join(head) + " |", "|---:|---|---|---|---|---:|"]
+    for r in rows:
+        lines.append(f"| {r['ops']:,} | {r['column']} | {r['graph']} | {r['kept']} | {r['collector']} | "
+                     f"{r['us_per_op']:.2f} |")
+    return "\n".join(lines)
+
+
 def passes_table(rows: list[dict[str, Any]], stages: list[tuple[str, str, str]]) -> str:
     head = ["forward ops", *(f"{c} µs/op" for c, _, _ in stages), "peak RSS MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
@@ -173,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes", action="store_true", help="also time every other pass (a second table)")
     parser.add_argument("--only", action="append", choices=[c for c, _, _ in PASS_STAGES], metavar="COLUMN",
                         help="with --passes, time only this column (repeatable), e.g. --only autodiff")
+    parser.add_argument("--gc-stats", action="store_true",
+                        help="with --passes, also count collector-tracked objects and time the collector (a third "
+                             "table; each column runs once more)")
     parser.add_argument("--no-gc", action="store_true",
                         help="disable Python's cyclic garbage collector while timing, to see what it costs")
     args = parser.parse_args(argv)
@@ -196,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             pass_rows.append(measure_passes(n, stages, args.repeat or 1))
             print(f"{n:>9,} ops: every pass timed", file=sys.stderr, flush=True)
         print("\n" + passes_table(pass_rows, stages))
+        if args.gc_stats:
+            print("\n" + collector_table([r for n in sizes for r in collector_stats(n, stages)]))
     return 0
 
 
