@@ -16,7 +16,8 @@ and cse under equivalence checking), also per op of the forward function.
     .venv/bin/python bench/passes.py --passes --gc-stats --sizes 100000 --only factor-lora   # what the GC walks
 
 `--gc-stats` adds, per size and column, the collector-tracked objects per forward op (of the graph built, and
-the new ones alive after the pass, by type) and the collector's CPU time per op in each generation during one run.
+the new ones alive after the pass, by type) and the collector's CPU time per op in each generation, the mean of
+`--repeat` runs (3 by default), so a full collection that lands in one of them counts at its amortized cost.
 `--only` skips the first table (it times the IR stages on every size, minutes at 1M ops) to time just those columns.
 """
 
@@ -148,9 +149,10 @@ class CollectorClock:
         gc.callbacks.remove(self)
 
 
-def collector_stats(n_ops: int, stages: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+def collector_stats(n_ops: int, stages: list[tuple[str, str, str]], runs: int) -> list[dict[str, Any]]:
     """Per column: tracked objects per forward op of the graph and of what the pass keeps (census taken with the
-    collector off), then the collector's CPU µs per op and collections per generation in one run with it on."""
+    collector off), then the mean CPU µs per op of `runs` runs with it on, and the collector's share of that per
+    generation (so a full collection that lands in one run of several is counted at its amortized cost)."""
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
@@ -170,23 +172,25 @@ def collector_stats(n_ops: int, stages: list[tuple[str, str, str]]) -> list[dict
         del out, before
         gc.collect()
         gc.enable()
+        total = 0.0
         with CollectorClock() as clock:
-            _, total = timed(lambda manager=manager, prepared=prepared: manager.run(prepared))
-        collector = ", ".join(f"gen{g} {1e6 * clock.seconds[g] / ops:.2f} ({clock.count[g]}x)"
+            for _ in range(runs):
+                total += timed(lambda manager=manager, prepared=prepared: manager.run(prepared))[1]
+        collector = ", ".join(f"gen{g} {1e6 * clock.seconds[g] / ops / runs:.2f} ({clock.count[g]}x)"
                               for g in sorted(clock.count)) or "none"
         rows.append({"ops": ops, "column": column, "graph": graph, "kept": kept, "collector": collector,
-                     "us_per_op": 1e6 * total / ops})
+                     "us_per_op": 1e6 * total / ops / runs, "runs": runs})
     (gc.enable if was_enabled else gc.disable)()
     return rows
 
 
 def collector_table(rows: list[dict[str, Any]]) -> str:
     head = ["forward ops", "column", "graph: tracked/op (top types)", "new after the pass: tracked/op (top types)",
-            "collector µs/op (collections)", "pass µs/op"]
-    lines = ["| " + " | ".join(head) + " |", "|---:|---|---|---|---|---:|"]
+            "collector µs/op (collections)", "pass µs/op", "runs"]
+    lines = ["| " + " | ".join(head) + " |", "|---:|---|---|---|---|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['ops']:,} | {r['column']} | {r['graph']} | {r['kept']} | {r['collector']} | "
-                     f"{r['us_per_op']:.2f} |")
+                     f"{r['us_per_op']:.2f} | {r['runs']} |")
     return "\n".join(lines)
 
 
@@ -253,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=[c for c, _, _ in PASS_STAGES], metavar="COLUMN",
                         help="with --passes, time only this column (repeatable), e.g. --only autodiff")
     parser.add_argument("--gc-stats", action="store_true",
-                        help="with --passes, also count collector-tracked objects and time the collector (a third "
-                             "table; each column runs once more)")
+                        help="with --passes, also count collector-tracked objects and time the collector over "
+                             "--repeat runs (default 3) of each column, their mean (a third table)")
     parser.add_argument("--no-gc", action="store_true",
                         help="disable Python's cyclic garbage collector while timing, to see what it costs")
     args = parser.parse_args(argv)
@@ -279,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n:>9,} ops: every pass timed", file=sys.stderr, flush=True)
         print("\n" + passes_table(pass_rows, stages))
         if args.gc_stats:
-            print("\n" + collector_table([r for n in sizes for r in collector_stats(n, stages)]))
+            print("\n" + collector_table([r for n in sizes for r in collector_stats(n, stages, args.repeat or 3)]))
     return 0
 
 

@@ -9,9 +9,10 @@ of them (then the middle generation again) to find what is mostly a live graph: 
 10k to 1M ops (issue 15). Instead they join the oldest generation at once (`gc.freeze()` then `gc.unfreeze()`:
 two list splices). That alone would hide dropped graphs from the collector, since objects moved this way do not
 count toward CPython's trigger for full collections; so `PROMOTION` counts them and runs a full collection once
-more have moved since the last one than `PromotionPolicy.limit` allows (a quarter of the objects alive after the
-last one, at least `floor`). Cyclic garbage the collector has not seen is thus at most that many objects, and each
-moved object is walked by full collections a bounded number of times on average, as CPython's own rule gives.
+more have moved since the last one than `PromotionPolicy.limit` allows (as many as were alive after the last one,
+at least `floor`). Cyclic garbage the collector has not seen is thus at most that many objects (memory at most
+about twice the live heap's), and on average each moved object costs at most one object walked by a full
+collection, where the young, middle and CPython's full sweeps (a quarter of the heap) walked it about six times.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class PromotionPolicy:
     catches up with them: after `limit` moved objects, then `limit` becomes `share` of the survivors."""
 
     floor: int = 1_000_000
-    share: float = 0.25
+    share: float = 1.0
     moved: int = 0
     limit: int = 1_000_000
 

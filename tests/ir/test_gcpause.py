@@ -24,7 +24,7 @@ def _graph(width: int):
 
 @pytest.fixture
 def small_policy(monkeypatch):
-    """A policy with a floor of 50,000 objects and no share of the live heap, restored afterwards."""
+    """A policy with a floor of 50,000 objects and no share of the live heap (restored afterwards)."""
     policy = gcpause.PromotionPolicy(floor=50_000, share=0.0, limit=50_000)
     monkeypatch.setattr(gcpause, "PROMOTION", policy)
     return policy
