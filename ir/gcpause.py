@@ -26,8 +26,10 @@ from dataclasses import dataclass
 @dataclass
 class PromotionPolicy:
     """When objects built under `gc_paused` go straight to the oldest generation, and when a full collection
-    catches up with them: after `limit` moved objects, then `limit` becomes `share` of the survivors."""
+    catches up with them: after `limit` moved objects, then `limit` becomes `share` of the survivors. A pause
+    that leaves fewer than `small` young objects is left to the collector's usual course (its sweep is cheap)."""
 
+    small: int = 10_000
     floor: int = 1_000_000
     share: float = 1.0
     moved: int = 0
@@ -35,9 +37,9 @@ class PromotionPolicy:
 
     def settle(self) -> None:
         """Move the young objects to the oldest generation, or collect every generation when too many moved."""
-        if gc.get_freeze_count():  # someone froze objects on purpose: unfreezing would undo that, so sweep as usual
+        if gc.get_count()[0] < self.small or gc.get_freeze_count():  # frozen on purpose: unfreezing would undo it
             return
-        self.moved += gc.get_count()[0]  # tracked objects allocated (net) since the last young collection
+        self.moved += len(gc.get_objects(generation=0)) + len(gc.get_objects(generation=1))  # every object moved
         if self.moved <= self.limit:
             gc.freeze()
             gc.unfreeze()

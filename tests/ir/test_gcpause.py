@@ -24,8 +24,8 @@ def _graph(width: int):
 
 @pytest.fixture
 def small_policy(monkeypatch):
-    """A policy with a floor of 50,000 objects and no share of the live heap (restored afterwards)."""
-    policy = gcpause.PromotionPolicy(floor=50_000, share=0.0, limit=50_000)
+    """A policy for every pause, with a floor of 50,000 objects and no share of the live heap (restored afterwards)."""
+    policy = gcpause.PromotionPolicy(small=0, floor=50_000, share=0.0, limit=50_000)
     monkeypatch.setattr(gcpause, "PROMOTION", policy)
     return policy
 
@@ -56,10 +56,19 @@ def test_objects_someone_froze_stay_frozen() -> None:
 def test_the_limit_follows_the_heap_after_a_full_collection(monkeypatch) -> None:
     """After catching up, the next full collection waits for `share` of the objects that survived (at least
     `floor`): full collections per moved object stay bounded as graphs grow, as in CPython's own rule."""
-    policy = gcpause.PromotionPolicy(floor=10, share=0.5, limit=0)
+    policy = gcpause.PromotionPolicy(small=0, floor=10, share=0.5, limit=0)
     monkeypatch.setattr(gcpause, "PROMOTION", policy)
     keep = _graph(20)
     with gcpause.gc_paused():
         keep = dataclasses.replace(keep)
     assert policy.moved == 0
     assert policy.limit >= len(gc.get_objects(generation=2)) // 2 - 1_000
+
+
+def test_a_small_pause_is_left_to_the_usual_sweep() -> None:
+    """A pause that built fewer than `small` objects (a one-line `.kir` parse) keeps them young: their sweep is cheap,
+    and the collector's own schedule stays as it was."""
+    gc.collect()
+    with gcpause.gc_paused():
+        built = [[] for _ in range(100)]
+    assert any(o is built for o in gc.get_objects(generation=0))
