@@ -8,11 +8,11 @@ Leaving the pause, the objects it built would all be young, and the next young c
 of them (then the middle generation again) to find what is mostly a live graph: the per-op cost that grew from
 10k to 1M ops (issue 15). Instead they join the oldest generation at once (`gc.freeze()` then `gc.unfreeze()`:
 two list splices). That alone would hide dropped graphs from the collector, since objects moved this way do not
-count toward CPython's trigger for full collections; so `PROMOTION` counts them and runs a full collection once
-more have moved since the last one than `PromotionPolicy.limit` allows (as many as were alive after the last one,
-at least `floor`). Cyclic garbage the collector has not seen is thus at most that many objects (memory at most
-about twice the live heap's), and on average each moved object costs at most one object walked by a full
-collection, where the young, middle and CPython's full sweeps (a quarter of the heap) walked it about six times.
+count toward CPython's trigger for full collections; so `PROMOTION` counts them, and once more have moved since
+the last full collection (its own or anyone's) than `PromotionPolicy.limit` (as many as were alive after its
+last one, at least `floor`), it runs one. Cyclic garbage the collector has not seen is thus at most that many
+objects (memory at most about twice the live heap's), and on average a moved object costs at most one object
+walked by a full collection, where the young and middle sweeps walked it twice before CPython's own full ones.
 """
 
 from __future__ import annotations
@@ -44,12 +44,20 @@ class PromotionPolicy:
             gc.freeze()
             gc.unfreeze()
             return
-        gc.collect()
-        self.moved = 0
+        gc.collect()  # `_caught_up` resets `moved`
         self.limit = max(self.floor, int(self.share * len(gc.get_objects(generation=2))))
 
 
 PROMOTION = PromotionPolicy()
+
+
+def _caught_up(phase: str, info: dict[str, int]) -> None:
+    """Any full collection (CPython's own, a caller's `gc.collect()`) walks every moved object: start counting anew."""
+    if phase == "stop" and info["generation"] == 2:
+        PROMOTION.moved = 0
+
+
+gc.callbacks.append(_caught_up)
 
 
 @contextlib.contextmanager

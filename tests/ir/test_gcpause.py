@@ -72,3 +72,10 @@ def test_a_small_pause_is_left_to_the_usual_sweep() -> None:
     with gcpause.gc_paused():
         built = [[] for _ in range(100)]
     assert any(o is built for o in gc.get_objects(generation=0))
+
+
+def test_any_full_collection_restarts_the_count(small_policy) -> None:
+    """A full collection, whoever runs it, walks every object moved so far: the count toward the next restarts."""
+    small_policy.moved = 40_000
+    gc.collect()
+    assert small_policy.moved == 0
