@@ -9,8 +9,8 @@ of them (then the middle generation again) to find what is mostly a live graph: 
 10k to 1M ops (issue 15). Instead they join the oldest generation at once (`gc.freeze()` then `gc.unfreeze()`:
 two list splices). That alone would hide dropped graphs from the collector, since objects moved this way do not
 count toward CPython's trigger for full collections; so `PROMOTION` counts them, and once more have moved since
-the last full collection (its own or anyone's) than `PromotionPolicy.limit` (as many as were alive after its
-last one, at least `floor`), it runs one. Cyclic garbage the collector has not seen is thus at most that many
+the last full collection (its own or anyone's) than `PromotionPolicy.limit` (as many as were alive after that
+one, at least `floor`), it runs one. Cyclic garbage the collector has not seen is thus at most that many
 objects (memory at most about twice the live heap's), and on average a moved object costs at most one object
 walked by a full collection, where the young and middle sweeps walked it twice before CPython's own full ones.
 """
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 @dataclass
 class PromotionPolicy:
     """When objects built under `gc_paused` go straight to the oldest generation, and when a full collection
-    catches up with them: after `limit` moved objects, then `limit` becomes `share` of the survivors. A pause
-    that leaves fewer than `small` young objects is left to the collector's usual course (its sweep is cheap)."""
+    catches up with them: after `limit` moved objects; each full collection sets `limit` to `share` of its
+    survivors. A pause leaving fewer than `small` young objects keeps the collector's usual course (a cheap sweep)."""
 
     small: int = 10_000
     floor: int = 1_000_000
@@ -44,7 +44,11 @@ class PromotionPolicy:
             gc.freeze()
             gc.unfreeze()
             return
-        gc.collect()  # `_caught_up` resets `moved`
+        gc.collect()  # `_caught_up` restarts the count
+
+    def caught_up(self) -> None:
+        """A full collection walked every moved object: count anew, up to `share` of the objects it left."""
+        self.moved = 0
         self.limit = max(self.floor, int(self.share * len(gc.get_objects(generation=2))))
 
 
@@ -52,9 +56,9 @@ PROMOTION = PromotionPolicy()
 
 
 def _caught_up(phase: str, info: dict[str, int]) -> None:
-    """Any full collection (CPython's own, a caller's `gc.collect()`) walks every moved object: start counting anew."""
+    """After any full collection (CPython's own, a caller's `gc.collect()`, the policy's)."""
     if phase == "stop" and info["generation"] == 2:
-        PROMOTION.moved = 0
+        PROMOTION.caught_up()
 
 
 gc.callbacks.append(_caught_up)

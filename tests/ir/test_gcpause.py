@@ -54,8 +54,8 @@ def test_objects_someone_froze_stay_frozen() -> None:
 
 
 def test_the_limit_follows_the_heap_after_a_full_collection(monkeypatch) -> None:
-    """After catching up, the next full collection waits for `share` of the objects that survived (at least
-    `floor`): full collections per moved object stay bounded as graphs grow, as in CPython's own rule."""
+    """After a full collection, the next one waits for `share` of the objects that survived (at least `floor`):
+    full collections per moved object stay bounded as graphs grow, as in CPython's own rule."""
     policy = gcpause.PromotionPolicy(small=0, floor=10, share=0.5, limit=0)
     monkeypatch.setattr(gcpause, "PROMOTION", policy)
     keep = _graph(20)
