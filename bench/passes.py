@@ -116,14 +116,14 @@ def measure_passes(n_ops: int, stages: list[tuple[str, str, str]], repeat: int =
     return row
 
 
-def tracked_since(before: set[int]) -> collections.Counter[str]:
-    """Collector-tracked objects not in `before` (ids), counted by type name."""
-    return collections.Counter(type(o).__name__ for o in gc.get_objects() if id(o) not in before)
-
-
-def census_text(counts: collections.Counter[str], ops: int) -> str:
+def census_since(before: set[int], ops: int) -> str:
+    """Collector-tracked objects alive and not in `before` (ids) per op, their bytes per op (`sys.getsizeof`, the
+    collector's header included) and the four commonest types per op."""
+    gc.collect()  # what was built and dropped is not counted
+    new = [o for o in gc.get_objects() if id(o) not in before and o is not before]
+    counts = collections.Counter(type(o).__name__ for o in new)
     top = ", ".join(f"{name} {n / ops:.2f}" for name, n in counts.most_common(4))
-    return f"{sum(counts.values()) / ops:.2f} ({top})"
+    return f"{len(new) / ops:.2f}, {sum(map(sys.getsizeof, new)) / ops:.0f} B ({top})"
 
 
 class CollectorClock:
@@ -150,8 +150,8 @@ class CollectorClock:
 
 
 def collector_stats(n_ops: int, stages: list[tuple[str, str, str]], runs: int) -> list[dict[str, Any]]:
-    """Per column: tracked objects per forward op of the graph and of what the pass keeps (census taken with the
-    collector off), then the mean CPU µs per op of `runs` runs with it on, and the collector's share of that per
+    """Per column: tracked objects per forward op of the graph and of what the pass keeps alive (built with the
+    collector off), then the mean CPU µs per op of `runs` runs with it on and the collector's share of that per
     generation (so a full collection that lands in one run of several is counted at its amortized cost)."""
     gc.collect()
     was_enabled = gc.isenabled()
@@ -159,7 +159,7 @@ def collector_stats(n_ops: int, stages: list[tuple[str, str, str]], runs: int) -
     before = {id(o) for o in gc.get_objects()}
     base = trainable(n_ops)
     ops = len(base.functions["forward"].ops)
-    graph = census_text(tracked_since(before), ops)
+    graph = census_since(before, ops)
     rows = []
     for column, prep, pipeline in stages:
         prepared = PassManager.parse(prep).run(base) if prep else base
@@ -168,9 +168,8 @@ def collector_stats(n_ops: int, stages: list[tuple[str, str, str]], runs: int) -
         gc.disable()
         before = {id(o) for o in gc.get_objects()}
         out = manager.run(prepared)
-        kept = census_text(tracked_since(before), ops)
+        kept = census_since(before, ops)
         del out, before
-        gc.collect()
         gc.enable()
         total = 0.0
         with CollectorClock() as clock:
@@ -185,7 +184,8 @@ def collector_stats(n_ops: int, stages: list[tuple[str, str, str]], runs: int) -
 
 
 def collector_table(rows: list[dict[str, Any]]) -> str:
-    head = ["forward ops", "column", "graph: tracked/op (top types)", "new after the pass: tracked/op (top types)",
+    head = ["forward ops", "column", "graph: tracked/op, bytes/op (top types)",
+            "new and alive after the pass: tracked/op, bytes/op (top types)",
             "collector µs/op (collections)", "pass µs/op", "runs"]
     lines = ["| " + " | ".join(head) + " |", "|---:|---|---|---|---|---:|---:|"]
     for r in rows:
