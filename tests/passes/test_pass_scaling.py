@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 
+from kiln.ir import gcpause
 from kiln.passes import PassManager
 
 SMALL, LARGE = 1_000, 4_000
@@ -71,10 +72,11 @@ def test_python_calls_per_op_stay_under_their_ceiling(calls, column: str) -> Non
     assert calls[1][column] <= CEILINGS[column], f"{column}: {calls[1][column]:.1f} calls/op at {LARGE} ops"
 
 
-def test_what_a_pass_built_skips_the_young_collections() -> None:
+def test_what_a_pass_built_skips_the_young_collections(monkeypatch) -> None:
     """Issue 15: "each ≤ 30 µs/op and flat within ±30% from 10k to 1M". With the collector on, the young and middle
     sweeps after a pass walked every object it built (about 4 per op; 2-8 µs/op, growing as the heap outgrew the
     caches); those objects now go straight to the oldest generation, so the young generations are empty after it."""
+    monkeypatch.setattr(gcpause, "PROMOTION", gcpause.PromotionPolicy(small=1_000))  # below this small graph
     graph = BENCH.trainable(LARGE)
     gc.collect()
     out = PassManager.parse("cse").run(graph)
