@@ -10,9 +10,9 @@ of them (then the middle generation again) to find what is mostly a live graph: 
 two list splices). That alone would hide dropped graphs from the collector, since objects moved this way do not
 count toward CPython's trigger for full collections; so `PROMOTION` counts them, and once more have moved since
 the last full collection (its own or anyone's) than `PromotionPolicy.limit` (as many as were alive after that
-one, at least `floor`), it runs one. Cyclic garbage the collector has not seen is thus at most that many
-objects (memory at most about twice the live heap's), and on average a moved object costs at most one object
-walked by a full collection, where the young and middle sweeps walked it twice before CPython's own full ones.
+one, at least `floor`), the next pause begins with one. Cyclic garbage the collector has not seen is thus at most
+that many objects plus one pause's, and on average a moved object costs at most one object walked by a full
+collection, where the young and middle sweeps walked it twice before CPython's own full ones.
 """
 
 from __future__ import annotations
@@ -36,15 +36,18 @@ class PromotionPolicy:
     limit: int = 1_000_000
 
     def settle(self) -> None:
-        """Move the young objects to the oldest generation, or collect every generation when too many moved."""
+        """Move the young objects to the oldest generation, counting them."""
         if gc.get_count()[0] < self.small or gc.get_freeze_count():  # frozen on purpose: unfreezing would undo it
             return
         self.moved += len(gc.get_objects(generation=0)) + len(gc.get_objects(generation=1))  # every object moved
-        if self.moved <= self.limit:
-            gc.freeze()
-            gc.unfreeze()
-            return
-        gc.collect()  # `_caught_up` restarts the count
+        gc.freeze()
+        gc.unfreeze()
+
+    def catch_up_if_due(self) -> None:
+        """The full collection that more than `limit` moved objects made due, run as a pause begins: it walks what
+        earlier pauses built, not what this one will (`_caught_up` then restarts the count)."""
+        if self.moved > self.limit:
+            gc.collect()
 
     def caught_up(self) -> None:
         """A full collection walked every moved object: count anew, up to `share` of the objects it left."""
@@ -66,9 +69,12 @@ gc.callbacks.append(_caught_up)
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """Disable the cyclic collector for the block (re-enabling it only if it was on); on a normal exit from the
-    outermost pause, what it built is settled by `PROMOTION`."""
+    """Disable the cyclic collector for the block (re-enabling it only if it was on); the outermost pause first
+    runs a full collection if `PROMOTION` says one is due, and on a normal exit moves what it built to the oldest
+    generation."""
     was_enabled = gc.isenabled()
+    if was_enabled:
+        PROMOTION.catch_up_if_due()
     gc.disable()
     try:
         yield

@@ -39,7 +39,7 @@ def test_a_thousand_pass_runs_over_dropped_graphs_hold_bounded_garbage(small_pol
     for _ in range(1_000):
         canonicalize.run(_graph(5))
     held = gc.collect()
-    assert held <= small_policy.limit + 2_000, f"{held} unreachable objects held after 1,000 runs"
+    assert held <= small_policy.limit + 2_000, f"{held} unreachable objects held after 1,000 runs"  # + one run's
 
 
 def test_objects_someone_froze_stay_frozen() -> None:
@@ -61,9 +61,11 @@ def test_the_limit_follows_the_heap_after_a_full_collection(monkeypatch) -> None
     keep = _graph(20)
     with gcpause.gc_paused():
         keep = dataclasses.replace(keep)
-    assert policy.moved == 0
+    assert policy.moved > policy.limit  # due: the next pause begins with a full collection
+    with gcpause.gc_paused():
+        pass
+    assert policy.moved < 1_000
     assert policy.limit >= len(gc.get_objects(generation=2)) // 2 - 1_000
-
 
 def test_a_small_pause_is_left_to_the_usual_sweep() -> None:
     """A pause that built fewer than `small` objects (a one-line `.kir` parse) keeps them young: their sweep is cheap,
