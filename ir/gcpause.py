@@ -10,9 +10,10 @@ of them (then the middle generation again) to find what is mostly a live graph: 
 two list splices). That alone would hide dropped graphs from the collector, since objects moved this way do not
 count toward CPython's trigger for full collections; so `PROMOTION` counts them, and once more have moved since
 the last full collection (its own or anyone's) than `PromotionPolicy.limit` (as many as were alive after that
-one, at least `floor`), the next pause begins with one. Cyclic garbage the collector has not seen is thus at most
-that many objects plus one pause's, and on average a moved object costs at most one object walked by a full
-collection, where the young and middle sweeps walked it twice before CPython's own full ones.
+one, at least `floor`), the next pause begins with one. The heap thus grows by at most that many objects plus
+one pause's between full collections (dropped graphs cannot pile up), and on average a moved object costs at
+most one object walked by a full collection, where the young and middle sweeps walked it twice before CPython's
+own full collections did.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ class PromotionPolicy:
         """Move the young objects to the oldest generation, counting them."""
         if gc.get_count()[0] < self.small or gc.get_freeze_count():  # frozen on purpose: unfreezing would undo it
             return
-        self.moved += len(gc.get_objects(generation=0)) + len(gc.get_objects(generation=1))  # every object moved
+        # the young count is the net of tracked allocations and frees since the last young collection (listing the
+        # young objects would touch each one, as a sweep does); the middle generation is small, so it is listed
+        self.moved += gc.get_count()[0] + len(gc.get_objects(generation=1))
         gc.freeze()
         gc.unfreeze()
 
