@@ -13,13 +13,18 @@ and cse under equivalence checking), also per op of the forward function.
     .venv/bin/python bench/passes.py --passes --sizes 10000 --only autodiff --only "cse, checked"
     .venv/bin/python bench/passes.py --passes --sizes 10000,100000 --repeat 3   # best of 3: steadier under load
     .venv/bin/python bench/passes.py --no-gc             # without Python's cyclic GC, to see its share
+    .venv/bin/python bench/passes.py --passes --gc-stats --sizes 100000 --only factor-lora   # what the GC walks
 
+`--gc-stats` adds, per size and column, the collector-tracked objects per forward op (of the graph built, and
+the new ones alive after the pass, by type) and the collector's CPU time per op in each generation, the mean of
+`--repeat` runs (3 by default), so a full collection that lands in one of them counts at its amortized cost.
 `--only` skips the first table (it times the IR stages on every size, minutes at 1M ops) to time just those columns.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import platform
 import resource
@@ -111,6 +116,84 @@ def measure_passes(n_ops: int, stages: list[tuple[str, str, str]], repeat: int =
     return row
 
 
+def census_since(before: set[int], ops: int) -> str:
+    """Collector-tracked objects alive and not in `before` (ids) per op, their bytes per op (`sys.getsizeof`, the
+    collector's header included) and the four commonest types per op."""
+    gc.collect()  # what was built and dropped is not counted
+    new = [o for o in gc.get_objects() if id(o) not in before and o is not before]
+    counts = collections.Counter(type(o).__name__ for o in new)
+    top = ", ".join(f"{name} {n / ops:.2f}" for name, n in counts.most_common(4))
+    return f"{len(new) / ops:.2f}, {sum(map(sys.getsizeof, new)) / ops:.0f} B ({top})"
+
+
+class CollectorClock:
+    """The collector's CPU seconds and collections per generation (`gc.callbacks`) while the block runs."""
+
+    def __init__(self) -> None:
+        self.seconds: collections.Counter[int] = collections.Counter()
+        self.count: collections.Counter[int] = collections.Counter()
+        self.started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.process_time()
+        else:
+            self.seconds[info["generation"]] += time.process_time() - self.started
+            self.count[info["generation"]] += 1
+
+    def __enter__(self) -> CollectorClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+def collector_stats(n_ops: int, stages: list[tuple[str, str, str]], runs: int) -> list[dict[str, Any]]:
+    """Per column: tracked objects per forward op of the graph and of what the pass keeps alive (built with the
+    collector off), then the mean CPU µs per op of `runs` runs with it on and the collector's share of that per
+    generation (so a full collection that lands in one run of several is counted at its amortized cost)."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    before = {id(o) for o in gc.get_objects()}
+    base = trainable(n_ops)
+    ops = len(base.functions["forward"].ops)
+    graph = census_since(before, ops)
+    rows = []
+    for column, prep, pipeline in stages:
+        prepared = PassManager.parse(prep).run(base) if prep else base
+        manager = PassManager.parse(pipeline, check_equivalence=column.endswith("checked"))
+        gc.collect()
+        gc.disable()
+        before = {id(o) for o in gc.get_objects()}
+        out = manager.run(prepared)
+        kept = census_since(before, ops)
+        del out, before
+        gc.enable()
+        total = 0.0
+        with CollectorClock() as clock:
+            for _ in range(runs):
+                total += timed(lambda manager=manager, prepared=prepared: manager.run(prepared))[1]
+        collector = ", ".join(f"gen{g} {1e6 * clock.seconds[g] / ops / runs:.2f} ({clock.count[g]}x)"
+                              for g in sorted(clock.count)) or "none"
+        rows.append({"ops": ops, "column": column, "graph": graph, "kept": kept, "collector": collector,
+                     "us_per_op": 1e6 * total / ops / runs, "runs": runs})
+    (gc.enable if was_enabled else gc.disable)()
+    return rows
+
+
+def collector_table(rows: list[dict[str, Any]]) -> str:
+    head = ["forward ops", "column", "graph: tracked/op, bytes/op (top types)",
+            "new and alive after the pass: tracked/op, bytes/op (top types)",
+            "collector µs/op (collections)", "pass µs/op", "runs"]
+    lines = ["| " + " | ".join(head) + " |", "|---:|---|---|---|---|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['ops']:,} | {r['column']} | {r['graph']} | {r['kept']} | {r['collector']} | "
+                     f"{r['us_per_op']:.2f} | {r['runs']} |")
+    return "\n".join(lines)
+
+
 def passes_table(rows: list[dict[str, Any]], stages: list[tuple[str, str, str]]) -> str:
     head = ["forward ops", *(f"{c} µs/op" for c, _, _ in stages), "peak RSS MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
@@ -173,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes", action="store_true", help="also time every other pass (a second table)")
     parser.add_argument("--only", action="append", choices=[c for c, _, _ in PASS_STAGES], metavar="COLUMN",
                         help="with --passes, time only this column (repeatable), e.g. --only autodiff")
+    parser.add_argument("--gc-stats", action="store_true",
+                        help="with --passes, also count collector-tracked objects and time the collector over "
+                             "--repeat runs (default 3) of each column, their mean (a third table)")
     parser.add_argument("--no-gc", action="store_true",
                         help="disable Python's cyclic garbage collector while timing, to see what it costs")
     args = parser.parse_args(argv)
@@ -196,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
             pass_rows.append(measure_passes(n, stages, args.repeat or 1))
             print(f"{n:>9,} ops: every pass timed", file=sys.stderr, flush=True)
         print("\n" + passes_table(pass_rows, stages))
+        if args.gc_stats:
+            print("\n" + collector_table([r for n in sizes for r in collector_stats(n, stages, args.repeat or 3)]))
     return 0
 
 
