@@ -13,7 +13,7 @@ elementwise op (the skip branch of a residual add) is converted once (`to_blocke
 from __future__ import annotations
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
@@ -29,6 +29,7 @@ from .conv_layout import (
     to_blocked,
 )
 from .cpu import cpu_model
+from .relax_rewrite import rewrite_functions, static_f32_shape
 from .schedules.matmul import CPUMatmul
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
@@ -37,14 +38,6 @@ _POOL2D = {tvm.ir.Op.get(f"relax.nn.{kind}_pool2d"): getattr(relax.op.nn, f"{kin
 # ops computed lane by lane whatever the layout: on blocked operands they give the blocked result
 _ELEMENTWISE = frozenset(tvm.ir.Op.get(f"relax.{name}") for name in (
     "add", "subtract", "multiply", "divide", "maximum", "minimum", "nn.relu", "clip", "sigmoid", "tanh", "nn.silu"))
-
-
-def _static(ty: object) -> list[int] | None:
-    """The shape of a float32 tensor type whose dims are all known, else None."""
-    dims = getattr(getattr(ty, "shape", None), "values", None)
-    if getattr(ty, "dtype", None) != "float32" or dims is None or not all(isinstance(d, tirx.IntImm) for d in dims):
-        return None
-    return [int(d) for d in dims]
 
 
 def _per_channel(shape: list[int], out: list[int]) -> bool:
@@ -71,7 +64,7 @@ class _Regions(PyExprMutator):
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = binding.value
-        out = _static(binding.var.ty)
+        out = static_f32_shape(binding.var.ty)
         blocked = None
         if isinstance(value, relax.Call) and out is not None and len(out) == 4:
             call = relax.Call(value.op, [self.visit_expr(a) for a in value.args], value.attrs, value.ty_args)
@@ -106,7 +99,7 @@ class _Regions(PyExprMutator):
 
     def _conv(self, call: relax.Call, out: list[int]) -> relax.Expr | None:
         a, x = call.attrs, call.args[0]
-        x_shape, w_shape = (_static(arg.ty) for arg in call.args)
+        x_shape, w_shape = (static_f32_shape(arg.ty) for arg in call.args)
         nchw = (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "OIHW", "NCHW") and x_shape and w_shape
         # a depthwise conv stays blocked where its input is: it computes lane by lane, whatever the map's width
         depthwise = nchw and int(a.groups) == x_shape[1] == out[1] > 1 and w_shape[1] == 1 and x in self.blocked
@@ -140,7 +133,7 @@ class _Regions(PyExprMutator):
             return None
         args: list[relax.Expr] = []
         for arg in call.args:
-            shape = _static(arg.ty) if isinstance(arg.ty, relax.TensorType) else None
+            shape = static_f32_shape(arg.ty) if isinstance(arg.ty, relax.TensorType) else None
             if not isinstance(arg.ty, relax.TensorType):
                 args.append(arg)  # clip's bounds
             elif shape == out:
@@ -159,10 +152,6 @@ def block_conv_regions(target: Target) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="KilnBlockConvRegions")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        regions = _Regions(mod, rule)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                regions.builder_.update_func(gvar, regions.visit_expr(func))
-        return relax.transform.DeadCodeElimination()(regions.builder_.get())
+        return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _Regions(mod, rule)))
 
     return _pass

@@ -17,8 +17,8 @@ from tvm import relax, te, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
-from .conv_regions import _static  # the static float32 shape of a Relax type: one helper for both layouts
 from .cpu import CPUModel, cpu_model
+from .relax_rewrite import rewrite_functions, static_f32_shape
 from .schedules.matmul import CPUMatmul
 
 PACKED_NAME = "matmul_packed"  # the PrimFunc name hint of a matmul reading a packed weight
@@ -89,7 +89,7 @@ class _Packer(PyExprMutator):
         if call.op != _MATMUL:
             return call
         x, w = call.args
-        x_shape, w_shape = _static(x.ty), _static(w.ty)
+        x_shape, w_shape = static_f32_shape(x.ty), static_f32_shape(w.ty)
         if x_shape is None or w_shape is None or len(x_shape) < 2 or len(w_shape) != 2:
             return call
         width = panel_width(self.rule, x_shape[-2], w_shape[1])
@@ -111,10 +111,6 @@ def pack_matmul_weights(target: Target) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="KilnPackMatmulWeights")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        packer = _Packer(mod, model)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                packer.builder_.update_func(gvar, packer.visit_expr(func))
-        return packer.builder_.get()
+        return rewrite_functions(mod, _Packer(mod, model))
 
     return _pass

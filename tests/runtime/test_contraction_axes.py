@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from cross_targets import AVX512
 from tvm import relax, te, tirx
 
 from kiln.runtime.tvm.calibrate import relax_module
@@ -19,7 +20,6 @@ from kiln.runtime.tvm.schedules.safe import DEBUG_ENV
 from kiln.runtime.tvm.target import cpu_target
 
 TARGET = cpu_target()
-AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})  # cross-built, never run
 RNG = np.random.default_rng(0)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from cross_targets import AVX2, AVX512
 from tvm import relax, te, tirx
 
 from kiln.ir import Builder
@@ -23,8 +24,6 @@ from kiln.runtime.tvm.schedules import CPUMatmul
 from kiln.runtime.tvm.target import cpu_target
 
 TARGET = cpu_target()
-AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})  # 16 lanes, 32-column tiles
-AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})  # 8 lanes, 16-column tiles
 
 pytestmark = pytest.mark.usefixtures("module_cache")  # builds go to a scratch cache, never ~/.cache/kiln
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from cross_targets import AVX2, AVX512
 from tvm import relax
 
 from kiln.ir import Builder
@@ -20,8 +21,6 @@ from kiln.runtime.tvm.pipeline import cpu_fusion_passes, cpu_pipeline
 from kiln.runtime.tvm.target import cpu_target
 
 TARGET = cpu_target()
-AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
-AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
 nn = relax.op.nn
 RNG = np.random.default_rng(0)
 W1, W2, W3 = (RNG.standard_normal(s).astype(np.float32) / 8 for s in ((36, 20, 3, 3), (36, 36, 1, 1), (36, 36, 3, 3)))

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
+from cross_targets import AVX2 as HASWELL
+from cross_targets import AVX512
 from tvm import relax
 from tvm.target import Target
 
@@ -28,9 +30,6 @@ from kiln.runtime.tvm.cpu import CLASS_DEFAULTS, CacheSizes, cpu_model, host_cac
 from kiln.runtime.tvm.pipeline import cpu_pipeline
 from kiln.runtime.tvm.schedules import CPUMatmul, default_cpu_rules
 from kiln.runtime.tvm.target import CPU_ENV, cpu_count, cpu_target, resolve_target
-
-HASWELL = Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
-AVX512 = Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
 
 
 def _host_flags() -> set[str]:

@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 import tvm
+from cross_targets import AVX2, AVX512
 from tvm import relax, te, tirx
 
 from kiln.ir import Builder
@@ -29,8 +30,6 @@ from kiln.runtime.tvm.schedules import CPUMatmul
 from kiln.runtime.tvm.target import cpu_target
 
 TARGET = cpu_target()
-AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})  # 32 x 16 lanes
-AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})  # 16 x 8 lanes
 
 pytestmark = pytest.mark.usefixtures("module_cache")  # builds go to a scratch cache, never ~/.cache/kiln
 

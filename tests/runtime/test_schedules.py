@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from cross_targets import AVX2, AVX512
 from tvm import relax, s_tir, te, tirx
 from tvm.s_tir import dlight as dl
 
@@ -33,8 +34,6 @@ from kiln.runtime.tvm.target import configure_threads, cpu_count, cpu_target, cu
 
 TARGET = cpu_target()
 # Schedule-only checks of the sizes each ISA gets (these kernels are inspected, never run, so any host will do):
-AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})  # 32 x 16 lanes
-AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})  # 16 x 8 lanes
 EXACT, FAST = 1e-4, 3e-3  # relative tolerances: exact math, fast-math kernels
 Body = Callable[..., relax.Expr]
 
