@@ -32,11 +32,15 @@ _digests: dict[int, tuple[weakref.ref, bytes]] = {}  # id(read-only array) -> (t
 
 def data_digest(array: np.ndarray) -> bytes:
     """A digest of an array's bytes, read in place (no copy of a contiguous array). A read-only array (a record's
-    view, which nothing can change) is digested once and remembered while it lives; a writable one every time."""
+    view, which nothing can change) is digested once and remembered while it lives; a writable one every time.
+
+    SHA-256 (truncated to 20 bytes), not BLAKE2: OpenSSL runs it on the x86 SHA extensions every CPU of this project
+    has (Zen 3/4, Emerald Rapids), 1.4 GB/s against BLAKE2b's 0.5 on a Zen 3 core, and a bound build's key hashes
+    every weight byte (ResNet-50's 100 MB: 0.21 -> 0.07 s of a compile-cache hit)."""
     known = _digests.get(id(array))
     if known is not None and known[0]() is array:
         return known[1]
-    digest = hashlib.blake2b(np.ascontiguousarray(array).reshape(-1).view(np.uint8), digest_size=20).digest()
+    digest = hashlib.sha256(np.ascontiguousarray(array).reshape(-1).view(np.uint8)).digest()[:20]
     if not array.flags.writeable:
         key = id(array)
         _digests[key] = (weakref.ref(array, lambda _, key=key: _digests.pop(key, None)), digest)
