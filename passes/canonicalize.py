@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kiln.ir import Graph, Op, Operand, Rewriter, rewrite
+from kiln.ir.ops.shape import transpose_perm
 
 from .base import Pass
 from .patterns import is_splat, known_bool
@@ -50,12 +51,12 @@ def _dead_dropout(rw: Rewriter, op: Op) -> Operand | None:
 def _noop_transpose(rw: Rewriter, op: Op) -> Operand | None:
     """transpose by the identity permutation -> x; transpose of transpose -> one composed transpose."""
     x = op.operands[0]
-    perm = op.attrs["perm"] if op.attrs["perm"] is not None else tuple(reversed(range(x.type.rank)))
+    perm = transpose_perm(op.attrs["perm"], x.type.rank)
     if perm == tuple(range(x.type.rank)):
         return x
     owner = getattr(x, "owner", None)
     if owner is not None and owner.kind == "transpose":
-        inner = owner.attrs["perm"] or tuple(reversed(range(owner.operands[0].type.rank)))
+        inner = transpose_perm(owner.attrs["perm"], owner.operands[0].type.rank)
         return rw.emit("transpose", owner.operands[0], perm=tuple(inner[p] for p in perm))
     return None
 

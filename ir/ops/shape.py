@@ -3,6 +3,8 @@ scatter_nd_reduce, which combines its updates into data (add, mul, max, min) and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ..attrs import INT, INTS, Attr, one_of, optional
@@ -15,12 +17,16 @@ from .common import any_dtype, define, norm_axis, one, same_dtype
 _MOVES = {Trait.DATA_MOVEMENT}
 
 
+def transpose_perm(perm: Sequence[int] | None, rank: int) -> tuple[int, ...]:
+    """A transpose's permutation of `rank` dims: its `perm`, or the dims reversed when `perm` is absent (the one
+    place that default is read, so inference, passes and lowerings agree)."""
+    return tuple(reversed(range(rank))) if perm is None else tuple(perm)
+
+
 def _transpose_infer(ts, attrs):
     any_dtype("transpose", 0, ts[0])
-    perm = attrs["perm"]
     rank = ts[0].rank
-    if perm is None:
-        perm = tuple(reversed(range(rank)))
+    perm = transpose_perm(attrs["perm"], rank)
     if sorted(perm) != list(range(rank)):
         raise ShapeError(f"transpose: perm {list(perm)} is not a permutation of rank {rank}")
     return (ts[0].with_axes(ts[0].axes[p] for p in perm),)

@@ -10,7 +10,7 @@ import numpy as np
 
 from kiln.ir import DType
 from kiln.ir.ops.common import norm_axis
-from kiln.ir.ops.shape import slice_cuts
+from kiln.ir.ops.shape import slice_cuts, transpose_perm
 
 from .rule import OnnxCall, OnnxResult, onnx_rule
 
@@ -19,8 +19,7 @@ _INT64 = np.iinfo(np.int64)
 
 @onnx_rule("transpose")
 def _transpose(call: OnnxCall) -> OnnxResult:
-    perm = call.attrs["perm"]
-    return call.node("Transpose", call.inputs[0], perm=perm or tuple(reversed(range(call.types[0].rank))))
+    return call.node("Transpose", call.inputs[0], perm=transpose_perm(call.attrs["perm"], call.types[0].rank))
 
 
 @onnx_rule("reshape")

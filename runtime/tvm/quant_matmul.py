@@ -9,6 +9,8 @@ from __future__ import annotations
 from tvm import relax, te, tirx
 from tvm.relax import op as R
 
+from kiln.ir.ops.shape import transpose_perm
+
 from .quant_ops import decoder
 from .rule import OpCall
 
@@ -22,7 +24,7 @@ def decoded_weight(call: OpCall) -> tuple[OpCall, bool] | None:
         return found, False
     flipped = call.producer(1, "transpose")
     found = flipped.producer(0, "dequantize") if flipped is not None else None
-    return (found, True) if found is not None and tuple(flipped.attrs["perm"] or (1, 0)) == (1, 0) else None
+    return (found, True) if found is not None and transpose_perm(flipped.attrs["perm"], 2) == (1, 0) else None
 
 
 def quant_matmul(call: OpCall) -> relax.Expr | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from tvm import relax, te
 
 from kiln.ir import DType
+from kiln.ir.ops.shape import transpose_perm
 
 from .rule import OpCall
 
@@ -23,9 +24,8 @@ _FOLDED = (DType.f32, DType.f64)  # f16/bf16 matmuls keep their own lowering (th
 
 
 def _swaps_last_two(perm: tuple[int, ...] | None, rank: int) -> bool:
-    """Whether a transpose's `perm` (None: reverse every axis) exchanges the last two axes and keeps the rest."""
-    order = tuple(reversed(range(rank))) if perm is None else tuple(perm)
-    return order == (*range(rank - 2), rank - 1, rank - 2)
+    """Whether a transpose's `perm` exchanges the last two axes and keeps the rest."""
+    return transpose_perm(perm, rank) == (*range(rank - 2), rank - 1, rank - 2)
 
 
 def _tn(x: te.Tensor, b: te.Tensor) -> te.Tensor:
