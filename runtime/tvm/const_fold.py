@@ -18,6 +18,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .relax_rewrite import rewrite_functions, static_shape
+
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _EVAL_TARGET = "llvm"  # the target FoldConstant evaluates with
 
@@ -34,10 +36,8 @@ class _Fold:
 
 def _static_numel(ty: relax.TensorType) -> int | None:
     """Elements of a tensor type whose shape is known and static, else None."""
-    if not isinstance(ty, relax.TensorType) or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = [getattr(d, "value", None) for d in ty.shape.values]
-    return None if None in dims else math.prod(dims)
+    shape = static_shape(ty) if isinstance(ty, relax.TensorType) else None
+    return None if shape is None else math.prod(shape)
 
 
 def _plan(func: relax.Function) -> list[_Fold]:
@@ -73,8 +73,7 @@ def _evaluate(mod: tvm.IRModule, folds: list[_Fold]) -> dict[relax.Var, relax.Ex
     values: dict[relax.Var, tvm.runtime.Tensor] = {}
     for fold in folds:
         args = [o.value if isinstance(o, tvm.ir.Constant) else values[o] for o in fold.operands]
-        shape = [int(d) for d in fold.result.shape.values]
-        out = tvm.runtime.empty(shape, fold.result.dtype, tvm.cpu())
+        out = tvm.runtime.empty(static_shape(fold.result), fold.result.dtype, tvm.cpu())
         lib[fold.kernel.name_hint](*args, out)
         values[fold.var] = out
     return {var: relax.const(value) for var, value in values.items()}
@@ -109,10 +108,6 @@ def fold_constant_kernels() -> tvm.transform.Pass:
             constants = _evaluate(mod, folds)
         except (RuntimeError, TypeError, ValueError):  # a kernel TVM cannot build or run here: FoldConstant's to try
             return mod
-        binder = _Bind(mod, constants)
-        for gv, plan in plans.items():
-            if plan:
-                binder.builder_.update_func(gv, binder.visit_expr(mod[gv]))
-        return binder.builder_.get()
+        return rewrite_functions(mod, _Bind(mod, constants))
 
     return _pass

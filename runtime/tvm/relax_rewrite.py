@@ -1,5 +1,5 @@
-"""What kiln's Relax-level layout rewrites share: the static float32 shape they match on, and running a mutator
-over every Relax function of a module."""
+"""What kiln's Relax-level rewrites (layouts, constant folding) share: the static shapes they match on, and running
+a mutator over every Relax function of a module."""
 
 from __future__ import annotations
 
@@ -8,12 +8,17 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator
 
 
-def static_f32_shape(ty: object) -> list[int] | None:
-    """The shape of a float32 tensor type whose dims are all known, else None."""
+def static_shape(ty: object) -> list[int] | None:
+    """The shape of a tensor type whose dims are all known, else None."""
     dims = getattr(getattr(ty, "shape", None), "values", None)
-    if getattr(ty, "dtype", None) != "float32" or dims is None or not all(isinstance(d, tirx.IntImm) for d in dims):
+    if dims is None or not all(isinstance(d, tirx.IntImm) for d in dims):
         return None
     return [int(d) for d in dims]
+
+
+def static_f32_shape(ty: object) -> list[int] | None:
+    """The shape of a float32 tensor type whose dims are all known, else None."""
+    return static_shape(ty) if getattr(ty, "dtype", None) == "float32" else None
 
 
 def rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator) -> tvm.IRModule:
