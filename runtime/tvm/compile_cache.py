@@ -97,13 +97,12 @@ def store(key: str, program: Program, export: Callable[[str], None]) -> tuple[Pr
     """Write a freshly built program to disk and remember it (a failed write is logged, not raised); returns what to
     run: the stored library loaded back, whose machine code the write made (a built LLVM module generates it again
     when first called: 8 s for ResNet-50), or the built program where the write or the load failed."""
-    _remember(key, program, None)
     try:
         os.makedirs(os.path.dirname(entry_path(key)), mode=0o700, exist_ok=True)  # the cache is the user's own
         write_artifact(entry_path(key), program, export, key=key)
     except Exception as e:  # a read-only or full disk, or a target whose modules cannot be exported
         _log.warning("kiln compile cache: could not write entry %s: %s", key, e)
-        return program, None
+        return _remembered(key, program, None)
     try:
         evicted = prune(keep=key)
     except KilnError as e:  # a malformed size bound: the build stands, the user hears of it
@@ -112,12 +111,16 @@ def store(key: str, program: Program, export: Callable[[str], None]) -> tuple[Pr
     for entry in evicted:
         _log.info("kiln compile cache: evicted %s (%d bytes, least recently used)", entry.key, entry.bytes)
     try:
-        stored = load_program(entry_path(key))[0]
+        return _remembered(key, load_program(entry_path(key))[0], entry_path(key))
     except KilnError as e:  # not loadable on this host (a CUDA library without a driver)
         _log.info("kiln compile cache: running the built program of %s: %s", key, e)
-        return program, None
-    _remember(key, stored, entry_path(key))
-    return stored, entry_path(key)
+        return _remembered(key, program, None)
+
+
+def _remembered(key: str, program: Program, path: str | None) -> tuple[Program, str | None]:
+    """`_remember` the program `store` hands back, and hand it back."""
+    _remember(key, program, path)
+    return program, path
 
 
 def clear_memory() -> None:
