@@ -79,6 +79,7 @@ def _with_output_fusion(passes: list[tvm.transform.Pass]) -> list[tvm.transform.
 
 
 def _insert_before(passes: list[tvm.transform.Pass], name: str, new: tvm.transform.Pass) -> list[tvm.transform.Pass]:
+    """`passes` with `new` just before TVM's pass called `name`."""
     at = next(i for i, p in enumerate(passes) if p.info.name == name)
     return [*passes[:at], new, *passes[at:]]
 
