@@ -64,7 +64,7 @@ from kiln.frontend.optim.optimizer import with_values  # noqa: E402
 from kiln.frontend.trace import trace_function  # noqa: E402
 from kiln.ir.liveness import peak_live_bytes  # noqa: E402
 from kiln.passes import PassManager  # noqa: E402
-from kiln.runtime.backend import Backend, InterpreterBackend, set_default_backend  # noqa: E402
+from kiln.runtime.backend import Backend, InterpreterBackend, using_backend  # noqa: E402
 
 DEVICE = kiln.Device("cpu").autodiff()
 LR = 1e-3
@@ -132,11 +132,8 @@ def run_kiln(w: Workload, backend: Backend) -> Callable[[], float]:
     step = kiln.compile_step(w.model, w.loss_fn, optim.Adam(), *specs)
 
     def run() -> float:
-        previous = set_default_backend(backend)  # the step asks for the default backend on each call
-        try:
+        with using_backend(backend):  # the step asks for the default backend on each call
             return step(LR, *w.inputs)
-        finally:
-            set_default_backend(previous)
     return run
 
 

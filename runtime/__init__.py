@@ -13,7 +13,7 @@ from typing import Any
 
 _LAZY = {"compile_graph": "tvm.compile", "Executable": "tvm.executable", "load_executable": "tvm.executable",
          "TVMBackend": "tvm.backend", "set_default_backend": "backend", "default_backend": "backend",
-         "InterpreterBackend": "backend"}
+         "using_backend": "backend", "InterpreterBackend": "backend"}
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -45,3 +46,17 @@ def set_default_backend(backend: Backend) -> Backend:
     global _default
     previous, _default = _default, backend
     return previous
+
+
+@contextlib.contextmanager
+def using_backend(backend: Backend | None) -> Iterator[Backend]:
+    """Realize tensors on `backend` inside the block (None: keep the current one), the previous one restored
+    however the block ends; yields the backend in effect."""
+    if backend is None:
+        yield _default
+        return
+    previous = set_default_backend(backend)
+    try:
+        yield backend
+    finally:
+        set_default_backend(previous)

@@ -192,16 +192,13 @@ def test_a_short_training_run_decreases_the_loss_and_keeps_the_base():
 def test_captured_step_on_tvm_matches_the_interpreter(target: str, tmp_path: Path):
     """The dora derivation and its gradient lowered through Relax train as the interpreter does."""
     pytest.importorskip("tvm")
-    from kiln.runtime.backend import set_default_backend
+    from kiln.runtime.backend import using_backend
     from kiln.runtime.tvm.backend import TVMBackend
 
     model = perturbed(Net().apply_dora(Dora(rank=2, alpha=4.0)))
     want_losses, want = training_run(model, steps=3)
-    previous = set_default_backend(TVMBackend(target, fast_math=False))
-    try:
+    with using_backend(TVMBackend(target, fast_math=False)):
         got_losses, got = training_run(model, steps=3)
-    finally:
-        set_default_backend(previous)
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-5)
     for (s, f), (_, g) in zip(want.fc.weight.reparam.factors, got.fc.weight.reparam.factors):
         np.testing.assert_allclose(value(g), value(f), rtol=1e-4, atol=1e-5, err_msg=s)

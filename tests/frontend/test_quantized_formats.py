@@ -237,7 +237,7 @@ def test_qlora_on_an_nf4_base_trains_through_the_interpreter_and_tvm(scheme: Qua
     """QLoRA (Dettmers et al. 2023): a frozen NF4 base with trainable LoRA adapters; the loss decreases, and the
     TVM build's losses follow the interpreter's."""
     pytest.importorskip("tvm")
-    from kiln.runtime.backend import set_default_backend
+    from kiln.runtime.backend import using_backend
     from kiln.runtime.tvm.backend import TVMBackend
 
     rng = np.random.default_rng(0)
@@ -247,13 +247,9 @@ def test_qlora_on_an_nf4_base_trains_through_the_interpreter_and_tvm(scheme: Qua
     net = Net(16, 8, kiln.Device("cpu").autodiff()).apply_qlora(qlora)
     curves = []
     for backend in (None, TVMBackend("llvm", fast_math=False)):
-        previous = set_default_backend(backend) if backend else None
-        try:
+        with using_backend(backend):
             step = kiln.compile_step(net, mse, kiln.optim.Adam(), ((32, 16), "f32"), ((32, 8), "f32"))
             curves.append([step(0.05, x, y) for _ in range(12)])
-        finally:
-            if previous is not None:
-                set_default_backend(previous)
     interpreted, compiled = curves
     assert interpreted[-1] < 0.7 * interpreted[0], interpreted
     np.testing.assert_allclose(compiled, interpreted, rtol=1e-4)

@@ -300,20 +300,16 @@ def test_captured_step_runs_on_the_tvm_backend(target: str, tmp_path: Path) -> N
     """Same losses and weights as on the interpreter; the trained module (whose values are read-only views of the
     VM's buffers) saves and loads like any other."""
     pytest.importorskip("tvm")
-    from kiln.runtime.backend import set_default_backend
+    from kiln.runtime.backend import using_backend
     from kiln.runtime.tvm.backend import TVMBackend
 
     model, data = MLP(batch_norm=True), [batch(16) for _ in range(3)]
     results = []
     for backend in (None, TVMBackend(target, fast_math=False)):
-        previous = set_default_backend(backend) if backend else None
-        try:
+        with using_backend(backend):
             # SGD, not Adam: fc1.bias (before batch norm) has a gradient of rounding noise that Adam would scale up
             step = kiln.compile_step(model, loss_fn, optim.SGD(momentum=0.9), ((16, 8), "f32"), ((16,), "i64"))
             results.append(([step(1e-2, x, y) for x, y in data], values(step.model())))
-        finally:
-            if previous is not None:
-                set_default_backend(previous)
     (interpreted, want), (compiled, got) = results
     np.testing.assert_allclose(compiled, interpreted, rtol=1e-5)
     for path in want:

@@ -100,7 +100,7 @@ def test_a_tvm_train_step_converts_only_the_batch_and_lr_after_its_first_call(
     """Issue 14: "keep parameter/optimizer-state buffers on the device between steps": from the second step on,
     parameters and Adam's moments go back in as the VM's tensors; the oracle for the values is the interpreter."""
     from kiln import nn, optim
-    from kiln.runtime.backend import set_default_backend
+    from kiln.runtime.backend import using_backend
     from kiln.runtime.tvm.backend import TVMBackend
 
     device = kiln.Device("cpu").autodiff()
@@ -112,15 +112,11 @@ def test_a_tvm_train_step_converts_only_the_batch_and_lr_after_its_first_call(
         model = nn.Sequential(nn.Linear(6, 5, device=device), nn.ReLU(), nn.Linear(5, 3, device=device))
         step = kiln.compile_step(model, lambda m, a, b: nn.cross_entropy(m(a), b), optim.Adam(), ((8, 6), "f32"),
                                  ((8,), "i64"))
-        previous = set_default_backend(backend) if backend is not None else None
-        try:
+        with using_backend(backend):
             losses = [step(0.01, x, y)]
             converted = _counting(monkeypatch)
             losses += [step(0.01, x, y) for _ in range(2)]
             monkeypatch.undo()
-        finally:
-            if previous is not None:
-                set_default_backend(previous)
         steps[name] = (losses, step.model(), converted)
     assert steps["tvm"][2] == ["lr", "x", "x1"] * 2  # not the 4 parameters and 8 moments
     np.testing.assert_allclose(steps["tvm"][0], steps["interpreter"][0], rtol=1e-5)

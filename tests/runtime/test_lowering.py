@@ -26,7 +26,7 @@ from kiln.ir.ops.shape import OPEN_END
 from kiln.ir.registry import ops_with
 from kiln.ir.traits import Trait
 from kiln.passes.autodiff import Autodiff
-from kiln.runtime.backend import InterpreterBackend, set_default_backend
+from kiln.runtime.backend import InterpreterBackend, default_backend, using_backend
 from kiln.runtime.tvm import compile_cache
 from kiln.runtime.tvm.backend import TVMBackend
 from kiln.runtime.tvm.compile import compile_graph
@@ -538,12 +538,9 @@ def test_reparams_lora_and_dequantize_are_computed_in_the_function() -> None:
 def test_eager_tensors_realize_through_the_tvm_backend() -> None:
     model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 3)).valid()
     x = f32(4, 6)
-    previous = set_default_backend(TVMBackend())
-    try:
+    with using_backend(TVMBackend()):
         got = model(kiln.tensor(x)).numpy()
-    finally:
-        set_default_backend(previous)
-    assert isinstance(previous, InterpreterBackend)
+    assert isinstance(default_backend(), InterpreterBackend)  # restored after the block
     want = model(kiln.tensor(x)).numpy()
     assert_close(got, want, rtol=3e-3, atol=1e-4)
 

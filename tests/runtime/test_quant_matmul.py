@@ -18,7 +18,7 @@ from kiln.frontend.reparam import Lora, QLora, Quantizer, QuantScheme
 from kiln.frontend.step import build_step
 from kiln.ir import DType, Graph, TensorType, interpret, parse
 from kiln.ir.ops.quant import VALUE_RANGES, quantize
-from kiln.runtime.backend import set_default_backend
+from kiln.runtime.backend import using_backend
 from kiln.runtime.tvm.backend import TVMBackend
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.lower import lower
@@ -186,15 +186,11 @@ def test_a_qlora_training_step_matches_the_interpreter() -> None:
     x = np.random.default_rng(3).standard_normal((8, K)).astype(np.float32)
     model, results = qlora_mlp(), []
     for backend in (None, TVMBackend()):
-        previous = set_default_backend(backend) if backend is not None else None
-        try:
+        with using_backend(backend):
             step = kiln.compile_step(model, _loss, optim.SGD(), ((8, K), "f32"))
             losses = [step(0.5, x) for _ in range(3)]
             factors = {path: p.state.get() for path, p in step.model().named_parameters() if "lora" in path}
             results.append((losses, factors))
-        finally:
-            if previous is not None:
-                set_default_backend(previous)
     (want_losses, want), (got_losses, got) = results
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-5)
     assert want_losses[-1] < want_losses[0] and set(got) == set(want) and len(got) == 4

@@ -121,7 +121,7 @@ def test_encoder_step_through_tvm_is_the_interpreters() -> None:
     interpreter's (6e-8 apart when measured, folded or not)."""
     import kiln
     from kiln import optim
-    from kiln.runtime.backend import set_default_backend
+    from kiln.runtime.backend import using_backend
     from kiln.runtime.tvm.backend import TVMBackend
 
     _, model, loss = encoder_step_graph()
@@ -129,15 +129,11 @@ def test_encoder_step_through_tvm_is_the_interpreters() -> None:
     data = [rng.standard_normal((2, 8, 32)).astype(np.float32) for _ in range(2)]
     results = []
     for backend in (None, TVMBackend(fast_math=False)):
-        previous = set_default_backend(backend) if backend else None
-        try:
+        with using_backend(backend):
             step = kiln.compile_step(model, loss, optim.SGD(), ((2, 8, 32), "f32"), ((2, 8, 32), "f32"))
             losses = [step(1e-1, *data) for _ in range(2)]
             results.append((losses, {p: np.array(v.state.get()) for p, v in step.model().leaves()
                                      if isinstance(v, kiln.Param)}))
-        finally:
-            if previous is not None:
-                set_default_backend(previous)
     (want_loss, want), (got_loss, got) = results
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
     for path in want:
