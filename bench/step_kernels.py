@@ -1,13 +1,13 @@
 """Where a captured training step's time goes, kernel by kernel: the TVM step of an encoder layer (forward, mse loss,
-backward, Adam) under TVM's VM profiler, 1 thread, each kernel's best call of N steps, with its share of the step,
-GFLOP/s where it is a contraction, and the kiln ops behind it; then torch eager's same step under torch.profiler
-(its top ops, self CPU time, best of the same N).
+backward, Adam) under TVM's VM profiler, 1 thread (or --threads), each kernel's best call of N steps, with its
+share of the step, GFLOP/s where it is a contraction, and the kiln ops behind it; then torch eager's same step under
+torch.profiler (its top ops, self CPU time, best of the same N).
 
-    .venv/bin/python bench/step_kernels.py [--d 256 --batch 8] [--steps 5] [--top 25]
+    .venv/bin/python bench/step_kernels.py [--d 256 --batch 8] [--steps 5] [--top 25] [--threads 1]
 
-Times are process CPU time (a shared host distorts them less than the wall clock), each kernel's the best of
-`--steps` steps. d 256 x batch 8 and d 768 x batch 1 (128 tokens) are bench/train_step.py's "transformer" and
-"encoder768" rows.
+Times are process CPU time on 1 thread (a shared host distorts them less than the wall clock) and wall clock on
+more (CPU time would add the threads' times up), each kernel's the best of `--steps` steps. d 256 x batch 8 and
+d 768 x batch 1 (128 tokens) are bench/train_step.py's "transformer" and "encoder768" rows.
 """
 
 from __future__ import annotations
@@ -18,18 +18,31 @@ import re
 import time
 from collections import defaultdict
 
-os.environ["TVM_NUM_THREADS"] = "1"  # before TVM's pool starts
 
-import numpy as np
-import torch
-from inference import encoder_widths  # bench/ is the script's directory
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--d", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--threads", type=int, default=1)
+    return parser.parse_args()
 
-import kiln
-from kiln import nn, optim
-from kiln.frontend.step import build_step
-from kiln.ir import DType, TensorType
-from kiln.runtime.tvm.compile import compile_graph, lowering_input
-from kiln.runtime.tvm.op_map import ops_named
+
+ARGS = parse_args()
+os.environ["TVM_NUM_THREADS"] = str(ARGS.threads)  # before TVM's pool starts
+CLOCK = time.process_time if ARGS.threads == 1 else time.perf_counter
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from inference import encoder_widths  # noqa: E402  (bench/ is the script's directory)
+
+import kiln  # noqa: E402
+from kiln import nn, optim  # noqa: E402
+from kiln.frontend.step import build_step  # noqa: E402
+from kiln.ir import DType, TensorType  # noqa: E402
+from kiln.runtime.tvm.compile import compile_graph, lowering_input  # noqa: E402
+from kiln.runtime.tvm.op_map import ops_named  # noqa: E402
 
 
 def step_graph(d: int, batch: int) -> tuple[kiln.ir.Graph, list[np.ndarray]]:
@@ -60,18 +73,18 @@ def kiln_kernels(graph: kiln.ir.Graph, args: list[np.ndarray], steps: int) -> tu
 
     def instrument(func, name, before, ret, *call_args) -> int:  # noqa: ANN001 (TVM's callback signature)
         if before:
-            started.append(time.process_time())
+            started.append(CLOCK())
             shapes.setdefault(str(name), [tuple(a.shape) for a in call_args if hasattr(a, "shape")])
             calls[str(name)] += 1
         else:
-            per[str(name)] += (time.process_time() - started.pop()) * 1e3
+            per[str(name)] += (CLOCK() - started.pop()) * 1e3
         return 0  # VMInstrumentReturnKind.NO_OP
 
     plain = float("inf")
     for _ in range(steps):
-        start = time.process_time()
+        start = CLOCK()
         exe.run(*args, function="step", copy=False)
-        plain = min(plain, (time.process_time() - start) * 1e3)
+        plain = min(plain, (CLOCK() - start) * 1e3)
     exe._machine().set_instrument(instrument)
     best = {}
     for _ in range(steps):
@@ -85,7 +98,7 @@ def kiln_kernels(graph: kiln.ir.Graph, args: list[np.ndarray], steps: int) -> tu
 
 def torch_ops(d: int, batch: int, steps: int) -> tuple[float, dict[str, float]]:
     """torch eager's step of the same layer: (best step ms, best self-CPU ms per aten op)."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(ARGS.threads)
     width, heads, ffn = encoder_widths(d)
     layer = torch.nn.TransformerEncoderLayer(width, heads, ffn, dropout=0.0, activation="gelu", batch_first=True)
     opt = torch.optim.Adam(layer.parameters(), 1e-3)
@@ -99,9 +112,9 @@ def torch_ops(d: int, batch: int, steps: int) -> tuple[float, dict[str, float]]:
     step()
     plain = float("inf")
     for _ in range(steps):
-        start = time.process_time()
+        start = CLOCK()
         step()
-        plain = min(plain, (time.process_time() - start) * 1e3)
+        plain = min(plain, (CLOCK() - start) * 1e3)
     best = {}
     for _ in range(steps):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -132,18 +145,15 @@ def matmul_flops(name: str, shapes: list[tuple[int, ...]], calls: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--d", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--top", type=int, default=25)
-    a = parser.parse_args()
+    a = ARGS
     graph, args = step_graph(a.d, a.batch)
     total, kernels = kiln_kernels(graph, args, a.steps)
     op_map = compile_graph(graph, params="inputs", functions=("step",)).program.op_map["step"]
-    print(f"d{a.d} batch {a.batch}x128, 1 thread, best of {a.steps}; load {os.getloadavg()[0]:.1f}")
+    clock = "CPU time" if a.threads == 1 else "wall clock"
+    print(f"d{a.d} batch {a.batch}x128, {a.threads} thread(s), {clock}, best of {a.steps}; load "
+          f"{os.getloadavg()[0]:.1f}")
     in_kernels = sum(ms for ms, _, _ in kernels.values())
-    print(f"kiln TVM step: {total:.2f} ms CPU time; its {len(kernels)} kernels and VM builtins, each timed "
+    print(f"kiln TVM step: {total:.2f} ms {clock}; its {len(kernels)} kernels and VM builtins, each timed "
           f"alone: {in_kernels:.2f} ms\n")
     print("| kernel | calls | ms | % step | GFLOP/s | shapes | kiln ops |\n|---|---:|---:|---:|---:|---|---|")
     for name, (ms, n, shapes) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:a.top]:
@@ -160,7 +170,7 @@ def main() -> None:
         print(f"| {name} | {ms:.3f} | {100 * ms / total:.1f} |")
     t_total, t_ops = torch_ops(a.d, a.batch, a.steps)
     op_total = sum(t_ops.values())
-    print(f"\ntorch eager step: {t_total:.2f} ms CPU time; its ops under torch.profiler (self time, wall clock, so "
+    print(f"\ntorch eager step: {t_total:.2f} ms {clock}; its ops under torch.profiler (self time, wall clock, so "
           f"a busy host inflates them; shares are of their sum, {op_total:.2f} ms)\n")
     print("| aten op | ms | % of ops |\n|---|---:|---:|")
     for name, ms in sorted(t_ops.items(), key=lambda kv: -kv[1])[:a.top]:
