@@ -7,7 +7,7 @@ from tvm import ir, s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from ..cpu import CPUModel, cpu_model
+from ..cpu import FMA_LATENCY, FMA_UNITS, CPUModel, cpu_model
 from .injective import (
     cpu_blocks,
     loop_extent,
@@ -24,6 +24,10 @@ MAX_STRIDE = 4  # the largest stride of the vector operand along C's last index 
 MIN_PANEL_ROWS = 256  # fewer rows than this stream the vector operand whole (see `CPUMatmul._column_panels`)
 PANEL_TILE_ROWS = 8  # a matmul streaming its operand in L2 panels uses at least this many rows per register tile
 STREAMED_PANELS = 64  # an operand of this many panels (8 L2s, 4 MiB on Zen 3) goes in panels even under few rows
+# Load bandwidth of x86 cores since Haswell and Zen (LLVM does not say; documented, like `cpu.FMA_UNITS`): two vector
+# loads a cycle from L1, and about one vector a cycle from L2 (32 B on Zen, half of what L1 delivers elsewhere)
+L1_LOADS_PER_CYCLE = 2
+L2_VECTORS_PER_CYCLE = 1
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,9 @@ class _Contraction:
     spatial: list[s_tir.schedule.LoopRV]  # remaining spatial loops, outermost first
     reduction: list[s_tir.schedule.LoopRV]
     line: s_tir.schedule.LoopRV | None = None  # innermost of `spatial` only the vector operand walks (conv rows)
+    # a loop of `spatial` only the other operand walks, at stride 1 beside a reduction loop (`oh + kh`): a stride-1
+    # window conv's output rows, which a blocked conv's register tile may span
+    height: s_tir.schedule.LoopRV | None = None
     vector_var: tirx.Var | None = None  # the block iterator of `vector`
     stride: int = 1  # of the vector operand along `vector`: above 1 in a strided conv
     panel: int | None = None  # the panel width of a packed vector operand read `B[j // w, .., j % w]` (`matmul_layout`)
@@ -148,12 +155,16 @@ def _match(sch: s_tir.Schedule, info: dl.SBlockInfo) -> _Contraction | None:
     rest = [it for it in spatial if it is not vec and it is not row]
     line = next((it for it in reversed(rest) if any(uses_var(e, it.var) for e in vec_op)
                  and not any(uses_var(e, it.var) for e in other)), None)
+    reduction = [it.var for it in info.iters if it.kind == "R"]
+    height = next((it for it in reversed(rest) if it is not line and not any(uses_var(e, it.var) for e in vec_op)
+                   and any(stride(e, it.var) == 1 and any(uses_var(e, r) for r in reduction) for e in other)), None)
     return _Contraction(
         vector=vec.loop_rv,
         row=None if row is None else row.loop_rv,
         spatial=[it.loop_rv for it in rest],
         reduction=[it.loop_rv for it in info.iters if it.kind == "R"],
         line=None if line is None else line.loop_rv,
+        height=None if height is None or line is None else height.loop_rv,
         vector_var=vec.var,
         stride=step,
         panel=panel,
@@ -402,7 +413,7 @@ class CPUMatmul(dl.ScheduleRule):
         width = roles.panel or self.vector_tile(loop_extent(sch, roles.vector), rows)
         vec_o, vec_i = sch.split(roles.vector, [None, width])
         panel, vec_o = self._column_panels(sch, main, roles, vec_o, vec_i)
-        rows, lines = self._tile_shape(sch, roles, static_extent(loop_extent(sch, vec_i)), bool(panel))
+        rows, lines, heights = self._tile_shape(sch, roles, static_extent(loop_extent(sch, vec_i)), bool(panel))
         row_tile: list[s_tir.schedule.LoopRV] = []
         row_inner: list[s_tir.schedule.LoopRV] = []
         if roles.row is not None:
@@ -412,6 +423,10 @@ class CPUMatmul(dl.ScheduleRule):
         if lines > 1:
             line_o, line_i = sch.split(roles.line, [None, lines])
             spatial, line_inner = [line_o if loop is roles.line else loop for loop in roles.spatial], [line_i]
+        if heights > 1:
+            height_o, height_i = sch.split(roles.height, [None, heights])
+            spatial = [height_o if loop is roles.height else loop for loop in spatial]
+            row_inner = [height_i, *row_inner]
         *red_outer, red_last = roles.reduction
         k_o, k_i = sch.split(red_last, [None, split_factor(loop_extent(sch, red_last), self.k_unroll)])
         sch.reorder(*panel, *spatial, *row_tile, vec_o, *red_outer, k_o, k_i, *row_inner, *line_inner, vec_i)
@@ -442,9 +457,10 @@ class CPUMatmul(dl.ScheduleRule):
         sch.vectorize(sch.get_loops(init)[-1])
 
     def _tile_shape(self, sch: s_tir.Schedule, roles: _Contraction, width: int | None, panelled: bool = False
-                    ) -> tuple[int, int]:
-        """(rows, lines) of the register tile: `mr` rows of C (or `mr / 2`; fewer for short extents) by the vector
-        tile, times a few output rows of the vector operand where it has a `line` loop (a conv's output rows).
+                    ) -> tuple[int, int, int]:
+        """(rows, lines, heights) of the register tile: `mr` rows of C (or `mr / 2`; fewer for short extents) by the
+        vector tile, times a few output rows of the vector operand where it has a `line` loop (a conv's output rows);
+        a blocked stride-1 window conv takes `_window_tile`'s, which may span `heights` output rows.
 
         A matmul whose vector operand streams from L2 in panels takes at least `PANEL_TILE_ROWS` rows: every row
         tile re-reads its panel, and with 16 vector registers (AVX2: `mr` 4) that traffic, not the FMAs, bounds
@@ -473,8 +489,12 @@ class CPUMatmul(dl.ScheduleRule):
             count = _row_count(sch, roles)
             if count is not None and count % rows:  # (a symbolic count is padded to `mr` rows already)
                 rows = max(rows, rows_of(max(base, PANEL_TILE_ROWS)))  # 7 rows whole, not 4 + a guarded 3
-            return rows, 1
+            return rows, 1, 1
         vectors = -(-width // self.lanes)
+        if roles.height is not None and roles.row is not None:
+            window = self._window_tile(sch, roles, vectors)
+            if window is not None:
+                return window
         candidates = {rows_of(self.mr), rows_of(max(1, self.mr // 2)), rows_of(max(1, self.accumulators // vectors))}
         extent = _row_count(sch, roles)
         whole = {rows for rows in candidates if extent is None or extent % rows == 0}
@@ -484,7 +504,43 @@ class CPUMatmul(dl.ScheduleRule):
             lines = split_factor(loop_extent(sch, roles.line), room)
             shapes.append(((rows + lines * vectors) / (rows * lines * vectors), rows, lines))
         _, rows, lines = min(shapes)
-        return rows, lines
+        return rows, lines, 1
+
+    def _window_tile(self, sch: s_tir.Schedule, roles: _Contraction, vectors: int) -> tuple[int, int, int] | None:
+        """(rows, lines, heights) of a blocked stride-1 window conv's register tile: output columns x output-channel
+        vectors x output rows, each a divisor of its extent (a tail's sums leave the registers), whose
+        `accumulators` sums keep the FMA units busiest, by the fewest cycles per FMA of one reduction step; ties go to
+        fewer weight loads per FMA, then to fewer broadcasts. None when an extent is symbolic.
+
+        A step (one input channel and window position) issues rows x heights x lines FMAs, as many broadcasts of the
+        input and lines weight vectors, and lasts at least `cpu.FMA_LATENCY` cycles (each sum is one dependent chain),
+        its FMAs over `cpu.FMA_UNITS`, its loads over `L1_LOADS_PER_CYCLE`, and its weight vectors over
+        `L2_VECTORS_PER_CYCLE`: the weight slab of a tile (lines x all input channels x the window) outgrows L1 and
+        streams from L2, while the input is shared by every line. On a Zen 3 core (one thread) the 64x56² and 128x28²
+        convs ran at 67-74 GFLOP/s with 2 columns x 4 lines and 77-82 with 4 x 2; 256x14² (no 4 divides 14) at
+        57-66 with 2 x 4 and 78-84 with 2 columns x 2 rows x 2 lines; 1 x 8 lines ran at 29-43 everywhere.
+        """
+        extents = [static_extent(loop_extent(sch, loop)) for loop in (roles.row, roles.line, roles.height)]
+        if None in extents:
+            return None
+        limit = self.accumulators
+
+        def divisors(n: int) -> list[int]:
+            return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+        shapes = []
+        for rows in divisors(extents[0]):
+            for lines in divisors(extents[1]):
+                for heights in divisors(extents[2]):
+                    sums = rows * heights * lines * vectors
+                    if sums > limit:
+                        continue
+                    spots, weights = rows * heights, lines * vectors
+                    cycles = max(FMA_LATENCY, sums / FMA_UNITS, (spots + weights) / L1_LOADS_PER_CYCLE,
+                                 weights / L2_VECTORS_PER_CYCLE)
+                    shapes.append((cycles / sums, weights / sums, spots / sums, heights, rows, lines))
+        _, _, _, heights, rows, lines = min(shapes)
+        return rows, lines, heights
 
     def _column_panels(self, sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, roles: _Contraction,
                        vec_o: s_tir.schedule.LoopRV, vec_i: s_tir.schedule.LoopRV
