@@ -155,14 +155,14 @@ def _match(sch: s_tir.Schedule, info: dl.SBlockInfo) -> _Contraction | None:
     rest = [it for it in spatial if it is not vec and it is not row]
     line = next((it for it in reversed(rest) if any(uses_var(e, it.var) for e in vec_op)
                  and not any(uses_var(e, it.var) for e in other)), None)
-    reduction = [it.var for it in info.iters if it.kind == "R"]
+    reduction = [it for it in info.iters if it.kind == "R"]
     height = next((it for it in reversed(rest) if it is not line and not any(uses_var(e, it.var) for e in vec_op)
-                   and any(stride(e, it.var) == 1 and any(uses_var(e, r) for r in reduction) for e in other)), None)
+                   and any(stride(e, it.var) == 1 and any(uses_var(e, r.var) for r in reduction) for e in other)), None)
     return _Contraction(
         vector=vec.loop_rv,
         row=None if row is None else row.loop_rv,
         spatial=[it.loop_rv for it in rest],
-        reduction=[it.loop_rv for it in info.iters if it.kind == "R"],
+        reduction=[it.loop_rv for it in reduction],
         line=None if line is None else line.loop_rv,
         height=None if height is None or line is None else height.loop_rv,
         vector_var=vec.var,
@@ -512,9 +512,9 @@ class CPUMatmul(dl.ScheduleRule):
         `accumulators` sums keep the FMA units busiest, by the fewest cycles per FMA of one reduction step; ties go to
         fewer weight loads per FMA, then to fewer broadcasts. None when an extent is symbolic.
 
-        A step (one input channel and window position) issues rows x heights x lines FMAs, as many broadcasts of the
-        input and lines weight vectors, and lasts at least `cpu.FMA_LATENCY` cycles (each sum is one dependent chain),
-        its FMAs over `cpu.FMA_UNITS`, its loads over `L1_LOADS_PER_CYCLE`, and its weight vectors over
+        A step (one input channel and window position) issues rows x heights x lines FMAs, rows x heights broadcasts
+        of the input and lines weight vectors, and lasts at least `cpu.FMA_LATENCY` cycles (each sum is one dependent
+        chain), its FMAs over `cpu.FMA_UNITS`, its loads over `L1_LOADS_PER_CYCLE`, and its weight vectors over
         `L2_VECTORS_PER_CYCLE`: the weight slab of a tile (lines x all input channels x the window) outgrows L1 and
         streams from L2, while the input is shared by every line. On a Zen 3 core (one thread) the 64x56² and 128x28²
         convs ran at 67-74 GFLOP/s with 2 columns x 4 lines and 77-82 with 4 x 2; 256x14² (no 4 divides 14) at
