@@ -58,12 +58,13 @@ def plane_depthwise(x: te.Tensor, w: te.Tensor, strides: list[int], padding: lis
 
 
 def is_plane_depthwise(call: relax.Call) -> bool:
-    """Whether `call` is a static float32 NCHW conv2d with one filter per channel (`groups` = in = out channels)."""
+    """Whether `call` is a static, non-empty float32 NCHW conv2d with one filter per channel (`groups` = in = out
+    channels)."""
     if call.op != _CONV2D:
         return False
     a = call.attrs
     x, w, out = (static_f32_shape(t) for t in (call.args[0].ty, call.args[1].ty, call.ty))
-    return (x is not None and w is not None and out is not None and len(x) == 4
+    return (x is not None and w is not None and out is not None and len(x) == 4 and min(x + w + out) > 0
             and (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "OIHW", "NCHW")
             and int(a.groups) == x[1] == out[1] == w[0] and w[1] == 1)
 
