@@ -1,6 +1,7 @@
-"""NCHW depthwise convs plane by plane (issue 13: depthwise 3x3 convs at or below onnxruntime): which convs the
-rewrite takes, the schedule's sizes from the CPU model, and the numbers against the interpreter and torch on odd
-maps (widths no vector divides, 7², stride 2, padding 0-2, dilation, asymmetric padding, bias and relu fused)."""
+"""NCHW depthwise convs and pools plane by plane (issue 13: depthwise 3x3 convs at or below onnxruntime, pooling not
+behind it): which ops the rewrite takes, the schedule's sizes from the CPU model, and the numbers against the
+interpreter and torch on odd maps (widths no vector divides, 7², stride 2, padding 0-2, dilation, asymmetric
+padding, bias and relu fused)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from kiln.ir import Builder
 from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.cpu import cpu_model
+from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.pipeline import cpu_fusion_passes, cpu_pipeline
-from kiln.runtime.tvm.plane_depthwise import OUT_BLOCK, vector_width
-from kiln.runtime.tvm.schedules import CPUPlaneDepthwise
-from kiln.runtime.tvm.schedules.plane_depthwise import row_tile
+from kiln.runtime.tvm.plane_window import OUT_BLOCK, vector_width
+from kiln.runtime.tvm.schedules import CPUPlaneWindow
+from kiln.runtime.tvm.schedules.plane_window import row_tile
 from kiln.runtime.tvm.target import cpu_target
 
 TARGET = cpu_target()
@@ -51,6 +53,27 @@ def test_depthwise_bias_relu_matches_the_interpreter(shape: tuple[int, ...], str
     np.testing.assert_allclose(got, kiln.ir.interpret(graph, inputs)[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("kind", "shape", "kernel", "stride", "padding", "dilation", "include"), [
+    ("max", (2, 5, 13, 11), 3, 2, 1, 1, True), ("max", (1, 3, 12, 12), 2, 2, 0, 1, True),
+    ("max", (1, 4, 15, 9), 3, 1, 2, 2, True), ("avg", (1, 6, 13, 13), 3, 2, 1, 1, True),
+    ("avg", (2, 3, 11, 14), 3, 2, 1, 1, False), ("avg", (1, 2, 9, 9), 3, 1, 1, 2, False)],
+    ids=["max-3x3s2-batch2", "max-2x2s2", "max-dilated-pad2", "avg-3x3s2", "avg-3x3s2-exclude-pad",
+         "avg-dilated-exclude-pad"])
+def test_pools_match_the_interpreter(kind: str, shape: tuple[int, ...], kernel: int, stride: int, padding: int,
+                                     dilation: int, include: bool) -> None:
+    """Max and average pools (padding counted in the average or not) equal kiln's reference interpreter."""
+    b = Builder("Pool")
+    x = b.input("x", (shape, "f32"))
+    window = dict(kernel=(kernel, kernel), stride=(stride, stride), padding=(padding, padding),
+                  dilation=(dilation, dilation))
+    b.ret(b.max_pool2d(x, **window) if kind == "max" else b.avg_pool2d(x, **window, count_include_pad=include))
+    graph, inputs = b.build(), [np.random.default_rng(7).standard_normal(shape).astype(np.float32)]
+    (kernel_func,) = _kernels(lower(graph).module, TARGET)
+    assert CPUPlaneWindow().apply(kernel_func, TARGET, False) is not None
+    got = compile_graph(graph, target=TARGET, fast_math=False)(*inputs)
+    np.testing.assert_allclose(got, kiln.ir.interpret(graph, inputs)[0], rtol=1e-5, atol=1e-6)
+
+
 def _kernels(mod: tvm.IRModule, target: tvm.target.Target) -> list[tvm.tirx.PrimFunc]:
     with target:
         fused = tvm.transform.Sequential(cpu_fusion_passes(target, fast_math=False))(mod)
@@ -66,7 +89,7 @@ def test_a_lone_depthwise_conv_is_one_scheduled_plane_kernel(target: tvm.target.
     mod = relax_module([(1, 24, 14, 14)], lambda x: relax.op.nn.relu(
         relax.op.add(relax.op.nn.conv2d(x, relax.const(c), padding=1, groups=24), relax.const(bias))))
     (kernel,) = _kernels(mod, target)
-    sch = CPUPlaneDepthwise().apply(kernel, target, False)
+    sch = CPUPlaneWindow().apply(kernel, target, False)
     assert sch is not None
     text = sch.mod["main"].script()
     lanes = vector_width(14, cpu_model(target).lanes())
@@ -108,7 +131,7 @@ def test_row_tiles_fit_the_register_file_beside_the_weights(target: tvm.target.T
     """A tile's accumulators, the 9 taps' weights and one input row's 3 shifted vectors fit the register file, the
     tile divides the rows, and a map whose divisors are all too small (7, 13 rows) is taken whole."""
     model = cpu_model(target)
-    tile = row_tile(rows, 9, model)
+    tile = row_tile(rows, 9, 3, model)
     assert rows % tile == 0 and tile <= model.accumulators
     assert tile + 9 + 3 <= model.vector_registers or tile == rows
     assert tile > 1 or rows > model.accumulators

@@ -1,8 +1,9 @@
-"""CPU schedule for depthwise convs computed plane by plane (`runtime/tvm/plane_depthwise.py`).
+"""CPU schedule for the depthwise convs and pools computed plane by plane (`runtime/tvm/plane_window.py`).
 
 Channels in parallel; under each, the channel's padded plane is filled (a few KiB, in L1), then register tiles of
-`row_tile` output rows x one vector of columns sum the window (its taps unrolled, each a vector multiply-add of
-a contiguous load), and the channel's real columns are stored with any elementwise epilogue (bias, relu) fused.
+`row_tile` output rows x one vector of columns reduce the window (its taps unrolled, each a vector multiply-add or
+maximum of a contiguous load), and the channel's real columns are stored with any elementwise epilogue (bias,
+relu) fused.
 """
 
 from tvm import s_tir, tirx
@@ -10,21 +11,22 @@ from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
 from ..cpu import CPUModel, cpu_model
-from ..plane_depthwise import ACC_BLOCK, OUT_BLOCK, PAD_BLOCK, vector_width
+from ..plane_window import ACC_BLOCK, OUT_BLOCK, PAD_BLOCK, vector_width
 from .injective import static_extent
 
 
-def row_tile(rows: int, taps: int, model: CPUModel) -> int:
-    """Output rows per register tile: as many accumulators as fit beside the window's `taps` weights and the
-    vectors of one input row (its `sqrt(taps)` shifted loads) in the register file, as a divisor of `rows`;
+def row_tile(rows: int, weights: int, shifts: int, model: CPUModel) -> int:
+    """Output rows per register tile: as many accumulators as fit beside the window's `weights` (a depthwise conv's
+    taps; none for a pool) and the `shifts` vectors of one input row in the register file, as a divisor of `rows`;
     when that divisor is under half of them (7 or 13 rows), all `rows` up to `model.accumulators`."""
-    fit = max(1, min(model.accumulators, model.vector_registers - taps - round(taps ** 0.5)))
+    fit = max(1, min(model.accumulators, model.vector_registers - weights - shifts))
     divisor = max(d for d in range(1, min(fit, rows) + 1) if rows % d == 0)
     return rows if 2 * divisor < fit and rows <= model.accumulators else divisor
 
 
-class CPUPlaneDepthwise(dl.ScheduleRule):
-    """The kernel of `plane_depthwise` (its three blocks by name, then elementwise epilogues), else None."""
+class CPUPlaneWindow(dl.ScheduleRule):
+    """The kernels of `plane_depthwise` and `plane_pool` (their three blocks by name, then elementwise epilogues),
+    else None."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
@@ -42,7 +44,10 @@ class CPUPlaneDepthwise(dl.ScheduleRule):
         if padded % vector or rows is None or None in kernel:
             return None
         channels = sch.fuse(batch, channel)
-        row_o, row_i = sch.split(row, [None, row_tile(rows, kernel[0] * kernel[1], model)])
+        stmt = sch.get(acc)
+        operands = [r for r in stmt.reads if not r.source.same_as(stmt.writes[0].source)]
+        weights = kernel[0] * kernel[1] if len(operands) > 1 else 0  # a conv's weight beside the plane
+        row_o, row_i = sch.split(row, [None, row_tile(rows, weights, kernel[1], model)])
         column_o, column_i = sch.split(column, [None, vector])
         sch.reorder(channels, row_o, column_o, *taps, row_i, column_i)
         tile = sch.cache_write(acc, 0, "local")
@@ -59,5 +64,8 @@ class CPUPlaneDepthwise(dl.ScheduleRule):
         sch.unroll(tile_rows)
         sch.vectorize(tile_columns)
         sch.decompose_reduction(acc, taps[0])
-        sch.annotate(sch.get_loops(pad)[-1], "pragma_loop_partition_hint", 1)
+        *_, phase, column = sch.get_loops(pad)
+        sch.reorder(column, phase)
+        sch.unroll(phase)
+        sch.annotate(column, "pragma_loop_partition_hint", 1)
         return sch
