@@ -65,7 +65,8 @@ class CPUPlaneWindow(dl.ScheduleRule):
         sch.vectorize(tile_columns)
         sch.decompose_reduction(acc, taps[0])
         *_, phase, column = sch.get_loops(pad)
-        sch.reorder(column, phase)
-        sch.unroll(phase)
+        if static_extent(sch.get(pad).writes[0].source.shape[-2]) > 1:  # a stride's phases (for 1, no such loop)
+            sch.reorder(column, phase)
+            sch.unroll(phase)
         sch.annotate(column, "pragma_loop_partition_hint", 1)
         return sch
