@@ -126,9 +126,15 @@ def is_plane_depthwise(call: relax.Call) -> bool:
 
 
 def is_plane_pool(call: relax.Call) -> bool:
-    """Whether `call` is a static, non-empty float32 NCHW max or average pool without `ceil_mode`."""
-    return (call.op in _POOLS and _static_nchw(call) is not None and not call.attrs.ceil_mode
-            and call.attrs.layout == call.attrs.out_layout == "NCHW")
+    """Whether `call` is a static, non-empty float32 NCHW max or average pool without `ceil_mode` whose windows
+    overlap or pad the map. Disjoint windows (2x2/2) read every element once: the plane's copy (a scalar loop for
+    a stride's phases) is all it would add, and the 2x2/2 pool of 8x64x56² took 2.7x as long as TVM's."""
+    if call.op not in _POOLS or _static_nchw(call) is None:
+        return False
+    a = call.attrs
+    overlap = any(int(d) * (int(k) - 1) + 1 > int(s) for k, s, d in zip(a.pool_size, a.strides, a.dilation))
+    return (not a.ceil_mode and a.layout == a.out_layout == "NCHW"
+            and (overlap or any(int(p) for p in a.padding)))
 
 
 @mutator

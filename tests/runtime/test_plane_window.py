@@ -54,10 +54,10 @@ def test_depthwise_bias_relu_matches_the_interpreter(shape: tuple[int, ...], str
 
 
 @pytest.mark.parametrize(("kind", "shape", "kernel", "stride", "padding", "dilation", "include"), [
-    ("max", (2, 5, 13, 11), 3, 2, 1, 1, True), ("max", (1, 3, 12, 12), 2, 2, 0, 1, True),
+    ("max", (2, 5, 13, 11), 3, 2, 1, 1, True), ("max", (1, 3, 12, 12), 2, 2, 1, 1, True),
     ("max", (1, 4, 15, 9), 3, 1, 2, 2, True), ("avg", (1, 6, 13, 13), 3, 2, 1, 1, True),
     ("avg", (2, 3, 11, 14), 3, 2, 1, 1, False), ("avg", (1, 2, 9, 9), 3, 1, 1, 2, False)],
-    ids=["max-3x3s2-batch2", "max-2x2s2", "max-dilated-pad2", "avg-3x3s2", "avg-3x3s2-exclude-pad",
+    ids=["max-3x3s2-batch2", "max-2x2s2-pad1", "max-dilated-pad2", "avg-3x3s2", "avg-3x3s2-exclude-pad",
          "avg-dilated-exclude-pad"])
 def test_pools_match_the_interpreter(kind: str, shape: tuple[int, ...], kernel: int, stride: int, padding: int,
                                      dilation: int, include: bool) -> None:
@@ -104,6 +104,12 @@ def test_convs_that_are_not_depthwise_keep_their_kernels() -> None:
     multiplier = relax_module([(1, 4, 10, 10), (8, 1, 3, 3)], lambda x, w: relax.op.nn.conv2d(x, w, groups=4))
     for mod in (grouped, multiplier):
         assert not [f for f in _kernels(mod, TARGET) if OUT_BLOCK in f.script()]
+
+
+def test_disjoint_unpadded_pool_windows_keep_their_kernel() -> None:
+    """A 2x2/2 pool without padding reads each element once: no plane kernel (its copy would be all it adds)."""
+    mod = relax_module([(1, 4, 12, 12)], lambda x: relax.op.nn.max_pool2d(x, 2, 2))
+    assert not [f for f in _kernels(mod, TARGET) if OUT_BLOCK in f.script()]
 
 
 def test_asymmetric_padding_matches_torch() -> None:
