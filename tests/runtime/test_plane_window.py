@@ -41,10 +41,10 @@ def _graph(shape: tuple[int, ...], stride: int, padding: int, dilation: int) -> 
     return b.build(), [rng.standard_normal(shape).astype(np.float32)]
 
 
-@pytest.mark.parametrize(("shape", "stride", "padding", "dilation"), [
-    ((2, 13, 7, 7), 1, 1, 1), ((1, 5, 9, 13), 2, 1, 1), ((1, 3, 12, 12), 2, 0, 1), ((1, 6, 11, 10), 1, 2, 2),
-    ((1, 4, 29, 28), 1, 0, 1)], ids=["7x7-13ch-batch2", "s2-9x13", "s2-pad0", "dilated-pad2", "pad0-29x28"])
-@pytest.mark.parametrize("params", ["bound", "inputs"])
+@pytest.mark.parametrize(("shape", "stride", "padding", "dilation", "params"), [
+    ((2, 13, 7, 7), 1, 1, 1, "bound"), ((1, 5, 9, 13), 2, 1, 1, "inputs"), ((1, 3, 12, 12), 2, 0, 1, "bound"),
+    ((1, 6, 11, 10), 1, 2, 2, "inputs"), ((1, 4, 29, 28), 1, 0, 1, "bound")],
+    ids=["7x7-13ch-batch2", "s2-9x13-weight-input", "s2-pad0", "dilated-pad2-weight-input", "pad0-29x28"])
 def test_depthwise_bias_relu_matches_the_interpreter(shape: tuple[int, ...], stride: int, padding: int, dilation: int,
                                                      params: str) -> None:
     """The compiled conv (weights constants or inputs) equals kiln's numpy reference interpreter."""
@@ -104,6 +104,15 @@ def test_convs_that_are_not_depthwise_keep_their_kernels() -> None:
     multiplier = relax_module([(1, 4, 10, 10), (8, 1, 3, 3)], lambda x, w: relax.op.nn.conv2d(x, w, groups=4))
     for mod in (grouped, multiplier):
         assert not [f for f in _kernels(mod, TARGET) if OUT_BLOCK in f.script()]
+
+
+def test_a_strided_pool_is_scheduled_and_builds_for_avx512() -> None:
+    """A 3x3/2 max pool's plane (two phases, a 7-wide output row in one 8-lane vector) cross-builds for AVX-512."""
+    mod = relax_module([(1, 6, 14, 14)], lambda x: relax.op.nn.max_pool2d(x, 3, 2, 1))
+    (kernel,) = _kernels(mod, AVX512)
+    text = CPUPlaneWindow().apply(kernel, AVX512, False).mod["main"].script()
+    assert "T.vectorized(T.int64(8))" in text and "T.unroll(T.int64(2))" in text  # 8 lanes; both phases per column
+    tvm.compile(mod, target=AVX512, relax_pipeline=cpu_pipeline(AVX512, fast_math=False))
 
 
 def test_disjoint_unpadded_pool_windows_keep_their_kernel() -> None:
