@@ -656,8 +656,8 @@ def test_safe_reraises_in_debug_mode() -> None:
 
 def test_default_rules_order() -> None:
     kinds = [type(rule.rule) for rule in default_cpu_rules()]
-    assert kinds == [CPUMatmul, CPUWindowReduction, CPURowReduction, CPUColumnReduction, dl.cpu.Reduction,
-                     CPUInjective, CPUReductionFallback]
+    assert kinds == [CPUPlaneWindow, CPUMatmul, CPUWindowReduction, CPURowReduction, CPUColumnReduction,
+                     dl.cpu.Reduction, CPUInjective, CPUReductionFallback]
 
 
 # --- targets, threads and the CUDA pipeline -----------------------------------------------------

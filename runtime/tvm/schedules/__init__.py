@@ -27,13 +27,14 @@ __all__ = [
 ]
 
 
-def default_cpu_rules(target: Target | None = None) -> list[dl.ScheduleRule]:
+def default_cpu_rules(target: Target | None = None, tile: dict[str, int] | None = None) -> list[dl.ScheduleRule]:
     """NCHW depthwise convs' and pools' plane kernels (by block name), matmul/conv, pooling windows, row reductions
     (kiln's, then dlight's stock rule), injective, then the reduction fallback. Every rule takes its sizes from
-    the CPU model of the target it is applied for; with a `target` whose CPU has a stored calibration, the
-    matmul/conv tile is the calibrated one.
+    the CPU model of the target it is applied for; the matmul/conv tile is `tile` if given (calibration's
+    candidates), else the stored calibration of `target`'s CPU, if any.
     kiln's column reductions (bias gradients) are tried before dlight's stock rule."""
-    tile = stored_tile(cpu_model(target)) if target is not None and target.kind.name == "llvm" else None
+    if tile is None and target is not None and target.kind.name == "llvm":
+        tile = stored_tile(cpu_model(target))
     return [
         Safe(CPUPlaneWindow()),
         Safe(CPUMatmul(**(tile or {}))),
