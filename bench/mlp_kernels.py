@@ -30,7 +30,7 @@ from tvm import relax
 
 import kiln.runtime.tvm.pipeline as pipeline
 from kiln.runtime.tvm.cpu import cpu_model
-from kiln.runtime.tvm.schedules import CPUMatmul, Safe, default_cpu_rules
+from kiln.runtime.tvm.schedules import default_cpu_rules
 from kiln.runtime.tvm.target import cpu_target
 
 LAYERS = {"784-512-512-10": (784, 512, 512, 10), "37-77-1000-10": (37, 77, 1000, 10)}
@@ -90,7 +90,7 @@ def main() -> None:
         mod = _module((m, k), relax.const(w) if bound else relax.Var("w", relax.TensorType((k, n), "float32")), b, relu)
         tensors = [tvm.runtime.tensor(a) for a in ([x] if bound else [x, w])]
         for (label, tile), (layout, packer) in ((t, lay) for t in tiles.items() for lay in layouts.items()):
-            pipeline.default_cpu_rules = lambda t=None, tile=tile: [Safe(CPUMatmul(**tile)), *default_cpu_rules(t)[1:]]
+            pipeline.default_cpu_rules = lambda t=None, tile=tile: default_cpu_rules(t, tile)
             pipeline.pack_matmul_weights = packer or (lambda _target: tvm.transform.Sequential([]))
             library = tvm.compile(mod, target=target, relax_pipeline=pipeline.cpu_pipeline(target))
             pipeline.pack_matmul_weights = layouts["packed"]

@@ -28,7 +28,7 @@ from tvm import relax
 import kiln.runtime.tvm.pipeline as pipeline
 from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.cpu import cpu_model
-from kiln.runtime.tvm.schedules import CPUMatmul, Safe, default_cpu_rules
+from kiln.runtime.tvm.schedules import default_cpu_rules
 from kiln.runtime.tvm.target import cpu_target
 
 AVX512_CONSTANTS = {"mr": 8, "nr": 32, "panel_bytes": 128 << 10, "accumulators": 16, "lanes": 16}
@@ -59,7 +59,7 @@ def main() -> None:
     for name, (shapes, body, flops) in KERNELS.items():
         args = [tvm.runtime.tensor(np.random.default_rng(0).standard_normal(s).astype(np.float32)) for s in shapes]
         for label, tile in (("AVX-512 constants", AVX512_CONSTANTS), ("CPU model", {})):
-            pipeline.default_cpu_rules = lambda t=None, tile=tile: [Safe(CPUMatmul(**tile)), *default_cpu_rules(t)[1:]]
+            pipeline.default_cpu_rules = lambda t=None, tile=tile: default_cpu_rules(t, tile)
             library = tvm.compile(relax_module(shapes, body), target=target,
                                   relax_pipeline=pipeline.cpu_pipeline(target))
             main_fn = relax.VirtualMachine(library, tvm.cpu())["main"]

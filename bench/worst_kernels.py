@@ -1,7 +1,8 @@
 """Issue 13's worst kernels against onnxruntime, one thread each: strided, dilated and depthwise convs at 56²-112²
-and the attention batched matmuls (K = 64, 197 tokens), next to the stride-1 3x3 and 1x1 convs at 56²-7² and a
-ResNet basic block (two 3x3 convs, residual add and relus) they are measured against; `conv-7` and `conv-1x1-56` are
-ResNet-50's last-stage convs (512-2048 channels on 7² maps, batch 1 and 8) and its bottleneck 1x1 convs at 56².
+(and the matrix's depthwise convs, 56²-7²), 3x3/2 and 2x2 pools and the attention batched matmuls (K = 64, 197
+tokens), next to the stride-1 3x3 and 1x1 convs at 56²-7² and a ResNet basic block (two 3x3 convs, residual add
+and relus) they are measured against; `conv-7` and `conv-1x1-56` are ResNet-50's last-stage convs (512-2048
+channels on 7² maps, batch 1 and 8) and its bottleneck 1x1 convs at 56².
 
 Run from the repository root:
 
@@ -67,6 +68,17 @@ def bmm(b: int, m: int, k: int, n: int) -> Case:
             [helper.make_node("MatMul", ["x", "w"], ["y"])])
 
 
+def pool(kind: str, n: int, c: int, h: int, size: int, stride: int, pad: int) -> Case:
+    """A max or average (padding counted) pool; its FLOPs one per window element."""
+    out = (h + 2 * pad - size) // stride + 1
+    node = helper.make_node(f"{kind.capitalize()}Pool", ["x"], ["y"], kernel_shape=[size] * 2, strides=[stride] * 2,
+                            pads=[pad] * 4, **({"count_include_pad": 1} if kind == "average" else {}))
+    window = {"max": relax.op.nn.max_pool2d, "average": relax.op.nn.avg_pool2d}[kind]
+    extra = {"count_include_pad": True} if kind == "average" else {}
+    return (f"{kind} pool {size}x{size}/s{stride}/p{pad} {n}x{c}x{h}²", [(n, c, h, h)],
+            lambda x: window(x, size, stride, pad, **extra), n * c * out * out * size * size, [node])
+
+
 GROUPS: dict[str, Callable[[], list[Case]]] = {
     "conv-s1": lambda: [conv(1, 64, 56, 64), conv(1, 128, 28, 128), conv(1, 256, 14, 256), conv(1, 256, 7, 256)],
     "conv-1x1": lambda: [conv(1, 64, 56, 256, size=1), conv(1, 128, 28, 128, size=1), conv(1, 256, 14, 256, size=1),
@@ -81,6 +93,9 @@ GROUPS: dict[str, Callable[[], list[Case]]] = {
     "bmm": lambda: [bmm(48, 197, 64, 197), bmm(48, 197, 197, 64), bmm(12, 197, 64, 197)],
     "depthwise": lambda: [conv(1, 32, 112, 32, groups=32), conv(1, 96, 56, 96, groups=96),
                           conv(1, 32, 112, 32, 2, groups=32), conv(1, 96, 56, 96, 2, groups=96)],
+    "depthwise-matrix": lambda: [conv(1, c, h, c, groups=c) for c, h in ((64, 56), (128, 28), (256, 14), (512, 7))],
+    "pool": lambda: [pool("max", 1, 64, 112, 3, 2, 1), pool("average", 1, 64, 56, 3, 2, 1),
+                     pool("max", 1, 96, 27, 3, 2, 0), pool("max", 8, 64, 56, 2, 2, 0)],
 }
 
 

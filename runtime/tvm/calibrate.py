@@ -21,7 +21,7 @@ from tvm.target import Target
 from .calibration import CALIBRATE_ENV, store_tile, stored_tile
 from .cpu import CPUModel, cpu_model
 from .pipeline import cpu_pipeline
-from .schedules import Safe, default_cpu_rules
+from .schedules import default_cpu_rules
 from .schedules.matmul import CPUMatmul
 
 # (operand shapes, relax body): big enough that the tile decides the time, small enough for ~0.1 s a candidate
@@ -55,8 +55,7 @@ def _seconds(target: Target, tile: dict[str, int], workloads: Sequence, runs: in
 
     @tvm.transform.module_pass(opt_level=0, name="KilnCalibrationTile")
     def _schedule(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        rules = [Safe(CPUMatmul(**tile)), *default_cpu_rules()[1:]]
-        return tvm.s_tir.dlight.ApplyDefaultSchedule(*rules)(mod)
+        return tvm.s_tir.dlight.ApplyDefaultSchedule(*default_cpu_rules(tile=tile))(mod)
 
     total = 0.0
     rng = np.random.default_rng(0)

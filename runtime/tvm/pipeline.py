@@ -29,6 +29,7 @@ from .const_fold import fold_constant_kernels
 from .conv_regions import block_conv_regions
 from .matmul_layout import pack_matmul_weights
 from .output_fusion import fuse_output_producers
+from .plane_window import plane_windows
 from .schedules import Safe, default_cpu_rules
 from .target import configure_threads
 
@@ -67,6 +68,7 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
     return [relax.transform.DeadCodeElimination(),  # a weight decoded inside its matmul leaves its dequantize unused
             *(fast_math_passes() if fast_math else []), *cpu_passes.library_dispatch_passes(target),
             *([block_conv_regions(target)] if block_convs else []),  # NCHW[x]c conv regions where the CPU model says so
+            plane_windows(target),  # the NCHW depthwise convs and pools left, plane by plane
             pack_matmul_weights(target),  # 2-D matmul weights in the panel order of the register tile
             *_with_output_fusion(cpu_passes.legalize_passes(target))]
 

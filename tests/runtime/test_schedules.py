@@ -23,6 +23,7 @@ from kiln.runtime.tvm.schedules import (
     CPUColumnReduction,
     CPUInjective,
     CPUMatmul,
+    CPUPlaneWindow,
     CPUReductionFallback,
     CPURowReduction,
     CPUWindowReduction,
@@ -365,17 +366,17 @@ def test_strided_conv_reads_its_input_phase_by_phase(x_shape: tuple[int, ...], w
 
 
 @pytest.mark.parametrize(("x_shape", "stride"), [((1, 12, 29, 29), 1), ((2, 10, 26, 26), 2)],
-                         ids=["depthwise-s1-odd", "depthwise-s2"])
+                         ids=["grouped-s1-odd", "grouped-s2"])
 def test_conv_padding_is_partitioned_not_guarded_per_lane(x_shape: tuple[int, ...], stride: int) -> None:
-    """Issue 13 lists depthwise convs among the kernels to cover well; their zero padding, vectorized with the guard
-    in every lane, cost as much as the conv. The padding loop is left to TVM's loop partitioning (border zeros, a
-    branch-free interior), and the depthwise conv still matches torch on widths that are no multiple of 8."""
+    """A conv's zero padding, vectorized with the guard in every lane, cost as much as a depthwise conv did (those
+    now pad per channel: test_plane_depthwise.py). The padding loop is left to TVM's loop partitioning (border
+    zeros, a branch-free interior); grouped convs of two channels a group match torch on widths no multiple of 8."""
     channels = x_shape[1]
-    mod = relax_module([x_shape, (channels, 1, 3, 3)],
-                       lambda x, w: relax.op.nn.conv2d(x, w, strides=stride, padding=1, groups=channels))
-    x, w = rand(*x_shape), rand(channels, 1, 3, 3, seed=1)
+    mod = relax_module([x_shape, (channels, 2, 3, 3)],
+                       lambda x, w: relax.op.nn.conv2d(x, w, strides=stride, padding=1, groups=channels // 2))
+    x, w = rand(*x_shape), rand(channels, 2, 3, 3, seed=1)
     want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), stride=stride,
-                                      padding=1, groups=channels).numpy()
+                                      padding=1, groups=channels // 2).numpy()
     check(run(mod, x, w), want, EXACT)
     (func,) = [f for f in fused_prim_funcs(mod) if _has_reduction(f)]
     pad = CPUMatmul().apply(func, TARGET, False).mod["main"].script().split('T.sblock("pad_temp")')[0]
@@ -565,7 +566,11 @@ def test_pooling(kind: str, shape: tuple[int, ...], kernel: int, stride: int, pa
     reference = {"max": torch.nn.functional.max_pool2d, "avg": torch.nn.functional.avg_pool2d}[kind]
     want = reference(torch.from_numpy(x).double(), kernel, stride, pad).numpy()
     check(run(mod, x), want, EXACT)
-    assert_window_rule(mod)
+    if kernel > stride or pad:  # overlapping or padded windows: a plane kernel (plane_window.py)
+        (func,) = [f for f in fused_prim_funcs(mod) if not _injective(f)]
+        assert CPUPlaneWindow().apply(func, TARGET, False) is not None
+    else:
+        assert_window_rule(mod)
 
 
 @pytest.mark.parametrize("kind", ["max", "avg"])
@@ -651,8 +656,8 @@ def test_safe_reraises_in_debug_mode() -> None:
 
 def test_default_rules_order() -> None:
     kinds = [type(rule.rule) for rule in default_cpu_rules()]
-    assert kinds == [CPUMatmul, CPUWindowReduction, CPURowReduction, CPUColumnReduction, dl.cpu.Reduction,
-                     CPUInjective, CPUReductionFallback]
+    assert kinds == [CPUPlaneWindow, CPUMatmul, CPUWindowReduction, CPURowReduction, CPUColumnReduction,
+                     dl.cpu.Reduction, CPUInjective, CPUReductionFallback]
 
 
 # --- targets, threads and the CUDA pipeline -----------------------------------------------------

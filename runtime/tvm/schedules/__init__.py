@@ -8,6 +8,7 @@ from ..cpu import cpu_model
 from .column_reduction import CPUColumnReduction
 from .injective import CPUInjective
 from .matmul import CPUMatmul
+from .plane_window import CPUPlaneWindow
 from .reduction import CPUReductionFallback
 from .row_reduction import CPURowReduction
 from .safe import Safe
@@ -17,6 +18,7 @@ __all__ = [
     "CPUColumnReduction",
     "CPUInjective",
     "CPUMatmul",
+    "CPUPlaneWindow",
     "CPUReductionFallback",
     "CPURowReduction",
     "CPUWindowReduction",
@@ -25,13 +27,16 @@ __all__ = [
 ]
 
 
-def default_cpu_rules(target: Target | None = None) -> list[dl.ScheduleRule]:
-    """Matmul/conv first, pooling windows, row reductions (kiln's, then dlight's stock rule), injective, then the
-    reduction fallback. Every rule takes its sizes from the CPU model of the target it is applied for; with a
-    `target` whose CPU has a stored calibration, the matmul/conv tile is the calibrated one.
+def default_cpu_rules(target: Target | None = None, tile: dict[str, int] | None = None) -> list[dl.ScheduleRule]:
+    """NCHW depthwise convs' and pools' plane kernels (by block name), matmul/conv, pooling windows, row reductions
+    (kiln's, then dlight's stock rule), injective, then the reduction fallback. Every rule takes its sizes from
+    the CPU model of the target it is applied for; the matmul/conv tile is `tile` if given (calibration's
+    candidates), else the stored calibration of `target`'s CPU, if any.
     kiln's column reductions (bias gradients) are tried before dlight's stock rule."""
-    tile = stored_tile(cpu_model(target)) if target is not None and target.kind.name == "llvm" else None
+    if tile is None and target is not None and target.kind.name == "llvm":
+        tile = stored_tile(cpu_model(target))
     return [
+        Safe(CPUPlaneWindow()),
         Safe(CPUMatmul(**(tile or {}))),
         Safe(CPUWindowReduction()),
         Safe(CPURowReduction()),

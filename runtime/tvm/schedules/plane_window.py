@@ -1,0 +1,72 @@
+"""CPU schedule for the depthwise convs and pools computed plane by plane (`runtime/tvm/plane_window.py`).
+
+Channels in parallel; under each, the channel's padded plane is filled (a few KiB, in L1), then register tiles of
+`row_tile` output rows x one vector of columns reduce the window (its taps unrolled, each a vector multiply-add or
+maximum of a contiguous load), and the channel's real columns are stored with any elementwise epilogue (bias,
+relu) fused.
+"""
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.target import Target
+
+from ..cpu import CPUModel, cpu_model
+from ..plane_window import ACC_BLOCK, OUT_BLOCK, PAD_BLOCK, vector_width
+from .injective import static_extent
+
+
+def row_tile(rows: int, weights: int, shifts: int, model: CPUModel) -> int:
+    """Output rows per register tile: as many accumulators as fit beside the window's `weights` (a depthwise conv's
+    taps; none for a pool) and the `shifts` vectors of one input row in the register file, as a divisor of `rows`;
+    when that divisor is under half of them (7 or 13 rows), all `rows` up to `model.accumulators`."""
+    fit = max(1, min(model.accumulators, model.vector_registers - weights - shifts))
+    divisor = max(d for d in range(1, min(fit, rows) + 1) if rows % d == 0)
+    return rows if 2 * divisor < fit and rows <= model.accumulators else divisor
+
+
+class CPUPlaneWindow(dl.ScheduleRule):
+    """The kernels of `plane_depthwise` and `plane_pool` (their three blocks by name, then elementwise epilogues),
+    else None."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        names = {sch.get(b).name_hint: b for b in sch.get_child_blocks(sch.get_sblock("root"))}
+        if not {PAD_BLOCK, ACC_BLOCK, OUT_BLOCK} <= set(names):
+            return None
+        pad, acc, out = names[PAD_BLOCK], names[ACC_BLOCK], names[OUT_BLOCK]
+        model = cpu_model(target)
+        columns, padded = (static_extent(sch.get(b).writes[0].source.shape[-1]) for b in (out, acc))
+        vector = vector_width(columns, model.lanes())
+        batch, channel, row, column, *taps = sch.get_loops(acc)
+        rows, kernel = static_extent(sch.get(row).extent), [static_extent(sch.get(t).extent) for t in taps]
+        if padded % vector or rows is None or None in kernel:
+            return None
+        channels = sch.fuse(batch, channel)
+        stmt = sch.get(acc)
+        operands = [r for r in stmt.reads if not r.source.same_as(stmt.writes[0].source)]
+        weights = kernel[0] * kernel[1] if len(operands) > 1 else 0  # a conv's weight beside the plane
+        row_o, row_i = sch.split(row, [None, row_tile(rows, weights, kernel[1], model)])
+        column_o, column_i = sch.split(column, [None, vector])
+        sch.reorder(channels, row_o, column_o, *taps, row_i, column_i)
+        tile = sch.cache_write(acc, 0, "local")
+        sch.reverse_compute_at(tile, column_o, preserve_unit_loops=True)
+        for epilogue in [b for b in names.values() if not any(sch.get(b).same_as(sch.get(k)) for k in (pad, acc, out))]:
+            sch.reverse_compute_inline(epilogue)
+        sch.reverse_compute_at(out, channels)
+        sch.compute_at(pad, channels)
+        sch.parallel(channels)
+        for loop in (*taps, row_i):
+            sch.unroll(loop)
+        sch.vectorize(column_i)
+        *_, tile_rows, tile_columns = sch.get_loops(tile)
+        sch.unroll(tile_rows)
+        sch.vectorize(tile_columns)
+        sch.decompose_reduction(acc, taps[0])
+        *_, phase, column = sch.get_loops(pad)
+        if static_extent(sch.get(pad).writes[0].source.shape[-2]) > 1:  # a stride's phases (for 1, no such loop)
+            sch.reorder(column, phase)
+            sch.unroll(phase)
+        sch.annotate(column, "pragma_loop_partition_hint", 1)
+        return sch

@@ -1,0 +1,152 @@
+"""NCHW depthwise convs and pools plane by plane (issue 13: depthwise 3x3 convs at or below onnxruntime, pooling not
+behind it): which ops the rewrite takes, the schedule's sizes from the CPU model, and the numbers against the
+interpreter and torch on odd maps (widths no vector divides, 7², stride 2, padding 0-2, dilation, asymmetric
+padding, bias and relu fused)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from cross_targets import AVX2, AVX512
+from tvm import relax
+
+import kiln
+from kiln.ir import Builder
+from kiln.runtime.tvm.calibrate import relax_module
+from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.cpu import cpu_model
+from kiln.runtime.tvm.lower import lower
+from kiln.runtime.tvm.pipeline import cpu_fusion_passes, cpu_pipeline
+from kiln.runtime.tvm.plane_window import OUT_BLOCK, vector_width
+from kiln.runtime.tvm.schedules import CPUPlaneWindow
+from kiln.runtime.tvm.schedules.plane_window import row_tile
+from kiln.runtime.tvm.target import cpu_target
+
+TARGET = cpu_target()
+pytestmark = pytest.mark.usefixtures("module_cache")  # a rule that raises fails the test instead of falling back
+
+
+def _graph(shape: tuple[int, ...], stride: int, padding: int, dilation: int) -> tuple[kiln.ir.Graph, list]:
+    """relu(depthwise 3x3 conv + bias) as kiln lowers it; its weight and bias as params with data."""
+    rng = np.random.default_rng(sum(shape) + stride)
+    c = shape[1]
+    w, bias = rng.standard_normal((c, 1, 3, 3)).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    b = Builder("Depthwise")
+    x = b.input("x", (shape, "f32"))
+    y = b.conv2d(x, b.param("w", w.shape, data=w), b.param("b", bias.shape, data=bias), stride=(stride, stride),
+                 padding=(padding, padding), dilation=(dilation, dilation), groups=c)
+    b.ret(b.relu(y))
+    return b.build(), [rng.standard_normal(shape).astype(np.float32)]
+
+
+@pytest.mark.parametrize(("shape", "stride", "padding", "dilation", "params"), [
+    ((2, 13, 7, 7), 1, 1, 1, "bound"), ((1, 5, 9, 13), 2, 1, 1, "inputs"), ((1, 3, 12, 12), 2, 0, 1, "bound"),
+    ((1, 6, 11, 10), 1, 2, 2, "inputs"), ((1, 4, 29, 28), 1, 0, 1, "bound")],
+    ids=["7x7-13ch-batch2", "s2-9x13-weight-input", "s2-pad0", "dilated-pad2-weight-input", "pad0-29x28"])
+def test_depthwise_bias_relu_matches_the_interpreter(shape: tuple[int, ...], stride: int, padding: int, dilation: int,
+                                                     params: str) -> None:
+    """The compiled conv (weights constants or inputs) equals kiln's numpy reference interpreter."""
+    graph, inputs = _graph(shape, stride, padding, dilation)
+    got = compile_graph(graph, target=TARGET, params=params, fast_math=False)(*inputs)
+    np.testing.assert_allclose(got, kiln.ir.interpret(graph, inputs)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("kind", "shape", "kernel", "stride", "padding", "dilation", "include"), [
+    ("max", (2, 5, 13, 11), 3, 2, 1, 1, True), ("max", (1, 3, 12, 12), 2, 2, 1, 1, True),
+    ("max", (1, 4, 15, 9), 3, 1, 2, 2, True), ("avg", (1, 6, 13, 13), 3, 2, 1, 1, True),
+    ("avg", (2, 3, 11, 14), 3, 2, 1, 1, False), ("avg", (1, 2, 9, 9), 3, 1, 1, 2, False)],
+    ids=["max-3x3s2-batch2", "max-2x2s2-pad1", "max-dilated-pad2", "avg-3x3s2", "avg-3x3s2-exclude-pad",
+         "avg-dilated-exclude-pad"])
+def test_pools_match_the_interpreter(kind: str, shape: tuple[int, ...], kernel: int, stride: int, padding: int,
+                                     dilation: int, include: bool) -> None:
+    """Max and average pools (padding counted in the average or not) equal kiln's reference interpreter."""
+    b = Builder("Pool")
+    x = b.input("x", (shape, "f32"))
+    window = dict(kernel=(kernel, kernel), stride=(stride, stride), padding=(padding, padding),
+                  dilation=(dilation, dilation))
+    b.ret(b.max_pool2d(x, **window) if kind == "max" else b.avg_pool2d(x, **window, count_include_pad=include))
+    graph, inputs = b.build(), [np.random.default_rng(7).standard_normal(shape).astype(np.float32)]
+    (kernel_func,) = _kernels(lower(graph).module, TARGET)
+    assert CPUPlaneWindow().apply(kernel_func, TARGET, False) is not None
+    got = compile_graph(graph, target=TARGET, fast_math=False)(*inputs)
+    np.testing.assert_allclose(got, kiln.ir.interpret(graph, inputs)[0], rtol=1e-5, atol=1e-6)
+
+
+def _kernels(mod: tvm.IRModule, target: tvm.target.Target) -> list[tvm.tirx.PrimFunc]:
+    with target:
+        fused = tvm.transform.Sequential(cpu_fusion_passes(target, fast_math=False))(mod)
+    return [f for _, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_lone_depthwise_conv_is_one_scheduled_plane_kernel(target: tvm.target.Target) -> None:
+    """A lone NCHW depthwise conv with bias and relu is one kernel, scheduled by the plane rule for AVX2 and
+    AVX-512 (the epilogue fused, channels in parallel, vectors of `vector_width` lanes), and builds for both."""
+    c = np.random.default_rng(1).standard_normal((24, 1, 3, 3)).astype(np.float32)
+    bias = np.ones((24, 1, 1), np.float32)
+    mod = relax_module([(1, 24, 14, 14)], lambda x: relax.op.nn.relu(
+        relax.op.add(relax.op.nn.conv2d(x, relax.const(c), padding=1, groups=24), relax.const(bias))))
+    (kernel,) = _kernels(mod, target)
+    sch = CPUPlaneWindow().apply(kernel, target, False)
+    assert sch is not None
+    text = sch.mod["main"].script()
+    lanes = vector_width(14, cpu_model(target).lanes())
+    assert "T.parallel(T.int64(24))" in text and f"T.vectorized(T.int64({lanes}))" in text
+    assert text.count("with T.sblock(") - text.count('# with T.sblock("root")') == 5  # pad, init, update, tile, out
+    tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target, fast_math=False))
+
+
+def test_convs_that_are_not_depthwise_keep_their_kernels() -> None:
+    """A grouped conv of two channels a group and a depthwise conv with a channel multiplier are not plane kernels."""
+    grouped = relax_module([(1, 8, 10, 10), (8, 2, 3, 3)], lambda x, w: relax.op.nn.conv2d(x, w, groups=4))
+    multiplier = relax_module([(1, 4, 10, 10), (8, 1, 3, 3)], lambda x, w: relax.op.nn.conv2d(x, w, groups=4))
+    for mod in (grouped, multiplier):
+        assert not [f for f in _kernels(mod, TARGET) if OUT_BLOCK in f.script()]
+
+
+def test_a_strided_pool_is_scheduled_and_builds_for_avx512() -> None:
+    """A 3x3/2 max pool's plane (two phases, a 7-wide output row in one 8-lane vector) cross-builds for AVX-512."""
+    mod = relax_module([(1, 6, 14, 14)], lambda x: relax.op.nn.max_pool2d(x, 3, 2, 1))
+    (kernel,) = _kernels(mod, AVX512)
+    text = CPUPlaneWindow().apply(kernel, AVX512, False).mod["main"].script()
+    assert "T.vectorized(T.int64(8))" in text and "T.unroll(T.int64(2))" in text  # 8 lanes; both phases per column
+    tvm.compile(mod, target=AVX512, relax_pipeline=cpu_pipeline(AVX512, fast_math=False))
+
+
+def test_disjoint_unpadded_pool_windows_keep_their_kernel() -> None:
+    """A 2x2/2 pool without padding reads each element once: no plane kernel (its copy would be all it adds)."""
+    mod = relax_module([(1, 4, 12, 12)], lambda x: relax.op.nn.max_pool2d(x, 2, 2))
+    assert not [f for f in _kernels(mod, TARGET) if OUT_BLOCK in f.script()]
+
+
+def test_asymmetric_padding_matches_torch() -> None:
+    """Padding (top, left, bottom, right) = (0, 1, 2, 1), as an imported ONNX conv may have it, at stride 2."""
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((1, 7, 15, 12)).astype(np.float32), rng.standard_normal((7, 1, 3, 3)).astype(np.float32)
+    mod = relax_module([x.shape], lambda v: relax.op.nn.conv2d(v, relax.const(w), strides=2, padding=(0, 1, 2, 1),
+                                                               groups=7))
+    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math=False))
+    got = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    padded = torch.nn.functional.pad(torch.from_numpy(x).double(), (1, 1, 0, 2))
+    want = torch.nn.functional.conv2d(padded, torch.from_numpy(w).double(), stride=2, groups=7).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("columns", "lanes", "width"), [(56, 16, 16), (7, 16, 8), (28, 8, 8), (3, 8, 4), (1, 16, 1)])
+def test_rows_take_the_narrowest_vector_that_needs_no_more_vectors(columns: int, lanes: int, width: int) -> None:
+    """A 7-wide row is one 8-lane vector on AVX-512 (one 16-lane vector would pad it as far); 56 takes 16 lanes."""
+    assert vector_width(columns, lanes) == width
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+@pytest.mark.parametrize("rows", [56, 28, 14, 7, 13])
+def test_row_tiles_fit_the_register_file_beside_the_weights(target: tvm.target.Target, rows: int) -> None:
+    """A tile's accumulators, the 9 taps' weights and one input row's 3 shifted vectors fit the register file, the
+    tile divides the rows, and a map whose divisors are all too small (7, 13 rows) is taken whole."""
+    model = cpu_model(target)
+    tile = row_tile(rows, 9, 3, model)
+    assert rows % tile == 0 and tile <= model.accumulators
+    assert tile + 9 + 3 <= model.vector_registers or tile == rows
+    assert tile > 1 or rows > model.accumulators
