@@ -37,6 +37,13 @@ def blocks_output_channels(out_channels: int, out_width: int, rule: CPUMatmul) -
     return lanes_filled(out_channels, lanes, lanes) >= width
 
 
+def pixel_rows(w_shape: list[int], strides: list[int], padding: list[int], dilation: list[int]) -> bool:
+    """Whether a conv is a matmul over its pixels: 1x1, stride 1, no padding. Its map is then computed as one row
+    of `H * W` pixels (a reshape of the NCHW or NCHW[x]c input and output, which costs no copy), so `CPUMatmul`'s
+    register tile takes rows dividing `H * W` rather than the map's width (7 of a 7² map)."""
+    return w_shape[2:] == [1, 1] and strides == [1, 1] and not any(padding)
+
+
 def pack_weight(w: np.ndarray, block: int) -> np.ndarray:
     """`[O, I, KH, KW]` as `[ceil(O / block), I, KH, KW, block]`, zero past O."""
     o = w.shape[0]

@@ -26,6 +26,7 @@ from .conv_layout import (
     from_blocked,
     pack_te,
     pack_weight,
+    pixel_rows,
     to_blocked,
 )
 from .cpu import cpu_model
@@ -115,8 +116,14 @@ class _Regions(PyExprMutator):
         if depthwise:
             return self.builder_.call_te(blocked_depthwise, self.blocked[x], wp, *ints,
                                          primfunc_name_hint=DEPTHWISE_NAME)
-        return self.builder_.call_te(blocked_conv, self.blocked.get(x, x), wp, x_shape[1], *ints,
-                                     primfunc_name_hint=BLOCKED_NAME)
+        x = self.blocked.get(x, x)
+        if not pixel_rows(w_shape, *ints):
+            return self.builder_.call_te(blocked_conv, x, wp, x_shape[1], *ints, primfunc_name_hint=BLOCKED_NAME)
+        shape = [int(d) for d in x.ty.shape]
+        rows = self.builder_.emit(relax.op.reshape(x, [*shape[:2], 1, shape[2] * shape[3], *shape[4:]]))
+        y = self.builder_.emit(self.builder_.call_te(blocked_conv, rows, wp, x_shape[1], *ints,
+                                                     primfunc_name_hint=BLOCKED_NAME))
+        return relax.op.reshape(y, [out[0], int(y.ty.shape[1]), out[2], out[3], self.block])
 
     def _pool(self, call: relax.Call) -> relax.Expr | None:
         """Max or average pooling of a blocked map, in the blocked layout; None for an NCHW input (it stays so)."""
