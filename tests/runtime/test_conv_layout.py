@@ -90,9 +90,9 @@ def test_blocked_conv_matches_torch(x_shape: tuple[int, ...], w_shape: tuple[int
                                     bound: bool) -> None:
     """Blocked convs (a 77-channel tail, 1x1, strided, dilated, with a fused bias and relu; 18-20 wide, so blocked on
     AVX2 and AVX-512 hosts alike; 7-wide maps at batch 1 and 8, whose 7 columns are one register tile; odd 13-17 wide
-    maps, unpadded or dilated; a 14-wide map whose tile spans output rows; 40 input channels summed in chunks; a 5x9 1x1 at batch 2 as one row of pixels) equal
-    torch's; a bound weight is packed at build time (no packing kernel), a weight passed as input is packed by a
-    kernel of the program."""
+    maps, unpadded or dilated; a 14-wide map whose tile spans output rows; 40 input channels summed in chunks;
+    a 5x9 1x1 at batch 2 as one row of pixels) equal torch's; a bound weight is packed at build time (no packing
+    kernel), a weight passed as input is packed by a kernel of the program."""
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(w_shape).astype(np.float32)
     mod = _blocked_module(x_shape, w, bound, kw, epilogue)
