@@ -479,6 +479,18 @@ def test_softmax(fast_math: bool, rtol: float, rows: int, width: int, partial: b
     assert_row_rule(fused_prim_funcs(mod, fast_math), partial)
 
 
+def test_softmax_computes_its_shifted_logits_inside_the_exp() -> None:
+    """`x - max` has one consumer, the exp: inlined there, it is never stored and read back (one pass over each
+    row fewer); the exp, read by the sum and by the division, stays stored once."""
+    mod = relax_module([(6, 128)], lambda x: relax.op.nn.softmax(x, axis=-1))
+    (func,) = fused_prim_funcs(mod, True)
+    text = CPURowReduction().apply(func, AVX2, False).mod["main"].script()
+    assert 'sblock("T_softmax_delta")' in func.script() and 'sblock("T_softmax_delta")' not in text
+    assert 'sblock("T_fast_exp")' in text
+    x = rand(6, 128) * 4
+    check(run(mod, x, fast_math=True), softmax_ref(x), FAST)
+
+
 def test_row_lanes_follow_the_target() -> None:
     """A 16-wide row is one AVX-512 vector (kept whole) but two AVX2 vectors (split into 8 partial sums)."""
     mod = relax_module([(3, 16)], lambda x: relax.op.nn.softmax(x, axis=-1))
