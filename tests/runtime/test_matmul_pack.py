@@ -191,3 +191,28 @@ def test_a_row_tail_over_padded_panels_guards_rows_and_columns() -> None:
     store = text.split('T.sblock("relu")')[1]
     guard = re.search(r"T\.where\((.*)\)", store).group(1)
     assert "< 37" in guard and "< 77" in guard
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape", "packs"), [
+    ((2, 3, 129, 64), (2, 3, 64, 77), True), ((3, 7, 37), (3, 37, 1000), False), ((4, 129, 37), (4, 37, 10), True),
+    ((2, 129, 64), (1, 64, 48), False), ((1, 12, 1, 64), (1, 12, 64, 128), False)],
+    ids=["heads-n77", "m7-n1000", "n10", "broadcast-batch", "m1"])
+def test_batched_right_operand_packs_per_batch(a_shape: tuple, b_shape: tuple, packs: bool) -> None:
+    """Attention's `q @ k^T` and `p @ v` (batch dims equal on both sides) pack their right operand batch by batch
+    where its rows amortize the copy (129 rows, not 7 or 1), into whole-vector panels for odd widths; a
+    broadcasting batch stays `[.., K, N]`. Numbers against float64 numpy either way, on odd M, K and N."""
+    mod = relax_module([a_shape, b_shape], relax.op.matmul)
+    assert (PACKED_NAME in _prim_names(mod)) is packs
+    rng = np.random.default_rng(len(a_shape) + a_shape[-1])
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in (a_shape, b_shape))
+    library = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET))
+    got = relax.VirtualMachine(library, tvm.cpu())["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_avx512_cross_build_of_a_packed_batched_matmul() -> None:
+    """The per-batch panels build for AVX-512 too (32-wide panels, zmm FMAs)."""
+    mod = relax_module([(2, 129, 64), (2, 64, 77)], relax.op.matmul)
+    asm = tvm.compile(mod, target=AVX512, relax_pipeline=cpu_pipeline(AVX512)).mod.imports[0].inspect_source("asm")
+    assert re.search(r"vfmadd\d+ps\s+[^\n]*%zmm", asm) and PACKED_NAME in _prim_names(mod, AVX512)

@@ -176,16 +176,18 @@ def test_batched_matmul_pads_ragged_columns_to_whole_vectors(a_shape: tuple[int,
                                                              ) -> None:
     """Issue 13: "K = 64 attention matmuls" and "extents that are not multiples of the vector width or the tile"
     (the 6x8x197 attention matmul ran 12x onnxruntime): the columns are padded to whole vector tiles, so the
-    vectorized update loop runs unguarded and only the store to the real output is masked; against numpy."""
+    vectorized update loop runs unguarded and only the store to the real output is masked; against numpy. With
+    enough rows (64: `packs_operand`) the right operand is packed per batch into zero-padded panels instead of
+    padded by the kernel (`matmul_layout.py`); with 2 x 19 rows it is padded in the kernel."""
     mod = relax_module([a_shape, b_shape], relax.op.matmul)
     a, b = rand(*a_shape), rand(*b_shape, seed=1)
     check(run(mod, a, b), np.matmul(*f64(a, b)), EXACT)
     (func,) = [f for f in fused_prim_funcs(mod) if _has_reduction(f)]
     text = CPUMatmul().apply(func, TARGET, False).mod["main"].script()
-    head, update = text.split('T.sblock("matmul_update")', 1)
+    head, update = re.split(r'T\.sblock\("matmul(?:_packed)?_update"\)', text, maxsplit=1)
     lane = re.findall(r"for (\w+) in T\.vectorized", head)[-1]
     guard = re.search(r"T\.where\((.*)\)", update.split("T.sblock(", 1)[0])
-    assert "_pad" in head and (guard is None or lane not in guard.group(1))
+    assert ("_pad" in head or "matmul_packed" in head) and (guard is None or lane not in guard.group(1))
 
 
 def test_dynamic_batch_one_compile_many_sizes() -> None:
@@ -478,6 +480,18 @@ def test_softmax(fast_math: bool, rtol: float, rows: int, width: int, partial: b
     x = rand(rows, width) * 4
     check(run(mod, x, fast_math=fast_math), softmax_ref(x), rtol)
     assert_row_rule(fused_prim_funcs(mod, fast_math), partial)
+
+
+def test_softmax_computes_its_shifted_logits_inside_the_exp() -> None:
+    """`x - max` has one consumer, the exp: inlined there, it is never stored and read back (one pass over each
+    row fewer); the exp, read by the sum and by the division, stays stored once."""
+    mod = relax_module([(6, 128)], lambda x: relax.op.nn.softmax(x, axis=-1))
+    (func,) = fused_prim_funcs(mod, True)
+    text = CPURowReduction().apply(func, AVX2, False).mod["main"].script()
+    assert 'sblock("T_softmax_delta")' in func.script() and 'sblock("T_softmax_delta")' not in text
+    assert 'sblock("T_fast_exp")' in text
+    x = rand(6, 128) * 4
+    check(run(mod, x, fast_math=True), softmax_ref(x), FAST)
 
 
 def test_row_lanes_follow_the_target() -> None:
