@@ -58,11 +58,16 @@ def _kept(fn: Function, forward: list[Op], strategy: str) -> set[int]:
         return {id(r) for op in forward for r in op.results}
     if strategy == "balanced":
         return {id(r) for op in forward for r in op.results if not lookup(op.kind).has(Trait.MEMORY_BOUND)} | returned
+    # A forward op reads arguments, symbols and forward values; a value it reads that its own region did not make
+    # comes from an earlier region. Walking region by region keeps every lookup in one region's small set.
     size = max(1, math.isqrt(len(forward) - 1) + 1) if forward else 1
-    region = {id(r): i // size for i, op in enumerate(forward) for r in op.results}
+    args = {id(a) for a in fn.args}
     kept = set(returned)
-    for i, op in enumerate(forward):
-        kept.update(id(o) for o in op.operands if id(o) in region and region[id(o)] < i // size)
+    for start in range(0, len(forward), size):
+        region = forward[start:start + size]
+        made = {id(r) for op in region for r in op.results}
+        kept.update(id(o) for op in region for o in op.operands
+                    if o.__class__ is Value and id(o) not in made and id(o) not in args)
     return kept
 
 
@@ -70,7 +75,6 @@ def checkpoint(graph: Graph, fn: Function, n_forward: int, strategy: str) -> Fun
     """fn with the forward values its backward uses recomputed there unless the strategy keeps them."""
     forward = forward_ops(fn, n_forward)
     kept = _kept(fn, forward, strategy)
-    forward_ids = {id(op) for op in forward}
     made = {id(r) for op in forward for r in op.results}
     rw = Rewriter.in_place(graph, fn)
     backward: dict[int, Operand] = {}  # backward results and recomputed forward values, by original id
@@ -99,9 +103,12 @@ def checkpoint(graph: Graph, fn: Function, n_forward: int, strategy: str) -> Fun
                 stack.append((o, True))
                 stack.extend((x, False) for x in reversed(o.owner.operands))
 
+    upcoming = iter(forward)  # forward is a subsequence of fn.ops: no set of them to look each op up in
+    next_forward = next(upcoming, None)
     for op in fn.ops:
-        if id(op) in forward_ids:
+        if op is next_forward:
             rw.replay([op], {})
+            next_forward = next(upcoming, None)
             continue
         for o in op.operands:
             recompute(o)
