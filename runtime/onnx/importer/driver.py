@@ -116,12 +116,15 @@ def opset_of(model: ModelProto, domain: str = "") -> int:
     return 1
 
 
-def value_type(info: onnx.ValueInfoProto, dims: Sequence[int | str | None] | None = None) -> TensorType:
+def value_type(info: onnx.ValueInfoProto, dims: Sequence[int | str | None] | None = None, source: str = "model"
+               ) -> TensorType:
     """The kiln type of a graph input; `dims` (None or a name for a `?`) replace the file's dims. A `dim_param`
     becomes a named dim (`?{batch}`), so inputs sharing it share one dim; one kiln cannot name stays `?`."""
     tensor = info.type.tensor_type
     if dims is None:
         dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in tensor.shape.dim]
+        if any(isinstance(d, bytes) for d in dims):  # protobuf hands back a string field that is not UTF-8 as bytes
+            raise ShapeError(f"{source}: graph input {info.name!r} has a dim_param that is not UTF-8 text")
     return TensorType.of((d if isinstance(d, int) or d is None or DIM_NAME.fullmatch(d) else None for d in dims),
                          kiln_dtype(tensor.elem_type))
 
@@ -205,8 +208,8 @@ class _Importer:
             if info.name in bound:
                 self.slots[info.name] = _Slot(known=np.asarray(bound.pop(info.name)))
             elif info.name not in self.entries:
-                self.slots[info.name] = _Slot(self.b.input(info.name, value_type(info, input_shapes.pop(info.name,
-                                                                                                        None))))
+                t = value_type(info, input_shapes.pop(info.name, None), str(self.source))
+                self.slots[info.name] = _Slot(self.b.input(info.name, t))
         for option, left in (("input_shapes", input_shapes), ("bound_inputs", bound)):
             if left:
                 raise ShapeError(f"{self.source}: {option} names {sorted(left)}, which are no graph inputs")

@@ -13,7 +13,7 @@ import pytest
 from onnx import helper
 from onnx_cases import assert_matches_reference, filecheck, model
 
-from kiln.ir import RecordError, interpret
+from kiln.ir import RecordError, ShapeError, interpret
 from kiln.runtime.onnx.importer.driver import UnsupportedModel, import_graph, import_model, sanitized
 from kiln.runtime.onnx.tensors import PARAM_ID_KEY
 
@@ -321,3 +321,14 @@ def test_causal_mask_of_a_run_time_length_stays_dynamic():
     for batch, seq in ((1, 2), (3, 5)):
         assert_matches_reference(graph, onnx_model,
                                  {"s": np.random.default_rng(seq).random((batch, seq, seq), F32)})
+
+
+def test_a_dim_param_that_is_not_utf8_is_a_shape_error_naming_file_and_input(tmp_path: Path):
+    """Found by the onnx_import fuzzer: protobuf returns a string field that is not UTF-8 as bytes, and the dim
+    name check raised TypeError; it is a kiln error naming the file and the input."""
+    path = tmp_path / "bad.onnx"
+    data = _torch_style_reshape("batch").SerializeToString()
+    assert data.count(b"batch") == 1
+    path.write_bytes(data.replace(b"batch", b"\xff\xfeatc"))
+    with pytest.raises(ShapeError, match=r"bad\.onnx: graph input 'x' has a dim_param that is not UTF-8 text"):
+        import_model(path)
