@@ -30,10 +30,9 @@ from .conv_layout import (
     to_blocked,
 )
 from .cpu import cpu_model
-from .relax_rewrite import rewrite_functions, static_f32_shape
+from .relax_rewrite import CONV2D, depthwise_conv, int_lists, nchw_conv, rewrite_functions, static_f32_shape
 from .schedules.matmul import CPUMatmul
 
-_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 # pooling windows slide over H and W only, so on a blocked map (layout NCHW[b]c) they pool each lane's channel
 _POOL2D = {tvm.ir.Op.get(f"relax.nn.{kind}_pool2d"): getattr(relax.op.nn, f"{kind}_pool2d") for kind in ("max", "avg")}
 # ops computed lane by lane whatever the layout: on blocked operands they give the blocked result
@@ -69,7 +68,7 @@ class _Regions(PyExprMutator):
         blocked = None
         if isinstance(value, relax.Call) and out is not None and len(out) == 4:
             call = relax.Call(value.op, [self.visit_expr(a) for a in value.args], value.attrs, value.ty_args)
-            if call.op == _CONV2D:
+            if call.op == CONV2D:
                 blocked = self._conv(call, out)
             elif call.op in _ELEMENTWISE:
                 blocked = self._elementwise(call, out)
@@ -99,12 +98,13 @@ class _Regions(PyExprMutator):
                                                         primfunc_name_hint="pack_per_channel"))
 
     def _conv(self, call: relax.Call, out: list[int]) -> relax.Expr | None:
-        a, x = call.attrs, call.args[0]
-        x_shape, w_shape = (static_f32_shape(arg.ty) for arg in call.args)
-        nchw = (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "OIHW", "NCHW") and x_shape and w_shape
+        a, x, shapes = call.attrs, call.args[0], nchw_conv(call)
+        if shapes is None:
+            return None
+        x_shape, w_shape = shapes
         # a depthwise conv stays blocked where its input is: it computes lane by lane, whatever the map's width
-        depthwise = nchw and int(a.groups) == x_shape[1] == out[1] > 1 and w_shape[1] == 1 and x in self.blocked
-        if not (depthwise or nchw and int(a.groups) == 1 and blocks_output_channels(out[1], out[3], self.rule)):
+        depthwise = depthwise_conv(call) and out[1] > 1 and x in self.blocked
+        if not (depthwise or int(a.groups) == 1 and blocks_output_channels(out[1], out[3], self.rule)):
             return None
         w = call.args[1]
         if isinstance(w, tvm.ir.Constant):
@@ -112,7 +112,7 @@ class _Regions(PyExprMutator):
         else:
             wp = self.builder_.emit(self.builder_.call_te(pack_te, w, self.block,
                                                           primfunc_name_hint="pack_conv_weight"))
-        ints = [[int(v) for v in vs] for vs in (a.strides, a.padding, a.dilation)]
+        ints = int_lists(a.strides, a.padding, a.dilation)
         if depthwise:
             return self.builder_.call_te(blocked_depthwise, self.blocked[x], wp, *ints,
                                          primfunc_name_hint=DEPTHWISE_NAME)

@@ -20,10 +20,9 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
 from .cpu import cpu_model
-from .relax_rewrite import rewrite_functions, static_f32_shape
+from .relax_rewrite import depthwise_conv, int_lists, rewrite_functions, static_f32_shape
 
 PAD_BLOCK, ACC_BLOCK, OUT_BLOCK = "plane_window_pad", "plane_window_acc", "plane_window"
-_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 _POOLS = {tvm.ir.Op.get(f"relax.nn.{kind}_pool2d"): kind for kind in ("max", "avg")}
 
 Tap = Callable[[tirx.Var, tirx.Var, tirx.Var, tirx.Var, tirx.Var, tirx.Var], tirx.Expr]
@@ -116,13 +115,8 @@ def _static_nchw(call: relax.Call) -> list[int] | None:
 
 
 def is_plane_depthwise(call: relax.Call) -> bool:
-    """Whether `call` is a static, non-empty float32 NCHW conv2d with one filter per channel (`groups` = in = out
-    channels)."""
-    if call.op != _CONV2D or (x := _static_nchw(call)) is None:
-        return False
-    a, w = call.attrs, static_f32_shape(call.args[1].ty)
-    return (w is not None and (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "OIHW", "NCHW")
-            and int(a.groups) == x[1] == w[0] and w[1] == 1 and x[1] == static_f32_shape(call.ty)[1])
+    """Whether `call` is a depthwise conv (`relax_rewrite.depthwise_conv`) of a non-empty map."""
+    return depthwise_conv(call) and _static_nchw(call) is not None
 
 
 def is_plane_pool(call: relax.Call) -> bool:
@@ -147,11 +141,11 @@ class _Planes(PyExprMutator):
         call = super().visit_call_(call)
         a = call.attrs
         if is_plane_depthwise(call):
-            ints = [[int(v) for v in vs] for vs in (a.strides, a.padding, a.dilation)]
+            ints = int_lists(a.strides, a.padding, a.dilation)
             return self.builder_.call_te(plane_depthwise, call.args[0], call.args[1], *ints, self.lanes,
                                          primfunc_name_hint="depthwise_plane")
         if is_plane_pool(call):
-            ints = [[int(v) for v in vs] for vs in (a.pool_size, a.strides, a.padding, a.dilation)]
+            ints = int_lists(a.pool_size, a.strides, a.padding, a.dilation)
             kind = _POOLS[call.op]
             return self.builder_.call_te(plane_pool, call.args[0], kind, *ints, bool(a.count_include_pad),
                                          self.lanes, primfunc_name_hint=f"{kind}_pool_plane")

@@ -1,5 +1,5 @@
-"""What kiln's Relax-level rewrites (layouts, constant folding) share: the static shapes they match on, and running
-a mutator over every Relax function of a module."""
+"""What kiln's Relax-level rewrites (layouts, constant folding) share: the static shapes and the convs they match
+on, their attributes as Python ints, and running a mutator over every Relax function of a module."""
 
 from __future__ import annotations
 
@@ -19,6 +19,36 @@ def static_shape(ty: object) -> list[int] | None:
 def static_f32_shape(ty: object) -> list[int] | None:
     """The shape of a float32 tensor type whose dims are all known, else None."""
     return static_shape(ty) if getattr(ty, "dtype", None) == "float32" else None
+
+
+CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+
+
+def nchw_conv(call: relax.Call) -> tuple[list[int], list[int]] | None:
+    """The input and weight shapes of a float32 conv2d of static operand shapes in NCHW / OIHW / NCHW, else None
+    (read from the operands alone, so a call not yet normalized, with no type of its own, can be asked)."""
+    if call.op != CONV2D:
+        return None
+    x, w = (static_f32_shape(arg.ty) for arg in call.args)
+    layouts = (call.attrs.data_layout, call.attrs.kernel_layout, call.attrs.out_layout)
+    if x is None or w is None or len(x) != 4 or layouts != ("NCHW", "OIHW", "NCHW"):
+        return None
+    return x, w
+
+
+def depthwise_conv(call: relax.Call) -> bool:
+    """Whether `call` is an `nchw_conv` with one filter per channel (groups = in = out channels), the convs computed
+    channel by channel."""
+    shapes = nchw_conv(call)
+    if shapes is None:
+        return False
+    x, w = shapes
+    return int(call.attrs.groups) == x[1] == w[0] and w[1] == 1
+
+
+def int_lists(*arrays: object) -> list[list[int]]:
+    """Relax attribute arrays (strides, padding, dilation, pool sizes) as lists of Python ints."""
+    return [[int(v) for v in vs] for vs in arrays]  # type: ignore[attr-defined]
 
 
 def rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator) -> tvm.IRModule:
