@@ -24,6 +24,7 @@ os.environ["TVM_NUM_THREADS"] = "1"  # before TVM's pool starts
 import numpy as np
 import onnxruntime as ort
 from inference import encoder_widths, traced  # bench/ is the script's directory
+from vm_kernels import kernel_times
 
 import kiln
 from kiln import nn
@@ -43,26 +44,8 @@ def best_of(run: object, calls: int) -> float:
 
 def kiln_kernels(exe: Executable, x: np.ndarray, calls: int) -> dict[str, tuple[float, str]]:
     """Per VM call name: (its best ms summed over one forward's calls, its first call's argument shapes)."""
-    per: dict[str, float] = defaultdict(float)
-    started: list[float] = []
-    shapes: dict[str, str] = {}
-
-    def instrument(func, name, before, ret, *args) -> int:  # noqa: ANN001 (TVM's callback signature)
-        if before:
-            started.append(time.process_time())
-            shapes.setdefault(str(name), " ".join("x".join(map(str, a.shape)) for a in args if hasattr(a, "shape")))
-        else:
-            per[str(name)] += (time.process_time() - started.pop()) * 1e3
-        return 0  # VMInstrumentReturnKind.NO_OP
-
-    exe._machine().set_instrument(instrument)
-    best: dict[str, float] = {}
-    for _ in range(calls):
-        per.clear()
-        exe(x)
-        for name, ms in per.items():
-            best[name] = min(best.get(name, float("inf")), ms)
-    return {name: (ms, shapes[name]) for name, ms in best.items()}
+    return {name: (ms, " ".join("x".join(map(str, shape)) for shape in shapes))
+            for name, (ms, _, shapes) in kernel_times(exe, lambda: exe(x), calls).items()}
 
 
 def ort_kernels(path: Path, feeds: dict[str, np.ndarray], calls: int) -> tuple[float, dict[str, tuple[float, str]]]:

@@ -36,6 +36,7 @@ CLOCK = time.process_time if ARGS.threads == 1 else time.perf_counter
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from inference import encoder_widths  # noqa: E402  (bench/ is the script's directory)
+from vm_kernels import Kernel, kernel_times  # noqa: E402
 
 import kiln  # noqa: E402
 from kiln import nn, optim  # noqa: E402
@@ -57,43 +58,16 @@ def step_graph(d: int, batch: int) -> tuple[kiln.ir.Graph, list[np.ndarray]]:
     return program.graph, args
 
 
-Kernel = tuple[float, int, list[tuple[int, ...]]]  # best ms per step (all its calls), calls per step, arg shapes
-
-
 def kiln_kernels(graph: kiln.ir.Graph, args: list[np.ndarray], steps: int) -> tuple[float, dict[str, Kernel]]:
-    """(best step ms, per kernel name: its best ms summed over its calls in a step, calls, the shapes of its first
-    call's arguments), run as `TrainStep` runs it (outputs as views, `copy=False`), each VM call timed by an
-    instrument (a few us of Python per call; VM builtins such as allocations appear under their own names)."""
+    """(best step ms, `kernel_times` of the step), run as `TrainStep` runs it (outputs as views, `copy=False`)."""
     exe = compile_graph(graph, params="inputs", functions=("step",))
     exe.run(*args, function="step", copy=False)
-    per: dict[str, float] = defaultdict(float)
-    started: list[float] = []
-    shapes: dict[str, list[tuple[int, ...]]] = {}
-    calls: dict[str, int] = defaultdict(int)
-
-    def instrument(func, name, before, ret, *call_args) -> int:  # noqa: ANN001 (TVM's callback signature)
-        if before:
-            started.append(CLOCK())
-            shapes.setdefault(str(name), [tuple(a.shape) for a in call_args if hasattr(a, "shape")])
-            calls[str(name)] += 1
-        else:
-            per[str(name)] += (CLOCK() - started.pop()) * 1e3
-        return 0  # VMInstrumentReturnKind.NO_OP
-
     plain = float("inf")
     for _ in range(steps):
         start = CLOCK()
         exe.run(*args, function="step", copy=False)
         plain = min(plain, (CLOCK() - start) * 1e3)
-    exe._machine().set_instrument(instrument)
-    best = {}
-    for _ in range(steps):
-        per.clear()
-        calls.clear()
-        exe.run(*args, function="step", copy=False)
-        for name, ms in per.items():
-            best[name] = min(best.get(name, float("inf")), ms)
-    return plain, {n: (ms, calls[n], shapes[n]) for n, ms in best.items()}
+    return plain, kernel_times(exe, lambda: exe.run(*args, function="step", copy=False), steps, CLOCK)
 
 
 def torch_ops(d: int, batch: int, steps: int) -> tuple[float, dict[str, float]]:
