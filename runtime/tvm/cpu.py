@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tvm.target import Target, codegen
 
-from .target import cpu_count
+from .target import cpu_count, host_cpu
 
 SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 FMA_UNITS = 2  # vector FMA pipes of every x86 core with FMA3 since Haswell and Zen (LLVM does not say; documented)
@@ -129,9 +129,10 @@ def host_caches(root: Path = SYSFS_CACHE, default: CacheSizes = CLASS_DEFAULTS[2
 
 
 def _is_host(target: Target) -> bool:
-    """Whether the target is this machine's CPU as LLVM detects it, with no features added or removed."""
-    attrs = target.attrs
-    return str(attrs.get("mcpu", "")) == codegen.llvm_get_system_cpu() and not list(attrs.get("mattr", []) or [])
+    """Whether the target is this machine's CPU as `host_cpu` states it (its name and exactly its `-mattr`)."""
+    attrs, host = target.attrs, host_cpu()
+    return str(attrs.get("mcpu", "")) == host["mcpu"] and [str(a) for a in attrs.get("mattr", []) or []] == \
+        host.get("mattr", [])
 
 
 @functools.cache

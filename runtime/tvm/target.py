@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 
 import tvm
 from tvm.target import Target, codegen
@@ -14,6 +15,13 @@ DEFAULT_CUDA_ARCH = "sm_80"  # used when no GPU is visible to detect the real on
 CPU_ENV = "KILN_CPU"  # an LLVM CPU name ("haswell", "skylake-avx512") that "llvm" builds target instead of the host
 SPIN_ENV = "TVM_THREAD_POOL_SPIN_COUNT"  # polls of an idle TVM worker before it blocks (TVM's default: 300,000)
 SPIN_DEFAULT = "10000"  # 30x shorter than TVM's: as fast when quiet, bounded when loaded (bench/RESULTS.md)
+CPUINFO = Path("/proc/cpuinfo")
+# The features kiln's rules read, by Linux's flag name -> LLVM's feature name. LLVM names the host CPU from its model
+# number, which a hypervisor may report for an older chip (this project's Emerald Rapids VMs say model 167, which
+# LLVM calls rocketlake: no AMX, no AVX512-BF16), so the host target states these from the kernel's flags instead.
+HOST_FEATURES = {"fma": "fma", "avx2": "avx2", "avx512f": "avx512f", "avx512_vnni": "avx512vnni", "avx_vnni": "avxvnni",
+                 "avx512_bf16": "avx512bf16", "avx512_fp16": "avx512fp16", "amx_tile": "amx-tile",
+                 "amx_bf16": "amx-bf16", "amx_int8": "amx-int8"}
 
 _threads: int | None = None
 TargetLike = str | dict | Target
@@ -76,13 +84,43 @@ def cpu_count() -> int:
     return os.cpu_count() or 1
 
 
+def mattr_for(flags: set[str], cpu_features: set[str]) -> tuple[str, ...]:
+    """The `-mattr` entries that make a CPU with LLVM features `cpu_features` agree with the kernel's `flags` on
+    `HOST_FEATURES`: "+f" for a flag LLVM's CPU lacks, "-f" for a feature the flags do not show."""
+    changes = [("+" if flag in flags else "-") + feature for flag, feature in HOST_FEATURES.items()
+               if (flag in flags) != (feature in cpu_features)]
+    return tuple(sorted(changes))
+
+
+@functools.cache
+def host_mattr() -> tuple[str, ...]:
+    """`mattr_for` this machine: its /proc/cpuinfo flags against LLVM's host CPU name; none where that file is
+    absent or has no flags line (not Linux x86)."""
+    try:
+        lines = CPUINFO.read_text().splitlines()
+    except OSError:
+        return ()
+    flags = next((set(line.partition(":")[2].split()) for line in lines if line.startswith("flags")), None)
+    if flags is None:
+        return ()
+    cpu = Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
+    return mattr_for(flags, {str(f) for f in codegen.llvm_get_cpu_features(cpu)})
+
+
+def host_cpu() -> dict:
+    """The LLVM target fields of this machine's CPU: LLVM's name for it and `host_mattr`."""
+    mattr = host_mattr()
+    return {"mcpu": codegen.llvm_get_system_cpu(), **({"mattr": list(mattr)} if mattr else {})}
+
+
 def cpu_target() -> Target:
-    """LLVM target for this host, or for the CPU `KILN_CPU` names (a cross-compile): dict form (0.27 rejects CLI
-    strings), mcpu from LLVM's host detection otherwise."""
+    """LLVM target for this host (`host_cpu`), or for the CPU `KILN_CPU` names (a cross-compile): dict form (0.27
+    rejects CLI strings)."""
     name = os.environ.get(CPU_ENV, "").strip()
     if name:
         _check_cpu(name)
-    return Target({"kind": "llvm", "mcpu": name or codegen.llvm_get_system_cpu(), "num-cores": cpu_count()})
+    cpu = {"mcpu": name} if name else host_cpu()
+    return Target({"kind": "llvm", **cpu, "num-cores": cpu_count()})
 
 
 def cuda_target(arch: str | None = None) -> Target:
@@ -90,7 +128,7 @@ def cuda_target(arch: str | None = None) -> Target:
     if arch is None:
         device = tvm.cuda(0)
         arch = "sm_" + device.compute_version.replace(".", "") if device.exist else DEFAULT_CUDA_ARCH
-    host = {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()}
+    host = {"kind": "llvm", **host_cpu()}
     return Target({"kind": "cuda", "arch": arch, "host": host})
 
 

@@ -18,7 +18,7 @@ import tvm
 from cross_targets import AVX2 as HASWELL
 from cross_targets import AVX512
 from tvm import relax
-from tvm.target import Target
+from tvm.target import Target, codegen
 
 from kiln import ir
 from kiln.ir import KilnError
@@ -29,7 +29,7 @@ from kiln.runtime.tvm.compile import cache_key
 from kiln.runtime.tvm.cpu import CLASS_DEFAULTS, CacheSizes, cpu_model, host_caches
 from kiln.runtime.tvm.pipeline import cpu_pipeline
 from kiln.runtime.tvm.schedules import CPUMatmul, default_cpu_rules
-from kiln.runtime.tvm.target import CPU_ENV, cpu_count, cpu_target, resolve_target
+from kiln.runtime.tvm.target import CPU_ENV, HOST_FEATURES, cpu_count, cpu_target, mattr_for, resolve_target
 
 
 def _host_flags() -> set[str]:
@@ -68,10 +68,24 @@ def test_host_model_matches_proc_cpuinfo_and_glibc() -> None:
         assert model.vector_bits == (512 if "avx512f" in flags else 256 if "avx" in flags else 128)
         assert model.fma == ("fma" in flags or model.vector_bits == 128 and model.vector_registers == 32)
     assert model.host and model.cores == cpu_count()
+    for flag, feature in HOST_FEATURES.items():  # what LLVM's name for the CPU misses, the target's -mattr states
+        if flags:
+            assert (feature in model.features) == (flag in flags), feature
     for name, got in (("SC_LEVEL1_DCACHE_SIZE", model.caches.l1d), ("SC_LEVEL2_CACHE_SIZE", model.caches.l2)):
         want = os.sysconf(name) if name in os.sysconf_names else 0
         if want > 0 and Path("/sys/devices/system/cpu/cpu0/cache/index0").exists():
             assert got == want, name
+
+
+def test_host_mattr_adds_what_the_cpu_name_misses_and_drops_what_the_flags_lack() -> None:
+    """A VM reporting an Emerald Rapids as rocketlake (no AMX in LLVM's table) still builds with AMX; a CPU name
+    promising AVX-512 that the kernel's flags deny loses it, so no build faults on the host."""
+    rocketlake = {str(f) for f in codegen.llvm_get_cpu_features(Target({"kind": "llvm", "mcpu": "rocketlake"}))}
+    flags = {"fma", "avx2", "avx512f", "avx512_vnni", "amx_tile", "amx_bf16", "avx512_bf16"}
+    assert mattr_for(flags, rocketlake) == ("+amx-bf16", "+amx-tile", "+avx512bf16")
+    assert mattr_for({"fma", "avx2"}, rocketlake) == ("-avx512f", "-avx512vnni")
+    target = Target({"kind": "llvm", "mcpu": "rocketlake", "mattr": list(mattr_for(flags, rocketlake))})
+    assert {"amx-bf16", "avx512bf16"} <= cpu_model(target).features
 
 
 def _sysfs(root: Path, entries: list[tuple[str, str, str]]) -> Path:
