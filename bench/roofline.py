@@ -63,12 +63,18 @@ if __name__ == "__main__":
 
 
 def cpu_model() -> str:
-    """The CPU's name, its widest vector ISA and the mcpu LLVM builds for."""
+    """The CPU's name, its widest vector ISA and the mcpu (with the -mattr kiln adds from the CPU's flags) LLVM
+    builds for."""
     with open("/proc/cpuinfo") as f:
         lines = f.read().splitlines()
     name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown CPU")
     flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
     isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    extras = (("avx512_bf16", "AVX512-BF16"), ("avx512_vnni", "VNNI"), ("amx_bf16", "AMX-BF16"),
+              ("amx_int8", "AMX-INT8"))
+    isa += "".join(f", {extra}" for flag, extra in extras if flag in flags)
     from kiln.runtime.tvm.target import cpu_target
 
-    return f"{name} ({isa}), LLVM mcpu {cpu_target().attrs.get('mcpu', '?')}"
+    attrs = cpu_target().attrs
+    mattr = ",".join(str(a) for a in attrs.get("mattr", []) or [])
+    return f"{name} ({isa}), LLVM mcpu {attrs.get('mcpu', '?')}" + (f" -mattr={mattr}" if mattr else "")
