@@ -43,20 +43,26 @@ def _window(op: str, attrs: Mapping[str, Any], nd: int) -> Window:
                   _per_dim(op, "dilation", attrs.get("dilation", (1,) * nd), nd, 1))
 
 
-def _span(k: int, dilation: int) -> int:
+def window_span(k: int, dilation: int) -> int:
     """The input extent one dilated kernel covers."""
     return dilation * (k - 1) + 1
+
+
+def window_positions(padded: int, k: int, stride: int, dilation: int) -> int:
+    """How many windows of a dilated kernel fit, every `stride`, in a padded input length: a conv's or pool's
+    output length (floor mode), the one rule the importer and the CPU schedules use too."""
+    return (padded - window_span(k, dilation)) // stride + 1
 
 
 def _out_dim(op: str, axis: int, size: Dim, k: Dim, stride: int, pad: int, dilation: int) -> Dim:
     """Output length along one spatial dim; dynamic when the input or kernel length is."""
     if size is None or k is None:
         return None
-    padded, span = size + 2 * pad, _span(k, dilation)
+    padded, span = size + 2 * pad, window_span(k, dilation)
     if padded < span:
         raise ShapeError(f"{op}: kernel span {span} is larger than the padded input ({padded}) in spatial dim "
                          f"{axis}")
-    return (padded - span) // stride + 1
+    return window_positions(padded, k, stride, dilation)
 
 
 def _window_shape(op: str, spatial: Sequence[Dim], kernel: Sequence[Dim], win: Window) -> tuple[Dim, ...]:
@@ -74,7 +80,7 @@ def _windows(x: np.ndarray, kernel: Sequence[int], win: Window, fill: float) -> 
     """A strided view of x [N, C, *S], padded with `fill`, as windows [N, C, *out, *kernel]."""
     nd = len(kernel)
     padded = np.pad(x, [(0, 0), (0, 0), *((p, p) for p in win.padding)], constant_values=fill)
-    spans = [_span(k, d) for k, d in zip(kernel, win.dilation)]
+    spans = [window_span(k, d) for k, d in zip(kernel, win.dilation)]
     view = sliding_window_view(padded, spans, axis=tuple(range(2, 2 + nd)))
     steps = (*(slice(None, None, s) for s in win.stride), *(slice(None, None, d) for d in win.dilation))
     return view[(slice(None), slice(None), *steps)]
@@ -160,7 +166,7 @@ def _conv_transpose_infer(op: str, nd: int) -> InferFn:
             raise ShapeError(f"{op}: output_padding = {list(extra)} must be smaller than stride = {list(win.stride)}")
         spatial = []
         for i, (size, k, s, p, d, e) in enumerate(zip(x.shape[2:], w.shape[2:], *win, extra)):
-            n = None if size is None or k is None else (size - 1) * s - 2 * p + _span(k, d) + e
+            n = None if size is None or k is None else (size - 1) * s - 2 * p + window_span(k, d) + e
             if n is not None and n < 1:
                 raise ShapeError(f"{op}: padding {p} leaves no output along spatial dim {i}")
             spatial.append(n)
@@ -172,7 +178,7 @@ def _conv_transpose(x, weight, bias=None, *, stride, padding, output_padding, di
     """Each input element scatters its kernel-weighted copy at stride steps; then padding is cropped off both
     sides and output_padding adds zeros at the end (before the bias)."""
     nd, (n, c, *size), (_, og, *kernel) = x.ndim - 2, x.shape, weight.shape
-    full = [(s - 1) * st + _span(k, d) for s, st, k, d in zip(size, stride, kernel, dilation)]
+    full = [(s - 1) * st + window_span(k, d) for s, st, k, d in zip(size, stride, kernel, dilation)]
     out = np.zeros((n, groups, og, *full), np.result_type(x, weight))
     xg, wg = x.reshape(n, groups, c // groups, *size), weight.reshape(groups, c // groups, og, *kernel)
     for t in np.ndindex(*kernel):
@@ -202,7 +208,7 @@ def _pool_infer(op: str, nd: int) -> InferFn:
         _rank(op, 0, "x", x, nd + 2)
         kernel = _per_dim(op, "kernel", attrs["kernel"], nd, 1)
         win = _window(op, attrs, nd)
-        if any(2 * p > _span(k, d) for k, p, d in zip(kernel, win.padding, win.dilation)):
+        if any(2 * p > window_span(k, d) for k, p, d in zip(kernel, win.padding, win.dilation)):
             raise ShapeError(f"{op}: padding {list(win.padding)} is more than half the kernel span")
         return (x.with_shape((*x.shape[:2], *_window_shape(op, x.shape[2:], kernel, win))),)
     return infer

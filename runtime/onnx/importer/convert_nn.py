@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from kiln.ir import DType, Value
+from kiln.ir.ops.nn import window_positions, window_span
 
 from .call import NodeCall
 from .registry import Unsupported, converts
@@ -256,7 +257,7 @@ def _pool_geometry(call: NodeCall, size: Sequence[int]) -> tuple[tuple[int, ...]
     extra = [0] * nd
     if call.attr("ceil_mode", 0):
         for i, (n, k, s, d) in enumerate(zip(size, kernel, stride, dilation)):
-            span, padded = d * (k - 1) + 1, n + begin[i] + end[i]
+            span, padded = window_span(k, d), n + begin[i] + end[i]
             out = -(-(padded - span) // s) + 1
             if (out - 1) * s >= n + begin[i]:
                 out -= 1
@@ -316,7 +317,7 @@ def _argmax_indices(call: NodeCall, x: Value, kernel: Sequence[int], stride: Seq
     if c is None:
         raise Unsupported(f"the Indices output of a dynamic channel count ({x.type})")
     padded = _pad(call, x, begin, end, -math.inf)
-    out = [(p - d * (k - 1) - 1) // st + 1 for p, k, st, d in zip(padded.type.shape[2:], kernel, stride, dilation)]
+    out = [window_positions(p, k, st, d) for p, k, st, d in zip(padded.type.shape[2:], kernel, stride, dilation)]
     axes, offsets, windows = tuple(range(2, 2 + nd)), list(np.ndindex(*kernel)), []
     for t in offsets:
         starts = tuple(k * d for k, d in zip(t, dilation))
