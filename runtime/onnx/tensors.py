@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError, Message
 from onnx import TensorProto, numpy_helper
 
 from kiln.ir import DType, KilnError, ParamId, RecordError
@@ -90,7 +91,36 @@ def load_model(source: Path) -> onnx.ModelProto:
         raise RecordError(f"{source}: not an ONNX model ({error})") from None
     if not model.HasField("graph"):
         raise RecordError(f"{source}: not an ONNX model (it has no graph)")
+    check_text(model, source)
     return model
+
+
+def _non_text(message: Message, path: str) -> str | None:
+    """The path of the first string field under `message` that holds bytes which are not UTF-8 (ONNX's proto2
+    strings are not validated when parsed: protobuf hands such a field back as bytes). Bytes fields (raw tensor
+    data) are never read, so a large model is walked without copying its weights."""
+    for field in message.DESCRIPTOR.fields:
+        repeated = field.is_repeated
+        if field.type == FieldDescriptor.TYPE_STRING:
+            values = getattr(message, field.name) if repeated else [getattr(message, field.name)]
+            for i, value in enumerate(values):
+                if isinstance(value, bytes):
+                    return f"{path}{field.name}{f'[{i}]' if repeated else ''}"
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            children = getattr(message, field.name) if repeated else \
+                [getattr(message, field.name)] if message.HasField(field.name) else []
+            for i, child in enumerate(children):
+                found = _non_text(child, f"{path}{field.name}{f'[{i}]' if repeated else ''}.")
+                if found is not None:
+                    return found
+    return None
+
+
+def check_text(model: onnx.ModelProto, source: Path) -> None:
+    """A RecordError naming the file and the field where a name or other string of the model is not UTF-8 text."""
+    found = _non_text(model, "")
+    if found is not None:
+        raise RecordError(f"{source}: {found} is not UTF-8 text")
 
 
 def model_initializers(model: onnx.ModelProto, source: Path) -> dict[str, RecordEntry]:

@@ -48,7 +48,7 @@ from kiln.ir.naming import quant_codes, quant_scales
 from kiln.ir.types import DIM_NAME
 from kiln.runtime.records.record import RecordEntry
 
-from ..tensors import kiln_dtype, load_model, model_initializers, param_id_of
+from ..tensors import check_text, kiln_dtype, load_model, model_initializers, param_id_of
 from . import (  # noqa: F401  (registers their converters)
     convert_basic,
     convert_control,
@@ -123,8 +123,6 @@ def value_type(info: onnx.ValueInfoProto, dims: Sequence[int | str | None] | Non
     tensor = info.type.tensor_type
     if dims is None:
         dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in tensor.shape.dim]
-        if any(isinstance(d, bytes) for d in dims):  # protobuf hands back a string field that is not UTF-8 as bytes
-            raise ShapeError(f"{source}: graph input {info.name!r} has a dim_param that is not UTF-8 text")
     return TensorType.of((d if isinstance(d, int) or d is None or DIM_NAME.fullmatch(d) else None for d in dims),
                          kiln_dtype(tensor.elem_type))
 
@@ -143,6 +141,7 @@ def import_model(model: ModelProto | str | os.PathLike[str], source: str | None 
     is the folder external data of a parsed model is read from); a file names itself."""
     if isinstance(model, ModelProto):
         where, proto = Path(source or "<model>"), model
+        check_text(proto, where)
     else:
         where = Path(model)
         proto = load_model(where)

@@ -13,7 +13,7 @@ import pytest
 from onnx import helper
 from onnx_cases import assert_matches_reference, filecheck, model
 
-from kiln.ir import RecordError, ShapeError, interpret
+from kiln.ir import RecordError, interpret
 from kiln.runtime.onnx.importer.driver import UnsupportedModel, import_graph, import_model, sanitized
 from kiln.runtime.onnx.tensors import PARAM_ID_KEY
 
@@ -323,12 +323,19 @@ def test_causal_mask_of_a_run_time_length_stays_dynamic():
                                  {"s": np.random.default_rng(seq).random((batch, seq, seq), F32)})
 
 
-def test_a_dim_param_that_is_not_utf8_is_a_shape_error_naming_file_and_input(tmp_path: Path):
+@pytest.mark.parametrize("name, field", [
+    (b"batch", r"graph\.input\[0\]\.type\.tensor_type\.shape\.dim\[0\]\.dim_param"),
+    (b"rest", r"graph\.node\[3\]\.input\[1\]"),  # the Concat's input, first of the name's two places
+])
+def test_a_string_that_is_not_utf8_is_an_error_naming_file_and_field(tmp_path: Path, name: bytes, field: str):
     """Found by the onnx_import fuzzer: protobuf returns a string field that is not UTF-8 as bytes, and the dim
-    name check raised TypeError; it is a kiln error naming the file and the input."""
+    name check raised TypeError; any such string (a dim_param, a node's output name) is a RecordError naming the
+    file and the field (the first in the file's order), whether the model comes as a file or parsed."""
     path = tmp_path / "bad.onnx"
     data = _torch_style_reshape("batch").SerializeToString()
-    assert data.count(b"batch") == 1
-    path.write_bytes(data.replace(b"batch", b"\xff\xfeatc"))
-    with pytest.raises(ShapeError, match=r"bad\.onnx: graph input 'x' has a dim_param that is not UTF-8 text"):
+    assert data.count(name) >= 1
+    path.write_bytes(data.replace(name, b"\xff\xfe" + name[2:]))
+    with pytest.raises(RecordError, match=rf"bad\.onnx: {field} is not UTF-8 text"):
         import_model(path)
+    with pytest.raises(RecordError, match=rf"parsed\.onnx: {field} is not UTF-8 text"):
+        import_model(onnx.load_from_string(path.read_bytes()), source="parsed.onnx")
