@@ -523,6 +523,28 @@ def test_row_lanes_follow_the_target() -> None:
     assert "T.vectorized(T.int64(8))" in text and "T.vectorized(T.int64(16))" not in text
 
 
+@pytest.mark.parametrize(("target", "lanes"), [(AVX512, 16), (AVX2, 8)], ids=["avx512", "avx2"])
+def test_row_partials_fold_in_independent_chains(target: tvm.target.Target, lanes: int) -> None:
+    """Each row's `lanes` partial results fold into 4 independent partial results of their own before the last
+    sum (16 lanes: 4 + 4 dependent steps, not 16), every partial update vectorized; softmax and layer norm values
+    against float64 numpy."""
+    for mod, ref, x in [
+        (relax_module([(5, 256)], lambda x: relax.op.nn.softmax(x, axis=-1)), softmax_ref, rand(5, 256) * 4),
+        (relax_module([(5, 256), (256,), (256,)], lambda x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1])),
+         None, rand(5, 256))]:
+        (func,) = fused_prim_funcs(mod)
+        text = CPURowReduction().apply(func, target, False).mod["main"].script()
+        assert f"T.vectorized(T.int64({lanes}))" in text and "T.vectorized(T.int64(4))" in text
+        assert_row_rule([func], True, target)
+        if ref is None:
+            g, b = np.ones(256, np.float32), np.zeros(256, np.float32)
+            (xd,) = f64(x)
+            want = (xd - xd.mean(-1, keepdims=True)) / np.sqrt(xd.var(-1, keepdims=True) + 1e-5)
+            check(run(mod, x, g, b), want, EXACT)
+        else:
+            check(run(mod, x), ref(x), EXACT)
+
+
 @pytest.mark.parametrize(("width", "partial"), [(48, True), (50, False)], ids=["lanes-multiple", "odd-width"])
 def test_layer_norm(width: int, partial: bool) -> None:
     mod = relax_module(
