@@ -21,9 +21,7 @@ from .injective import (
 TILE_VECTORS = 2  # vectors across a register tile's columns: the rows then hold `CPUModel.accumulators / 2` sums
 PANEL_SHARE = 8  # a panel of the vector operand takes 1/8 of L2 (128 KiB of Zen 4's 1 MiB), leaving room for the rest
 MAX_STRIDE = 4  # the largest stride of the vector operand along C's last index the rule still vectorizes
-MIN_PANEL_ROWS = 256  # fewer rows than this stream the vector operand whole (see `CPUMatmul._column_panels`)
 PANEL_TILE_ROWS = 8  # a matmul streaming its operand in L2 panels uses at least this many rows per register tile
-STREAMED_PANELS = 64  # an operand of this many panels (8 L2s, 4 MiB on Zen 3) goes in panels even under few rows
 # Load bandwidth of x86 cores since Haswell and Zen (LLVM does not say; documented, like `cpu.FMA_UNITS`): two vector
 # loads a cycle from L1, and about one vector a cycle from L2 (32 B on Zen, half of what L1 delivers elsewhere)
 L1_LOADS_PER_CYCLE = 2
@@ -592,17 +590,17 @@ class CPUMatmul(dl.ScheduleRule):
                        ) -> tuple[list[s_tir.schedule.LoopRV], s_tir.schedule.LoopRV]:
         """Group the column tiles into panels whose slab of the vector operand (all of K for those columns) fits
         `panel_bytes` of L2, so that every row tile reuses a cached slab: ([panel loop], tile loop), or
-        ([], vec_o) when the operand fits, an extent is symbolic, or no or too few rows (batch dims included; under
-        `MIN_PANEL_ROWS`) would reuse a panel to pay for the extra passes over the other operand. The panel
-        loop goes outermost, outside the batch dims too, so the rows of every batch reuse it.
+        ([], vec_o) when the operand fits, an extent is symbolic, or the rows (batch dims included) make fewer than
+        two register tiles of `mr`, so that no row tile would reuse a panel. The panel loop goes outermost, outside
+        the batch dims too, so the rows of every batch reuse it.
 
-        Without panels each row tile streams the whole operand: with a 256x1024 float32 weight (1 MiB, the
-        size of an L2) the transformer's FFN matmul ran at 170-176 GFLOP/s, with 128 KiB panels at 206
-        (215 with a 256x256 weight). The 64-row MLP layers were 4% slower with panels. An operand of
-        `STREAMED_PANELS` panels or more goes in panels whatever the rows: it no longer stays in the core's share of
-        L3, so every row tile re-reads it from memory. On a Zen 3 core (512 KiB L2) the 768-wide encoder's FFN
-        matmuls at 128 rows (9.4 MiB weights) ran at 6-11 GFLOP/s streamed and 33-37 in panels, 128x1024x1024
-        (4 MiB) at 17 and 37, while 128x768x768 (2.4 MiB) stayed 15% faster streamed.
+        Without panels each row tile streams the whole operand from beyond L2: with a 256x1024 float32 weight
+        (1 MiB) the transformer's FFN matmul ran at 170-176 GFLOP/s on Zen 4, with 128 KiB panels at 206. Few rows
+        do not change that: on an Emerald Rapids core (2 MiB L2, AVX-512, packed weights) the encoder's 128-row
+        matmuls ran streamed / in panels at 43 / 79% of peak (128x512x2048), 25 / 75% (128x768x3072), 55 / 80%
+        (128x768x768) and 74 / 82% (128x512x512, a 1 MiB weight inside L2); AVX2 code of the same shapes and
+        64x784x512 on that core was level or up to 7% faster in panels. (Zen 3 figures before packed weights had
+        128x768x768 15% and the 64-row MLP layers 4% faster streamed; they were not measured again.)
         """
         if roles.row is None:
             return [], vec_o
@@ -613,8 +611,7 @@ class CPUMatmul(dl.ScheduleRule):
         *depths, tiles, tile = extents
         tile_bytes = math.prod(depths) * tile * sch.get(main).writes[0].source.dtype.bits // 8
         operand = tile_bytes * tiles
-        if operand <= self.panel_bytes or (math.prod(rows) < MIN_PANEL_ROWS
-                                           and operand < STREAMED_PANELS * self.panel_bytes):
+        if operand <= self.panel_bytes or math.prod(rows) < 2 * self.mr:
             return [], vec_o
         panel, vec_o = sch.split(vec_o, [None, max(1, self.panel_bytes // tile_bytes)])
         return [panel], vec_o
