@@ -17,6 +17,7 @@ from kiln.ir.types import check_named_dims
 from .aligned import ALIGNMENT
 from .artifact import SIDECAR, CorruptArtifact, Program, load_program, read_params, write_artifact
 from .dtypes import from_storage, storage_numpy, to_storage
+from .fresh_outputs import fresh_outputs
 from .op_map import explain, read_ops
 from .signature import FunctionSignature
 from .target import configure_threads
@@ -55,14 +56,16 @@ class _InputSpec:
 
 
 class _Plan:
-    """A function's per-call constants: VM entry point, device, inputs, params, seeding, output dtypes to restore."""
+    """A function's per-call constants: VM entry point, device, inputs, params, seeding, output dtypes to restore,
+    which outputs are the caller's as they come (`fresh_outputs`)."""
 
-    __slots__ = ("entry", "device", "cpu", "inputs", "params", "seeded", "outputs", "named", "handed")
+    __slots__ = ("entry", "device", "cpu", "inputs", "params", "seeded", "outputs", "owned", "named", "handed")
 
     def __init__(self, entry: Any, device: tvm.runtime.Device, cpu: bool, inputs: tuple[_InputSpec, ...],
-                 params: tuple[tuple[str, TensorType], ...], seeded: bool, outputs: tuple[Any, ...]):
+                 params: tuple[tuple[str, TensorType], ...], seeded: bool, outputs: tuple[Any, ...],
+                 owned: tuple[bool, ...]):
         self.entry, self.device, self.cpu, self.inputs, self.params = entry, device, cpu, inputs, params
-        self.seeded, self.outputs = seeded, outputs
+        self.seeded, self.outputs, self.owned = seeded, outputs, owned
         self.named = any(spec.type.names for spec in inputs)  # some inputs name their dims: check they agree
         # the last `copy=False` call's views, by id, with the VM tensors they show: fed back (a training step's
         # parameters and optimizer state), a view goes in as its tensor, with no conversion. Holding the view keeps
@@ -197,12 +200,14 @@ class Executable:
             raise explain(function, e, self.program.op_map, self._descriptions().get(function)) from e
         # `np.from_dlpack(o).copy()` is `o.numpy()` without its Python overhead (~1 us instead of ~6). The copy is
         # the default on purpose: an output can alias an input (a reshape view), a stored parameter or a constant
-        # the VM hands back on every call, and the caller owns (and may write) what it gets back. Without it the
-        # views are read-only for the same reason. Elements by index: the Array's own iterator costs ~4 us.
+        # the VM hands back on every call, and the caller owns (and may write) what it gets back. An output the
+        # call allocated for itself alone (`plan.owned`) is the caller's already and comes back as it is: its copy
+        # (a 800 KB map's cost 40 us beside the 40 us kernel) is saved. Without `copy` the views are read-only for
+        # the same reason. Elements by index: the Array's own iterator costs ~4 us.
         host = [_item(outs, i) for i in range(len(plan.outputs))]
         if copy:
-            return tuple(np.from_dlpack(o).copy() if t is None else from_storage(o.numpy(), t)
-                         for o, t in zip(host, plan.outputs))
+            return tuple([(np.from_dlpack(o) if owned else np.from_dlpack(o).copy()) if t is None
+                          else from_storage(o.numpy(), t) for o, t, owned in zip(host, plan.outputs, plan.owned)])
         results = tuple(_read_only(np.from_dlpack(o)) if t is None else from_storage(o.numpy(), t)
                         for o, t in zip(host, plan.outputs))
         plan.handed = {id(r): (r, o) for r, o, t in zip(results, host, plan.outputs) if t is None}
@@ -220,7 +225,11 @@ class Executable:
         # None: read back through DLPack, already in the output's dtype; else `.numpy()` then `from_storage`
         outputs = tuple(None if cpu and storage_numpy(t.dtype) == t.dtype.numpy and t.dtype.numpy in _DLPACK_DTYPES
                         else t.dtype for t in sig.outputs)
-        plan = self._plans[function] = _Plan(entry, device, cpu, inputs, tuple(sig.params), sig.seeded, outputs)
+        library = self.program.library
+        bytecode = (library if isinstance(library, relax.VMExecutable) else relax.VMExecutable(library)).as_text()
+        owned = fresh_outputs(bytecode, function, len(outputs)) if cpu else (False,) * len(outputs)
+        plan = self._plans[function] = _Plan(entry, device, cpu, inputs, tuple(sig.params), sig.seeded, outputs,
+                                             owned)
         return plan
 
     def _param(self, name: str, t: TensorType, overrides: Mapping[str, np.ndarray] | None) -> tvm.runtime.Tensor:
