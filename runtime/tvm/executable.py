@@ -242,12 +242,15 @@ class Executable:
         # None: read back through DLPack, already in the output's dtype; else `.numpy()` then `from_storage`
         outputs = tuple(None if cpu and storage_numpy(t.dtype) == t.dtype.numpy and t.dtype.numpy in _DLPACK_DTYPES
                         else t.dtype for t in sig.outputs)
-        library = self.program.library
-        bytecode = (library if isinstance(library, relax.VMExecutable) else relax.VMExecutable(library)).as_text()
-        owned = fresh_outputs(bytecode, function, len(outputs)) if cpu else (False,) * len(outputs)
+        owned = fresh_outputs(self._bytecode(), function, len(outputs)) if cpu else (False,) * len(outputs)
         plan = self._plans[function] = _Plan(entry, device, cpu, inputs, tuple(sig.params), sig.seeded, outputs,
                                              owned)
         return plan
+
+    def _bytecode(self) -> str:
+        """The VM's instructions as text (`fresh_outputs` reads them)."""
+        library = self.program.library
+        return (library if isinstance(library, relax.VMExecutable) else relax.VMExecutable(library)).as_text()
 
     def _param(self, name: str, t: TensorType, overrides: Mapping[str, np.ndarray] | None) -> tvm.runtime.Tensor:
         """A stored parameter on the device: an override for this call, else the executable's own value."""
