@@ -11,6 +11,7 @@ import pytest
 import kiln
 from kiln.ir import Builder
 from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.executable import load_executable
 from kiln.runtime.tvm.fresh_outputs import fresh_outputs
 
 _ALLOC = """\
@@ -109,3 +110,13 @@ class _NumpyOps:
     @staticmethod
     def reshape(x: np.ndarray, shape: list[int]) -> np.ndarray:
         return x.reshape(shape)
+
+
+def test_a_loaded_library_hands_back_its_fresh_outputs_too(tmp_path) -> None:  # noqa: ANN001
+    """`load_executable`'s library is a plain module: its bytecode is read the same way."""
+    path = str(tmp_path / "relu.so")
+    _compiled(lambda b, x: [b.relu(x)]).export_library(path)
+    x = kiln.aligned(np.random.default_rng(2).standard_normal((4, 16)).astype(np.float32))
+    got = load_executable(path)(x)
+    assert not got.flags.owndata
+    np.testing.assert_array_equal(got, np.maximum(x, 0))
