@@ -17,6 +17,7 @@ from kiln.ir.types import check_named_dims
 from .aligned import ALIGNMENT
 from .artifact import SIDECAR, CorruptArtifact, Program, load_program, read_params, write_artifact
 from .dtypes import from_storage, storage_numpy, to_storage
+from .fresh_outputs import fresh_outputs
 from .op_map import explain, read_ops
 from .signature import FunctionSignature
 from .target import configure_threads
@@ -55,19 +56,37 @@ class _InputSpec:
 
 
 class _Plan:
-    """A function's per-call constants: VM entry point, device, inputs, params, seeding, output dtypes to restore."""
+    """A function's per-call constants: VM entry point, device, inputs, params, seeding, output dtypes to restore,
+    and how a copying call reads each output back (`_reader`)."""
 
-    __slots__ = ("entry", "device", "cpu", "inputs", "params", "seeded", "outputs", "named", "handed")
+    __slots__ = ("entry", "device", "cpu", "inputs", "params", "seeded", "outputs", "readers", "named", "handed")
 
     def __init__(self, entry: Any, device: tvm.runtime.Device, cpu: bool, inputs: tuple[_InputSpec, ...],
-                 params: tuple[tuple[str, TensorType], ...], seeded: bool, outputs: tuple[Any, ...]):
+                 params: tuple[tuple[str, TensorType], ...], seeded: bool, outputs: tuple[Any, ...],
+                 owned: tuple[bool, ...]):
         self.entry, self.device, self.cpu, self.inputs, self.params = entry, device, cpu, inputs, params
         self.seeded, self.outputs = seeded, outputs
+        self.readers = tuple(_reader(t, mine) for t, mine in zip(outputs, owned))
         self.named = any(spec.type.names for spec in inputs)  # some inputs name their dims: check they agree
         # the last `copy=False` call's views, by id, with the VM tensors they show: fed back (a training step's
         # parameters and optimizer state), a view goes in as its tensor, with no conversion. Holding the view keeps
         # its id from being reused.
         self.handed: dict[int, tuple[np.ndarray, Any]] = {}
+
+
+def _copied(o: Any) -> np.ndarray:
+    """A VM output as a numpy array of its own: `o.numpy()` without its Python overhead (~1 us instead of ~6)."""
+    return np.from_dlpack(o).copy()
+
+
+def _reader(restore: Any, owned: bool) -> Callable[[Any], np.ndarray]:
+    """How a copying call hands back an output: as it is when the call allocated it for itself alone (`owned`,
+    `fresh_outputs`: it is the caller's already, and copying a 800 KB map took ~45 us beside its ~45 us kernel),
+    else a copy, since it can alias an input (a reshape view), a stored parameter or a constant the VM hands back
+    on every call, and the caller owns (and may write) what it gets; `restore` (a dtype) goes back from storage."""
+    if restore is not None:
+        return lambda o: from_storage(o.numpy(), restore)
+    return np.from_dlpack if owned else _copied
 
 
 def _writeable_base(x: np.ndarray) -> np.ndarray | None:
@@ -169,7 +188,8 @@ class Executable:
     def __call__(self, *inputs: Any, params: Mapping[str, np.ndarray] | None = None, seed: int = 0
                  ) -> np.ndarray | tuple[np.ndarray, ...]:
         """Run the default function; one result comes back bare, several as a tuple."""
-        outs = self.run(*inputs, function=self.default_function, params=params, seed=seed)
+        function = self.default_function
+        outs = self._run(self._plans.get(function) or self._plan(function), function, inputs, params, seed, True)
         return outs[0] if len(outs) == 1 else outs
 
     def run(self, *inputs: Any, function: str = "forward", params: Mapping[str, np.ndarray] | None = None,
@@ -180,11 +200,17 @@ class Executable:
         that feeds them back (a training step's parameters and optimizer state) then passes them in zero-copy and
         unconverted. The function keeps its last `copy=False` outputs alive until its next `copy=False` call.
         """
-        plan = self._plans.get(function) or self._plan(function)
+        return self._run(self._plans.get(function) or self._plan(function), function, inputs, params, seed, copy)
+
+    def _run(self, plan: _Plan, function: str, inputs: tuple[Any, ...], params: Mapping[str, np.ndarray] | None,
+             seed: int, copy: bool) -> tuple[np.ndarray, ...]:
+        """`run` once the plan is found: what `__call__` and `run` share (a call of a small model is a few us of
+        Python beside its kernels, so this path avoids every lookup and wrapper it can)."""
         if len(inputs) != len(plan.inputs):
             raise KilnError(f"@{function} takes {len(plan.inputs)} inputs, got {len(inputs)}")
+        convert = _input if plan.handed else _device_input  # no view of a `copy=False` call to recognize
         try:
-            args = [_input(function, spec, x, plan) for spec, x in zip(plan.inputs, inputs)]
+            args = [convert(function, spec, x, plan) for spec, x in zip(plan.inputs, inputs)]
             if plan.named:  # inputs sharing a dim name agree on it (one TVM var)
                 check_named_dims([s.type for s in plan.inputs], [a.shape for a in args],
                                  [f"@{function} input %{s.name}" for s in plan.inputs])
@@ -195,14 +221,10 @@ class Executable:
             outs = plan.entry(*args)
         except (ShapeError, RuntimeError) as e:  # a TVM run-time check: name the kiln ops behind it
             raise explain(function, e, self.program.op_map, self._descriptions().get(function)) from e
-        # `np.from_dlpack(o).copy()` is `o.numpy()` without its Python overhead (~1 us instead of ~6). The copy is
-        # the default on purpose: an output can alias an input (a reshape view), a stored parameter or a constant
-        # the VM hands back on every call, and the caller owns (and may write) what it gets back. Without it the
-        # views are read-only for the same reason. Elements by index: the Array's own iterator costs ~4 us.
-        host = [_item(outs, i) for i in range(len(plan.outputs))]
+        # Elements by index: the Array's own iterator costs ~4 us.
         if copy:
-            return tuple(np.from_dlpack(o).copy() if t is None else from_storage(o.numpy(), t)
-                         for o, t in zip(host, plan.outputs))
+            return tuple([read(_item(outs, i)) for i, read in enumerate(plan.readers)])
+        host = [_item(outs, i) for i in range(len(plan.outputs))]
         results = tuple(_read_only(np.from_dlpack(o)) if t is None else from_storage(o.numpy(), t)
                         for o, t in zip(host, plan.outputs))
         plan.handed = {id(r): (r, o) for r, o, t in zip(results, host, plan.outputs) if t is None}
@@ -220,8 +242,15 @@ class Executable:
         # None: read back through DLPack, already in the output's dtype; else `.numpy()` then `from_storage`
         outputs = tuple(None if cpu and storage_numpy(t.dtype) == t.dtype.numpy and t.dtype.numpy in _DLPACK_DTYPES
                         else t.dtype for t in sig.outputs)
-        plan = self._plans[function] = _Plan(entry, device, cpu, inputs, tuple(sig.params), sig.seeded, outputs)
+        owned = fresh_outputs(self._bytecode(), function, len(outputs)) if cpu else (False,) * len(outputs)
+        plan = self._plans[function] = _Plan(entry, device, cpu, inputs, tuple(sig.params), sig.seeded, outputs,
+                                             owned)
         return plan
+
+    def _bytecode(self) -> str:
+        """The VM's instructions as text (`fresh_outputs` reads them)."""
+        library = self.program.library
+        return (library if isinstance(library, relax.VMExecutable) else relax.VMExecutable(library)).as_text()
 
     def _param(self, name: str, t: TensorType, overrides: Mapping[str, np.ndarray] | None) -> tvm.runtime.Tensor:
         """A stored parameter on the device: an override for this call, else the executable's own value."""

@@ -56,9 +56,10 @@ def test_depthwise_bias_relu_matches_the_interpreter(shape: tuple[int, ...], str
 @pytest.mark.parametrize(("kind", "shape", "kernel", "stride", "padding", "dilation", "include"), [
     ("max", (2, 5, 13, 11), 3, 2, 1, 1, True), ("max", (1, 3, 12, 12), 2, 2, 1, 1, True),
     ("max", (1, 4, 15, 9), 3, 1, 2, 2, True), ("avg", (1, 6, 13, 13), 3, 2, 1, 1, True),
-    ("avg", (2, 3, 11, 14), 3, 2, 1, 1, False), ("avg", (1, 2, 9, 9), 3, 1, 1, 2, False)],
+    ("avg", (2, 3, 11, 14), 3, 2, 1, 1, False), ("avg", (1, 2, 9, 9), 3, 1, 1, 2, False),
+    ("max", (1, 3, 27, 27), 3, 2, 0, 1, True)],
     ids=["max-3x3s2-batch2", "max-2x2s2-pad1", "max-dilated-pad2", "avg-3x3s2", "avg-3x3s2-exclude-pad",
-         "avg-dilated-exclude-pad"])
+         "avg-dilated-exclude-pad", "max-3x3s2-pad0-27"])
 def test_pools_match_the_interpreter(kind: str, shape: tuple[int, ...], kernel: int, stride: int, padding: int,
                                      dilation: int, include: bool) -> None:
     """Max and average pools (padding counted in the average or not) equal kiln's reference interpreter."""
@@ -113,6 +114,22 @@ def test_a_strided_pool_is_scheduled_and_builds_for_avx512() -> None:
     text = CPUPlaneWindow().apply(kernel, AVX512, False).mod["main"].script()
     assert "T.vectorized(T.int64(8))" in text and "T.unroll(T.int64(2))" in text  # 8 lanes; both phases per column
     tvm.compile(mod, target=AVX512, relax_pipeline=cpu_pipeline(AVX512, fast_math=False))
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_small_strided_plane_is_copied_by_unrolled_rows(target: tvm.target.Target) -> None:
+    """The 3x3/2 pool of 27² (27 rows x 2 phases x 8-9 columns: under `UNROLLED_PLANE`) copies its plane row by
+    unrolled row, which on AVX-512 leaves no gather or scatter in the kernel (as a loop, LLVM vectorized the copy
+    across rows into them); a 56² plane (57 x 2 x 33) keeps its row loop."""
+    small = relax_module([(1, 4, 27, 27)], lambda x: relax.op.nn.max_pool2d(x, 3, 2, 0))
+    large = relax_module([(1, 4, 56, 56)], lambda x: relax.op.nn.max_pool2d(x, 3, 2, 1))
+    for mod, rows, unrolled in ((small, 27, True), (large, 57, False)):
+        (kernel,) = _kernels(mod, target)
+        text = CPUPlaneWindow().apply(kernel, target, False).mod["main"].script()
+        assert (f"T.unroll(T.int64({rows}))" in text) == unrolled
+    library = tvm.compile(small, target=target, relax_pipeline=cpu_pipeline(target, fast_math=False))
+    assembly = library.mod.imports[0].inspect_source("asm")
+    assert "vmaxps" in assembly and "vscatter" not in assembly and "vgather" not in assembly
 
 
 def test_disjoint_unpadded_pool_windows_keep_their_kernel() -> None:
