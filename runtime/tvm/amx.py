@@ -4,7 +4,8 @@ The geometry is AMX's palette 1, the same on every CPU that has it: 8 tile regis
 bf16 A tile is 16 rows x 32 K values, a B tile 16 K pairs x 16 columns (each row 16 interleaved (k, k+1) pairs) and
 an f32 C tile 16 x 16. The kernel keeps 2 x 2 C tiles (1 x 2 below 16 rows, with tiles configured to M rows)
 resident while it walks K, loading 2 A and 2 B tiles per step, and stores them once; the blocks of 32 x 32 (or
-M x 32) outputs run in parallel on TVM's thread pool, each configuring its own thread's tiles. W is packed once,
+M x 32) outputs run in parallel on TVM's thread pool, each configuring its own thread's tiles, M blocks inner so
+each 32-column panel of W is read from memory once per call (A, M x K, is what the caches hold). W is packed once,
 by constant folding at build time, into [N/16, K/2, 16, 2] (each B tile 1 KiB contiguous), zero-padded to whole
 tiles; the activation's bf16 cast and its zero padding are one elementwise kernel in front.
 """
@@ -68,7 +69,7 @@ def tile_kernel(rows: int, kp: int, np_: int) -> tirx.PrimFunc:
         mp = T.int64()
         a = T.match_buffer(a_data, (mp, kp), "bfloat16")
         c = T.match_buffer(c_data, (mp, np_), "float32")
-        for block in T.parallel(mp // (rows * mt) * nblocks):
+        for block in T.parallel(mp // (rows * mt) * nblocks):  # M blocks inner: a B column panel stays cached
             config = T.decl_buffer((TILE_CONFIG_BYTES,), "uint8", scope="local")
             for i in range(TILE_CONFIG_BYTES):
                 config[i] = T.uint8(0)
@@ -77,8 +78,8 @@ def tile_kernel(rows: int, kp: int, np_: int) -> tirx.PrimFunc:
                 config[16 + 2 * t] = T.uint8(TILE_BYTES)
                 config[48 + t] = T.uint8(T.if_then_else(t < b0, rows, TILE_ROWS))
             T.evaluate(_intrin("ldtilecfg", T.address_of(config[0])))
-            mb = block // nblocks
-            nb = block % nblocks
+            mb = block % (mp // (rows * mt))
+            nb = block // (mp // (rows * mt))
             for t in T.unroll(a0):
                 T.evaluate(_intrin("tilezero", T.uint8(t)))
             for kb in range(steps):
