@@ -29,9 +29,8 @@ from kiln import nn
 from kiln.ir import Graph, interpret
 from kiln.passes.quantize_weights import QuantizeWeights
 from kiln.runtime.onnx.export import to_onnx
-from kiln.runtime.tvm.amx import uses_tiles
 from kiln.runtime.tvm.compile import compile_graph
-from kiln.runtime.tvm.lowp import cpu_features
+from kiln.runtime.tvm.lowp import cpu_features, uses_tiles
 from kiln.runtime.tvm.target import configure_threads, cpu_target
 
 

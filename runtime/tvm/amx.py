@@ -20,12 +20,9 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.relax import op as R
 from tvm.script import tirx as T
-from tvm.target import Target
 
-from .cpu import cpu_model
 from .rule import OpCall
 
-FEATURE = "amx-bf16"
 KERNEL_NAME = "amx_bf16_matmul"  # the PrimFunc's name: an executable whose op map names it runs tile instructions
 TILE_ROWS = 16  # rows of a tile register (palette 1)
 TILE_BYTES = 64  # bytes of a tile row
@@ -34,11 +31,6 @@ N_TILE = TILE_BYTES // 4  # f32 columns of a C tile
 PAIR = 2  # K values per B tile element pair (tdpbf16ps multiplies pairs)
 TILE_CONFIG_BYTES = 64  # ldtilecfg's operand: palette, start row, 16 x u16 bytes per row, 16 x u8 rows
 C_ROWS, C_COLS = 2, 2  # resident C tiles: 4 C + 2 A + 2 B = the 8 tile registers
-
-
-def uses_tiles(target: Target) -> bool:
-    """Whether a build for `target` computes bf16 matmuls on AMX tiles (its CPU has AMX-BF16)."""
-    return target.kind.name == "llvm" and FEATURE in cpu_model(target).features
 
 
 def runs_tiles(op_map: Mapping[str, Mapping[str, object]]) -> bool:
@@ -122,13 +114,12 @@ def _padded_bf16(x: te.Tensor, rows: tirx.PrimExpr, cols: int) -> te.Tensor:
 
 
 def amx_matmul(call: OpCall) -> relax.Expr | None:
-    """`x @ W` (bf16 operands, f32 sums) on AMX tiles for a bound f32 [K, N] W; None where it does not apply (W
-    not a constant, a symbolic K, a batched or transposed product, a CPU without AMX-BF16: the target in context,
-    see `compile.build`). x's leading dims, symbolic or not, are the rows."""
-    target = Target.current(allow_none=True)
+    """`x @ W` (bf16 operands, f32 sums) on AMX tiles for a bound f32 [K, N] W, for a CPU with AMX-BF16
+    (`lowp.uses_tiles` chooses); None where it does not apply (W not a constant, a symbolic K, a batched or
+    transposed product). x's leading dims, symbolic or not, are the rows."""
     x, w = call.args[:2]
-    if target is None or not uses_tiles(target) or not isinstance(w, tvm.ir.Constant) or call.types[1].rank != 2 \
-            or call.dtype(0) != "float32" or call.dtype(1) != "float32":
+    if not isinstance(w, tvm.ir.Constant) or call.types[1].rank != 2 or call.dtype(0) != "float32" \
+            or call.dtype(1) != "float32":
         return None
     *lead, k = call.shape(0)
     if not isinstance(k, tirx.IntImm) or any(isinstance(d, tirx.IntImm) and int(d) == 0 for d in lead):

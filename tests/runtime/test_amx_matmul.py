@@ -12,8 +12,9 @@ from test_precision import bf16_bound  # the documented bound, one place
 from tvm.target import Target
 
 from kiln.ir import Builder, Graph, verify
-from kiln.runtime.tvm.amx import KERNEL_NAME, runs_tiles, uses_tiles
+from kiln.runtime.tvm.amx import KERNEL_NAME, runs_tiles
 from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.lowp import uses_tiles
 from kiln.runtime.tvm.target import cpu_target
 
 SAPPHIRE = Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
