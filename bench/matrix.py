@@ -8,9 +8,11 @@ Rows: the MLP 784-512-512-10 at batch 1 and 256, the odd MLP 37-77-1000-10 at ba
 d = 256/512/768 at batch 1 x 128 and 8 x 128 tokens; conv 1x1, 3x3, depthwise 3x3 and strided 3x3/2 at 56² (64
 channels), 28² (128), 14² (256) and 7² (512), batch 1. onnxruntime and both OpenVINO columns run one ONNX file
 (`kiln.runtime.onnx.export`) with all graph optimizations; OpenVINO f32 is `INFERENCE_PRECISION_HINT=f32`,
-OpenVINO default lets it choose (bf16 through AMX where the CPU has it). Every output is checked against
-onnxruntime's (OpenVINO default within bf16's 3e-2). Each cell: ms (median of per-round medians) / GFLOP/s / % peak;
-"kiln vs best f32" is kiln over the faster of onnxruntime and OpenVINO f32 (median of per-round ratios).
+OpenVINO default lets it choose (bf16 through AMX where the CPU has it); kiln bf16 is `precision="bf16!"` (AMX
+tiles where the CPU has AMX-BF16, elsewhere bf16 operands widened to f32: docs/precision.md), on the MLP and encoder
+rows. Every output is checked against onnxruntime's (the bf16 engines within bf16's 3e-2). Each cell: ms (median of
+per-round medians) / GFLOP/s / % peak; "kiln vs best f32" is kiln over the faster of onnxruntime and OpenVINO f32,
+"kiln bf16 vs OpenVINO default" kiln bf16 over OpenVINO default (medians of per-round ratios).
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ from kiln import nn
 from kiln.runtime.onnx.export import to_onnx
 from kiln.runtime.tvm.target import configure_threads, cpu_count
 
-ENGINES = ("kiln f32", "onnxruntime", "openvino f32", "openvino default", "torch")
+BF16_ROWS = ("mlp", "encoder")  # the rows with a kiln bf16 column (convolutions stay f32-only here)
+LOWP = ("openvino default", "kiln bf16")  # engines held to bf16's tolerance
+ENGINES = ("kiln f32", "onnxruntime", "openvino f32", "openvino default", "torch", "kiln bf16")
 F32_PEERS = ("onnxruntime", "openvino f32")
 
 
@@ -92,16 +96,26 @@ def runners(wl: Workload, folder: Path, threads: int) -> dict[str, Runner]:
         "kiln f32": lambda: exe(x), "onnxruntime": onnxruntime_runner(path, feeds, threads),
         "openvino f32": openvino_runner(path, feeds, threads),
         "openvino default": openvino_runner(path, feeds, threads, f32=False), "torch": torch_run}
+    if wl.name.startswith(BF16_ROWS):
+        bf16 = kiln.compile(graph, precision="bf16!")
+        out["kiln bf16"] = lambda: bf16(x)
     ready = {name: run for name, run in out.items() if run is not None}
     want = ready["onnxruntime"]()[0]
 
     for name, run in ready.items():
-        tol = 3e-2 if name == "openvino default" else 3e-3
+        tol = 3e-2 if name in LOWP else 3e-3
         got = run()  # kiln and torch: the array; onnxruntime a list, OpenVINO a dict-like indexed by output number
         np.testing.assert_allclose(got if isinstance(got, np.ndarray) else got[0], want, rtol=tol,
                                    atol=tol * float(np.abs(want).max()),
                                    err_msg=f"{name} on {wl.name}")
     return ready
+
+
+def _ratio(per_round: dict[str, list[float]], engine: str, peer: str) -> str:
+    """The median per-round ratio of `engine`'s time over `peer`'s, or "-" where either did not run."""
+    if engine not in per_round or peer not in per_round:
+        return "-"
+    return f"{statistics.median(a / b for a, b in zip(per_round[engine], per_round[peer], strict=True)):.2f}"
 
 
 def main() -> None:
@@ -117,7 +131,8 @@ def main() -> None:
     lines = [f"`{' '.join(['.venv/bin/python', *sys.argv])}` on {datetime.date.today()}: {cpu_model()}, {threads} "
              f"threads, FMA peak {peak or 0:.0f} GFLOP/s (bench/peak.c), load average {load:.1f} at the start; "
              f"OpenVINO {openvino_version() or 'not installed'}; each cell ms / GFLOP/s / % peak", "",
-             f"| workload | {' | '.join(ENGINES)} | kiln vs best f32 |", "|---|" + "---:|" * (len(ENGINES) + 1)]
+             f"| workload | {' | '.join(ENGINES)} | kiln vs best f32 | kiln bf16 vs OpenVINO default |",
+             "|---|" + "---:|" * (len(ENGINES) + 2)]
     with tempfile.TemporaryDirectory(prefix="kiln-matrix-") as tmp:
         for wl in rows():
             if args.only not in wl.name:
@@ -135,7 +150,7 @@ def main() -> None:
                 cells.append(f"{ms:.3f} / {rate:.0f} / {100 * rate / peak:.0f}%" if peak else f"{ms:.3f} / {rate:.0f}")
             best = [min(per_round[p][r] for p in F32_PEERS if p in per_round) for r in range(args.rounds)]
             ratio = statistics.median(k / b for k, b in zip(per_round["kiln f32"], best, strict=True))
-            lines.append(f"| {wl.name} | {' | '.join(cells)} | {ratio:.2f} |")
+            lines.append(f"| {wl.name} | {' | '.join(cells)} | {ratio:.2f} | {_ratio(per_round, *LOWP[::-1])} |")
             print(lines[-1], flush=True)  # a row as soon as it is measured: an interrupted run keeps its rows
     print("\n".join(lines))
     if args.markdown:

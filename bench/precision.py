@@ -1,6 +1,7 @@
-"""Precision modes: kiln f32, emulated bf16 (`precision="bf16!"`) and int8 (`precision="int8"` over Q8 per-channel
-weights) against onnxruntime f32 and onnxruntime's dynamic int8 (`quantize_dynamic`, per-channel QInt8 weights),
-on the MLP of bench/inference.py and a 768-wide encoder layer at batch 1 x 128 tokens.
+"""Precision modes: kiln f32, bf16 (`precision="bf16"`: AMX tiles where the CPU has AMX-BF16, else emulated through
+`bf16!`) and int8 (`precision="int8"` over Q8 per-channel weights) against onnxruntime f32, onnxruntime's dynamic
+int8 (`quantize_dynamic`, per-channel QInt8 weights) and OpenVINO's default (its own precision choice: bf16 through
+AMX where the CPU has it), on the MLP of bench/inference.py and a 768-wide encoder layer at batch 1 x 128 tokens.
 
     TVM_NUM_THREADS=$(nproc) OMP_NUM_THREADS=$(nproc) .venv/bin/python bench/precision.py [--rounds 3]
 
@@ -20,6 +21,7 @@ import numpy as np
 import onnxruntime as ort
 from inference import traced  # bench/ is the script's directory
 from onnxruntime.quantization import QuantType, quantize_dynamic
+from peers import openvino_runner
 from roofline import cpu_model, graph_flops, peak_gflops
 from timing import Runner, interleaved
 
@@ -28,7 +30,7 @@ from kiln.ir import Graph, interpret
 from kiln.passes.quantize_weights import QuantizeWeights
 from kiln.runtime.onnx.export import to_onnx
 from kiln.runtime.tvm.compile import compile_graph
-from kiln.runtime.tvm.lowp import cpu_features
+from kiln.runtime.tvm.lowp import cpu_features, uses_tiles
 from kiln.runtime.tvm.target import configure_threads, cpu_target
 
 
@@ -58,6 +60,16 @@ def ort_session(graph: Graph, threads: int, int8: bool) -> Callable[[np.ndarray]
     return lambda x: sess.run(None, {name: x})[0]
 
 
+def openvino_default(graph: Graph, x: np.ndarray, threads: int) -> Callable[[np.ndarray], np.ndarray] | None:
+    """OpenVINO in the precision it picks (bf16 on AMX), on the graph's ONNX export; None without OpenVINO."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        with open(path, "wb") as f:
+            f.write(to_onnx(graph).SerializeToString())
+        run = openvino_runner(path, {graph.functions["forward"].args[0].name: x}, threads, f32=False)
+    return None if run is None else lambda _: run()[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -67,9 +79,11 @@ def main() -> None:
                                                      nn.Linear(512, 10)), (64, 784)),
             ("encoder d768 h12 b1 s128", nn.TransformerEncoderLayer(768, 12, 3072), (1, 128, 768))]
     peak = peak_gflops(threads)
-    features = cpu_features(cpu_target())
+    features, tiles = cpu_features(cpu_target()), uses_tiles(cpu_target())
+    bf16 = "kiln bf16 (AMX tiles)" if tiles else "kiln bf16 (emulated)"
     print(f"{cpu_model()}, {threads} threads, FMA peak {peak} GFLOP/s; AVX512-BF16: {'avx512bf16' in features}, "
-          f"VNNI: {bool({'avx512vnni', 'avxvnni'} & features)}; load average {os.getloadavg()[0]:.1f}\n")
+          f"AMX-BF16: {tiles}, VNNI: {bool({'avx512vnni', 'avxvnni'} & features)}; load average "
+          f"{os.getloadavg()[0]:.1f}\n")
     print("| model | approach | ms median | ms best | x ORT f32 | GFLOP/s | max rel. error |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for label, module, shape in work:
@@ -79,12 +93,15 @@ def main() -> None:
         quantized = q8_per_channel(graph)
         calls: dict[str, Callable[[np.ndarray], np.ndarray]] = {
             "kiln f32": compile_graph(graph),
-            "kiln bf16 (emulated)": compile_graph(graph, precision="bf16!"),
+            bf16: compile_graph(graph, precision="bf16!"),
             "kiln int8 (q8s per channel)": compile_graph(quantized, precision="int8"),
             "kiln q8s decoded in f32": compile_graph(quantized),
             "onnxruntime f32": ort_session(graph, threads, False),
             "onnxruntime int8 (dynamic)": ort_session(graph, threads, True),
         }
+        openvino = openvino_default(graph, x, threads)
+        if openvino is not None:
+            calls["openvino default"] = openvino
         errors = {n: float(np.abs(c(x) - want).max() / np.abs(want).max()) for n, c in calls.items()}
         runners: dict[str, Runner] = {n: (lambda c=c, x=x: c(x)) for n, c in calls.items()}
         per_round = interleaved(runners, args.rounds)

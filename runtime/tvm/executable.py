@@ -15,12 +15,14 @@ from kiln.ir import KilnError, ShapeError, TensorType
 from kiln.ir.types import check_named_dims
 
 from .aligned import ALIGNMENT
+from .amx import runs_tiles
 from .artifact import SIDECAR, CorruptArtifact, Program, load_program, read_params, write_artifact
 from .dtypes import from_storage, storage_numpy, to_storage
 from .fresh_outputs import fresh_outputs
 from .op_map import explain, read_ops
 from .signature import FunctionSignature
 from .target import configure_threads
+from .tile_permission import request_tile_data
 
 # Numpy dtypes whose DLPack export TVM reads as its own storage dtype: these inputs can be handed over zero-copy.
 _DLPACK_DTYPES = frozenset(np.dtype(d) for d in ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
@@ -180,6 +182,8 @@ class Executable:
         if self._vm is None:
             if self.program.device == "cpu":
                 configure_threads()
+                if runs_tiles(self.program.op_map):
+                    request_tile_data()
             elif not self._device().exist:
                 raise KilnError("this executable was compiled for CUDA but no CUDA device is available")
             self._vm = relax.VirtualMachine(self.program.library, self._device())

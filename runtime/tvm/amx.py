@@ -1,0 +1,136 @@
+"""bf16 matmuls on AMX-BF16 tiles: C[M, N] f32 = A[M, K] bf16 x W[K, N] bf16 for a bound (constant) W.
+
+The geometry is AMX's palette 1, the same on every CPU that has it: 8 tile registers of 16 rows x 64 bytes, so a
+bf16 A tile is 16 rows x 32 K values, a B tile 16 K pairs x 16 columns (each row 16 interleaved (k, k+1) pairs) and
+an f32 C tile 16 x 16. The kernel keeps 2 x 2 C tiles (1 x 2 below 16 rows, with tiles configured to M rows)
+resident while it walks K, loading 2 A and 2 B tiles per step, and stores them once; the blocks of 32 x 32 (or
+M x 32) outputs run in parallel on TVM's thread pool, each configuring its own thread's tiles, M blocks inner so
+each 32-column panel of W is read from memory once per call (A, M x K, is what the caches hold). W is packed once,
+by constant folding at build time, into [N/16, K/2, 16, 2] (each B tile 1 KiB contiguous), zero-padded to whole
+tiles; the activation's bf16 cast and its zero padding are one elementwise kernel in front.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Mapping
+
+import tvm
+from tvm import relax, te, tirx
+from tvm.relax import op as R
+from tvm.script import tirx as T
+
+from .rule import OpCall
+
+KERNEL_NAME = "amx_bf16_matmul"  # the PrimFunc's name: an executable whose op map names it runs tile instructions
+TILE_ROWS = 16  # rows of a tile register (palette 1)
+TILE_BYTES = 64  # bytes of a tile row
+K_STEP = TILE_BYTES // 2  # bf16 K values in an A tile row
+N_TILE = TILE_BYTES // 4  # f32 columns of a C tile
+PAIR = 2  # K values per B tile element pair (tdpbf16ps multiplies pairs)
+TILE_CONFIG_BYTES = 64  # ldtilecfg's operand: palette, start row, 16 x u16 bytes per row, 16 x u8 rows
+C_ROWS, C_COLS = 2, 2  # resident C tiles: 4 C + 2 A + 2 B = the 8 tile registers
+
+
+def runs_tiles(op_map: Mapping[str, Mapping[str, object]]) -> bool:
+    """Whether an executable with this op map (`op_map.build_map`) calls the AMX kernel."""
+    return any(name.startswith(KERNEL_NAME) for names in op_map.values() for name in names)
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def _intrin(name: str, *args: object) -> tirx.PrimExpr:
+    return T.call_llvm_intrin("void", f"llvm.x86.{name}", *args)
+
+
+def tile_kernel(rows: int, kp: int, np_: int) -> tirx.PrimFunc:
+    """The AMX kernel over padded operands A [Mp, kp] bf16, packed W [np_/16, kp/2, 32] bf16 and C [Mp, np_] f32
+    (kp, np_ whole tiles; Mp any multiple of 32, or `rows` < 16 itself: then each tile is configured to `rows`)."""
+    mt = 1 if rows < TILE_ROWS else C_ROWS
+    nblocks, steps = np_ // (N_TILE * C_COLS), kp // K_STEP
+    a_stride, c_stride = kp * 2, np_ * 4
+    a0, b0 = mt * C_COLS, mt * C_COLS + mt  # first A and first B tile register
+
+    @T.prim_func(private=True)
+    def kernel(a_data: T.handle, w: T.Buffer((np_ // N_TILE, kp // PAIR, N_TILE * PAIR), "bfloat16"),
+               c_data: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        mp = T.int64()
+        a = T.match_buffer(a_data, (mp, kp), "bfloat16")
+        c = T.match_buffer(c_data, (mp, np_), "float32")
+        for block in T.parallel(mp // (rows * mt) * nblocks):  # M blocks inner: a B column panel stays cached
+            config = T.decl_buffer((TILE_CONFIG_BYTES,), "uint8", scope="local")
+            for i in range(TILE_CONFIG_BYTES):
+                config[i] = T.uint8(0)
+            config[0] = T.uint8(1)  # palette 1
+            for t in T.unroll(b0 + C_COLS):  # C and A tiles hold `rows` rows, B tiles 16 K pairs
+                config[16 + 2 * t] = T.uint8(TILE_BYTES)
+                config[48 + t] = T.uint8(T.if_then_else(t < b0, rows, TILE_ROWS))
+            T.evaluate(_intrin("ldtilecfg", T.address_of(config[0])))
+            mb = block % (mp // (rows * mt))
+            nb = block // (mp // (rows * mt))
+            for t in T.unroll(a0):
+                T.evaluate(_intrin("tilezero", T.uint8(t)))
+            for kb in range(steps):
+                for i in T.unroll(mt):
+                    T.evaluate(_intrin("tileloadd64", T.uint8(a0 + i),
+                                       T.address_of(a[(mb * mt + i) * rows, kb * K_STEP]), T.int64(a_stride)))
+                for j in T.unroll(C_COLS):
+                    T.evaluate(_intrin("tileloadd64", T.uint8(b0 + j),
+                                       T.address_of(w[nb * C_COLS + j, kb * TILE_ROWS, 0]), T.int64(TILE_BYTES)))
+                for i in T.unroll(mt):
+                    for j in T.unroll(C_COLS):
+                        T.evaluate(_intrin("tdpbf16ps", T.uint8(i * C_COLS + j), T.uint8(a0 + i), T.uint8(b0 + j)))
+            for i in T.unroll(mt):
+                for j in T.unroll(C_COLS):
+                    T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j),
+                                       T.address_of(c[(mb * mt + i) * rows, (nb * C_COLS + j) * N_TILE]),
+                                       T.int64(c_stride)))
+            T.evaluate(_intrin("tilerelease"))
+    return kernel
+
+
+def tile_rows(m: tirx.PrimExpr) -> int:
+    """Rows of each A and C tile for M rows: M itself where it is known to be below 16, else 16."""
+    return int(m) if isinstance(m, tirx.IntImm) and int(m) < TILE_ROWS else TILE_ROWS
+
+
+def padded(m: tirx.PrimExpr, k: int, n: int) -> tuple[tirx.PrimExpr, int, int]:
+    """(Mp, Kp, Np): the operand extents the kernel reads, whole tiles of K and N (and 32s of M from 16 rows on)."""
+    step = TILE_ROWS * C_ROWS
+    mp = m if tile_rows(m) < TILE_ROWS else (m + step - 1) // step * step
+    return mp, _round_up(k, K_STEP), _round_up(n, N_TILE * C_COLS)
+
+
+def _padded_bf16(x: te.Tensor, rows: tirx.PrimExpr, cols: int) -> te.Tensor:
+    """x [M, K] rounded to bf16 and zero-padded to [rows, cols]: the one elementwise kernel in front of the tiles."""
+    m, k = x.shape
+    return te.compute((rows, cols), lambda i, j: tirx.if_then_else(
+        tirx.all(i < m, j < k), x[tirx.min(i, m - 1), tirx.min(j, k - 1)].astype("bfloat16"),
+        tirx.const(0, "bfloat16")), name="amx_operand")
+
+
+def amx_matmul(call: OpCall) -> relax.Expr | None:
+    """`x @ W` (bf16 operands, f32 sums) on AMX tiles for a bound f32 [K, N] W, for a CPU with AMX-BF16
+    (`lowp.uses_tiles` chooses); None where it does not apply (W not a constant, a symbolic K, a batched or
+    transposed product). x's leading dims, symbolic or not, are the rows."""
+    x, w = call.args[:2]
+    if not isinstance(w, tvm.ir.Constant) or call.types[1].rank != 2 or call.dtype(0) != "float32" \
+            or call.dtype(1) != "float32":
+        return None
+    *lead, k = call.shape(0)
+    if not isinstance(k, tirx.IntImm) or any(isinstance(d, tirx.IntImm) and int(d) == 0 for d in lead):
+        return None
+    k, n = int(k), int(call.types[1].shape[1])
+    m = tvm.sym.Analyzer().simplify(functools.reduce(operator.mul, lead, tirx.IntImm("int64", 1)))
+    mp, kp, np_ = padded(m, k, n)
+    a = call.bb.call_te(_padded_bf16, call.emit(R.reshape(x, [m, k])), mp, kp)
+    packed = R.nn.pad(R.astype(w, "bfloat16"), [0, kp - k, 0, np_ - n])
+    packed = R.reshape(R.permute_dims(R.reshape(packed, [kp // PAIR, PAIR, np_ // N_TILE, N_TILE]), [2, 0, 3, 1]),
+                       [np_ // N_TILE, kp // PAIR, N_TILE * PAIR])
+    kernel = call.bb.add_func(tile_kernel(tile_rows(m), kp, np_), KERNEL_NAME)
+    out = call.emit(relax.call_tir(kernel, [a, call.emit(packed)], relax.TensorType((mp, np_), "float32")))
+    return R.reshape(call.emit(R.strided_slice(out, [0, 1], [0, 0], [m, n])), [*lead, n])

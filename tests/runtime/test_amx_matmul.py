@@ -1,0 +1,92 @@
+"""bf16 matmuls on AMX tiles (issue 13, bf16 through AMX-BF16): numbers against float64 numpy within
+docs/precision.md's bf16 bound where the host has AMX-BF16; on every x86 host, cross-builds show that a Sapphire
+Rapids build runs `tdpbf16ps` and that CPUs without AMX (Zen 3, Zen 4) never get a tile instruction."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from test_precision import bf16_bound  # the documented bound, one place
+from tvm.target import Target
+
+from kiln.ir import Builder, Graph, verify
+from kiln.runtime.tvm.amx import KERNEL_NAME, runs_tiles
+from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.lowp import uses_tiles
+from kiln.runtime.tvm.target import cpu_target
+
+SAPPHIRE = Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+NO_AMX = {"znver3": Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2}),  # AVX2 only
+          "znver4": Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})}  # AVX512-BF16, no tiles
+TILE_OPS = re.compile(r"\b(ldtilecfg|tileloadd|tdpbf16ps|tilestored|tilezero|tilerelease)\b")
+HOST_TILES = uses_tiles(cpu_target())
+needs_tiles = pytest.mark.skipif(not HOST_TILES, reason="the host CPU has no AMX-BF16: the tile kernel cannot run")
+
+pytestmark = pytest.mark.usefixtures("module_cache")
+
+
+def linear_graph(w: np.ndarray, rows: int | None, bias: bool) -> Graph:
+    """x [rows, K] @ W (+ b), W bound; `rows` None is a symbolic batch."""
+    b = Builder("amx")
+    x = b.input("x", ((rows, w.shape[0]), "f32"))
+    weight = b.param("w", w.shape, data=w)
+    b.ret(b.linear(x, weight, b.param("b", (w.shape[1],), data=np.linspace(-1, 1, w.shape[1], dtype=np.float32)))
+          if bias else b.matmul(x, weight))
+    return verify(b.build())
+
+
+def _weight(k: int, n: int) -> np.ndarray:
+    return np.random.default_rng(k * n).standard_normal((k, n)).astype(np.float32)
+
+
+def _check(program, w: np.ndarray, rows: int, bias: np.ndarray | None = None) -> None:
+    x = np.random.default_rng(rows).standard_normal((rows, w.shape[0])).astype(np.float32)
+    exact = x.astype(np.float64) @ w + (0.0 if bias is None else bias)
+    err = np.abs(np.asarray(program(x)) - exact)
+    assert np.all(err <= bf16_bound(x.astype(np.float64), w.astype(np.float64)))
+    assert err.max() > 2.0 ** -16 * (np.abs(x) @ np.abs(w)).max()  # bf16's error: not an f32 build
+
+
+@needs_tiles
+@pytest.mark.parametrize(("k", "n"), [(64, 1000), (77, 77), (1000, 64)])
+def test_tiles_are_within_the_bf16_bound_at_any_batch(k: int, n: int) -> None:
+    """A symbolic batch (rows padded to whole 32s) at M = 1, 7 and 128, K and N not multiples of 32."""
+    w = _weight(k, n)
+    program = compile_graph(linear_graph(w, None, bias=False), precision="bf16")
+    assert runs_tiles(program.program.op_map)
+    for rows in (1, 7, 128):
+        _check(program, w, rows)
+
+
+@needs_tiles
+@pytest.mark.parametrize("rows", [1, 7])
+def test_tiles_configured_to_fewer_rows_with_a_bias(rows: int) -> None:
+    """A static batch below 16 rows configures each tile to M rows (no padding); the bias adds after the tiles."""
+    w = _weight(1000, 77)
+    program = compile_graph(linear_graph(w, rows, bias=True), precision="bf16")
+    assert runs_tiles(program.program.op_map)
+    _check(program, w, rows, np.linspace(-1, 1, 77))
+
+
+def _asm(target: Target) -> tuple[str, dict]:
+    program = compile_graph(linear_graph(_weight(77, 77), None, bias=True), target=target, precision="bf16!",
+                            cache=False).program
+    return program.library.mod.imports[0].inspect_source("asm"), program.op_map
+
+
+def test_sapphire_rapids_build_multiplies_on_tiles() -> None:
+    """A cross-build for `-mcpu=sapphirerapids` (on any x86 host) configures, loads, multiplies and stores tiles."""
+    asm, op_map = _asm(SAPPHIRE)
+    assert {"ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "tilerelease"} <= set(TILE_OPS.findall(asm))
+    assert runs_tiles(op_map)
+
+
+@pytest.mark.parametrize("cpu", sorted(NO_AMX))
+def test_cpus_without_amx_never_get_tiles(cpu: str) -> None:
+    """Zen 3 (emulated bf16) and Zen 4 (AVX512-BF16, no AMX): no tile instruction, no tile kernel, so the
+    executable never asks Linux for tile data."""
+    asm, op_map = _asm(NO_AMX[cpu])
+    assert not TILE_OPS.findall(asm)
+    assert not runs_tiles(op_map) and not any(KERNEL_NAME in n for f in op_map.values() for n in f)
