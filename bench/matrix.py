@@ -1,7 +1,9 @@
 """The figures matrix of issue 13: kiln f32 beside onnxruntime, OpenVINO (f32 and its own precision choice) and
 torch eager, with GFLOP/s and % of the measured FMA peak, on MLPs, encoder layers and ResNet-style convs.
 
-    .venv/bin/python bench/matrix.py [--rounds 3] [--only SUBSTRING] [--markdown out.md]
+    .venv/bin/python bench/matrix.py [--rounds 3] [--only SUBSTRING] [--markdown out.md] [--isa avx2]
+
+`KILN_CPU=haswell ... --isa avx2` measures kiln's AVX2 build on this CPU against peak.c's AVX2 peak.
 
 Rows: the MLP 784-512-512-10 at batch 1 and 256, the odd MLP 37-77-1000-10 at batch 7; encoder layers
 (`inference.encoder_widths(d)`: d/64 heads, 4d) with
@@ -39,7 +41,7 @@ from inference import (  # bench/ is the script's directory
     traced,
 )
 from peers import onnxruntime_runner, openvino_runner, openvino_version
-from roofline import cpu_model, graph_flops, peak_gflops
+from roofline import ISA_FLAGS, cpu_model, graph_flops, peak_gflops
 from timing import SETTLE_S, Runner, interleaved
 
 import kiln
@@ -123,13 +125,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default="", help="run only the rows whose name contains this")
     parser.add_argument("--markdown", help="also write the table to this markdown file")
+    parser.add_argument("--isa", choices=sorted(ISA_FLAGS), default="native",
+                        help="the ISA of the peak %% peak divides by: avx2 beside KILN_CPU=haswell (an AVX2 build)")
     args = parser.parse_args()
     threads = cpu_count()
     configure_threads()
     torch.set_num_threads(threads)
-    peak, load = peak_gflops(threads), os.getloadavg()[0]
+    peak, load = peak_gflops(threads, args.isa), os.getloadavg()[0]
     lines = [f"`{' '.join(['.venv/bin/python', *sys.argv])}` on {datetime.date.today()}: {cpu_model()}, {threads} "
-             f"threads, FMA peak {peak or 0:.0f} GFLOP/s (bench/peak.c), load average {load:.1f} at the start; "
+             f"threads, FMA peak {peak or 0:.0f} GFLOP/s (bench/peak.c, {args.isa}), load average {load:.1f} at the "
+             "start; "
              f"OpenVINO {openvino_version() or 'not installed'}; each cell ms / GFLOP/s / % peak", "",
              f"| workload | {' | '.join(ENGINES)} | kiln vs best f32 | kiln bf16 vs OpenVINO default |",
              "|---|" + "---:|" * (len(ENGINES) + 2)]
