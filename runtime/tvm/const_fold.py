@@ -42,8 +42,8 @@ def _static_numel(ty: relax.TensorType) -> int | None:
 
 def _plan(func: relax.Function) -> list[_Fold]:
     """The foldable calls of `func`'s top-level blocks in binding order: a `call_tir` with no shape operands, one
-    static tensor result no larger than its operands (a broadcast stays for FoldConstant's own policy), every
-    operand a constant, a var bound to one, or a var folded earlier."""
+    static tensor result (larger than its operands too, as FoldConstant folds a broadcast or a pad to whole
+    lanes), every operand a constant, a var bound to one, or a var folded earlier."""
     folds: list[_Fold] = []
     known: dict[relax.Var, int] = {}  # folded var -> its elements
     bound: dict[relax.Var, relax.Expr] = {}  # var bound to a constant -> the constant
@@ -59,7 +59,7 @@ def _plan(func: relax.Function) -> list[_Fold]:
             operands = tuple(bound.get(o, o) for o in value.args[1].fields)
             sizes = [_static_numel(o.ty) if isinstance(o, tvm.ir.Constant) else known.get(o) for o in operands]
             numel = _static_numel(value.ty)
-            if operands and numel is not None and None not in sizes and numel <= sum(sizes):  # type: ignore[arg-type]
+            if operands and numel is not None and None not in sizes:
                 folds.append(_Fold(binding.var, value.args[0], operands, value.ty))
                 known[binding.var] = numel
     return folds
