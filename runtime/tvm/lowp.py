@@ -88,8 +88,9 @@ def _segment(block: tuple[int, ...], depth: int) -> int:
 
 
 def int8_matmul(call: OpCall) -> relax.Expr | None:
-    """`x @ W` for a Q8-dequantized [K, N] W under int8 as an int8 product with int32 sums; None where it does not
-    apply (another precision, another kind, a transposed read, a double-quantized scale, short scale segments)."""
+    """`x @ W` for a Q8-dequantized [K, N] W under int8 as an int8 product with int32 sums (on VNNI CPUs the
+    pipeline's `vnni_matmul` pass computes it with vpdpbusd); None where it does not apply (another precision,
+    another kind, a transposed read, a double-quantized scale, short scale segments)."""
     found = decoded_weight(call) if call.precision == "int8" and call.dtype(0) == "float32" else None
     if found is None or found[1] or found[0].attrs["value"] not in INT8_VALUES or len(found[0].args) != 2:
         return None

@@ -32,6 +32,7 @@ from .output_fusion import fuse_output_producers
 from .plane_window import plane_windows
 from .schedules import Safe, default_cpu_rules
 from .target import configure_threads
+from .vnni_matmul import vnni_int8_matmuls
 
 
 def _run_in_target(target: Target, passes: list[tvm.transform.Pass], name: str) -> tvm.transform.Pass:
@@ -70,6 +71,7 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
             *([block_conv_regions(target)] if block_convs else []),  # NCHW[x]c conv regions where the CPU model says so
             plane_windows(target),  # the NCHW depthwise convs and pools left, plane by plane
             pack_matmul_weights(target),  # 2-D matmul weights in the panel order of the register tile
+            vnni_int8_matmuls(target),  # int8 products of bound Q8 codes as vpdpbusd kernels where the CPU has VNNI
             *_with_output_fusion(cpu_passes.legalize_passes(target))]
 
 

@@ -216,7 +216,8 @@ def test_int8_builds_no_float_copy_of_the_weight(q8_model: kiln.Module) -> None:
     fn, kernels, _ = q8_build(q8_model)
     assert dense_weights(fn, kernels, {(K, N), (N, K)}) == []
     products = [name for name, f in kernels.items() if '"int8"' in f.script() and '"int32"' in f.script()]
-    assert len(products) >= len(SCHEMES)
+    calls = sum(fn.script().count(f"call_tir({name},") for name in products)  # same-shape products share one
+    assert calls >= len(SCHEMES)
 
 
 def test_the_weight_of_a_bf16_build_is_cast_once(weight: np.ndarray) -> None:
