@@ -29,8 +29,9 @@ from kiln import nn
 from kiln.ir import Graph, interpret
 from kiln.passes.quantize_weights import QuantizeWeights
 from kiln.runtime.onnx.export import to_onnx
+from kiln.runtime.tvm.amx import has_tiles
 from kiln.runtime.tvm.compile import compile_graph
-from kiln.runtime.tvm.lowp import cpu_features, uses_tiles
+from kiln.runtime.tvm.lowp import cpu_features
 from kiln.runtime.tvm.target import configure_threads, cpu_target
 
 
@@ -79,7 +80,7 @@ def main() -> None:
                                                      nn.Linear(512, 10)), (64, 784)),
             ("encoder d768 h12 b1 s128", nn.TransformerEncoderLayer(768, 12, 3072), (1, 128, 768))]
     peak = peak_gflops(threads)
-    features, tiles = cpu_features(cpu_target()), uses_tiles(cpu_target())
+    features, tiles = cpu_features(cpu_target()), has_tiles(cpu_target())
     bf16 = "kiln bf16 (AMX tiles)" if tiles else "kiln bf16 (emulated)"
     print(f"{cpu_model()}, {threads} threads, FMA peak {peak} GFLOP/s; AVX512-BF16: {'avx512bf16' in features}, "
           f"AMX-BF16: {tiles}, VNNI: {bool({'avx512vnni', 'avxvnni'} & features)}; load average "

@@ -20,9 +20,12 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.relax import op as R
 from tvm.script import tirx as T
+from tvm.target import Target
 
+from .cpu import cpu_model
 from .rule import OpCall
 
+AMX_BF16 = "amx-bf16"  # LLVM's feature name of AMX's bf16 tiles
 KERNEL_NAME = "amx_bf16_matmul"  # the PrimFunc's name: an executable whose op map names it runs tile instructions
 TILE_ROWS = 16  # rows of a tile register (palette 1)
 TILE_BYTES = 64  # bytes of a tile row
@@ -33,9 +36,17 @@ TILE_CONFIG_BYTES = 64  # ldtilecfg's operand: palette, start row, 16 x u16 byte
 C_ROWS, C_COLS = 2, 2  # resident C tiles: 4 C + 2 A + 2 B = the 8 tile registers
 
 
-def runs_tiles(op_map: Mapping[str, Mapping[str, object]]) -> bool:
-    """Whether an executable with this op map (`op_map.build_map`) calls the AMX kernel."""
-    return any(name.startswith(KERNEL_NAME) for names in op_map.values() for name in names)
+def has_tiles(target: Target | None) -> bool:
+    """Whether `target`'s CPU has AMX-BF16 tiles (a bf16 build for it multiplies bound weights on them)."""
+    return target is not None and target.kind.name == "llvm" and AMX_BF16 in cpu_model(target).features
+
+
+def runs_tiles(target: str, op_map: Mapping[str, Mapping[str, object]]) -> bool:
+    """Whether an executable built for `target` with this op map (`op_map.build_map`) calls the AMX kernel: its
+    CPU has tiles and a kernel name in the map starts with `KERNEL_NAME` (an input of that name on a CPU without
+    tiles is no kernel)."""
+    return has_tiles(Target(target)) and \
+        any(name.startswith(KERNEL_NAME) for names in op_map.values() for name in names)
 
 
 def _round_up(n: int, step: int) -> int:
@@ -115,7 +126,7 @@ def _padded_bf16(x: te.Tensor, rows: tirx.PrimExpr, cols: int) -> te.Tensor:
 
 def amx_matmul(call: OpCall) -> relax.Expr | None:
     """`x @ W` (bf16 operands, f32 sums) on AMX tiles for a bound f32 [K, N] W, for a CPU with AMX-BF16
-    (`lowp.uses_tiles` chooses); None where it does not apply (W not a constant, a symbolic K, a batched or
+    (`has_tiles` chooses); None where it does not apply (W not a constant, a symbolic K, a batched or
     transposed product). x's leading dims, symbolic or not, are the rows."""
     x, w = call.args[:2]
     if not isinstance(w, tvm.ir.Constant) or call.types[1].rank != 2 or call.dtype(0) != "float32" \

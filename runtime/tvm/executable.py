@@ -182,7 +182,7 @@ class Executable:
         if self._vm is None:
             if self.program.device == "cpu":
                 configure_threads()
-                if runs_tiles(self.program.op_map):
+                if runs_tiles(self.program.target, self.program.op_map):
                     request_tile_data()
             elif not self._device().exist:
                 raise KilnError("this executable was compiled for CUDA but no CUDA device is available")

@@ -19,7 +19,7 @@ from tvm.target import Target
 
 from kiln.ir import KilnError, PrecisionWarning
 
-from .amx import amx_matmul
+from .amx import AMX_BF16, amx_matmul, has_tiles
 from .cpu import cpu_model
 from .quant_matmul import decoded_weight
 from .rule import OpCall
@@ -28,8 +28,6 @@ PRECISIONS = ("f32", "bf16", "bf16!", "int8")
 INT8_VALUES = ("q8s", "q8f")  # Burn's 8-bit kinds: codes that fit int8 as stored
 INT8_MIN_SEGMENT = 16  # fewer K rows per weight scale than this and int32 sums buy nothing: decode in f32 instead
 ACT_LEVELS = 127.0  # an activation row codes symmetrically in [-127, 127]
-
-AMX_BF16 = "amx-bf16"  # LLVM's feature name of AMX's bf16 tiles
 
 _noticed: set[str] = set()
 
@@ -43,11 +41,6 @@ def cpu_features(target: Target) -> frozenset[str]:
 def native_bf16(target: Target) -> bool:
     """Whether the target's CPU has bf16 dot products (AVX512-BF16's vdpbf16ps or AMX-BF16 tiles)."""
     return bool({"avx512bf16", AMX_BF16} & cpu_features(target))
-
-
-def uses_tiles(target: Target | None) -> bool:
-    """Whether a bf16 build for `target` multiplies bound-weight matmuls on AMX tiles (its CPU has AMX-BF16)."""
-    return target is not None and AMX_BF16 in cpu_features(target)
 
 
 def resolve_precision(precision: str, target: Target) -> str:
@@ -128,7 +121,7 @@ def lowp_matmul(call: OpCall) -> relax.Expr | None:
     fused = int8_matmul(call)
     if fused is not None or call.precision != "bf16" or decoded_weight(call) is not None:
         return fused
-    tiled = amx_matmul(call) if uses_tiles(Target.current(allow_none=True)) else None  # see `compile.build`
+    tiled = amx_matmul(call) if has_tiles(Target.current(allow_none=True)) else None  # see `compile.build`
     if tiled is not None:
         return tiled
     (x, w), out = bf16_operands(call)

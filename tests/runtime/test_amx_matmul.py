@@ -12,16 +12,15 @@ from test_precision import bf16_bound  # the documented bound, one place
 from tvm.target import Target
 
 from kiln.ir import Builder, Graph, verify
-from kiln.runtime.tvm.amx import KERNEL_NAME, runs_tiles
+from kiln.runtime.tvm.amx import KERNEL_NAME, has_tiles, runs_tiles
 from kiln.runtime.tvm.compile import compile_graph
-from kiln.runtime.tvm.lowp import uses_tiles
 from kiln.runtime.tvm.target import cpu_target
 
 SAPPHIRE = Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
 NO_AMX = {"znver3": Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2}),  # AVX2 only
           "znver4": Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})}  # AVX512-BF16, no tiles
 TILE_OPS = re.compile(r"\b(ldtilecfg|tileloadd|tdpbf16ps|tilestored|tilezero|tilerelease)\b")
-HOST_TILES = uses_tiles(cpu_target())
+HOST_TILES = has_tiles(cpu_target())
 needs_tiles = pytest.mark.skipif(not HOST_TILES, reason="the host CPU has no AMX-BF16: the tile kernel cannot run")
 
 pytestmark = pytest.mark.usefixtures("module_cache")
@@ -55,7 +54,7 @@ def test_tiles_are_within_the_bf16_bound_at_any_batch(k: int, n: int) -> None:
     """A symbolic batch (rows padded to whole 32s) at M = 1, 7 and 128, K and N not multiples of 32."""
     w = _weight(k, n)
     program = compile_graph(linear_graph(w, None, bias=False), precision="bf16")
-    assert runs_tiles(program.program.op_map)
+    assert runs_tiles(program.program.target, program.program.op_map)
     for rows in (1, 7, 128):
         _check(program, w, rows)
 
@@ -66,27 +65,28 @@ def test_tiles_configured_to_fewer_rows_with_a_bias(rows: int) -> None:
     """A static batch below 16 rows configures each tile to M rows (no padding); the bias adds after the tiles."""
     w = _weight(1000, 77)
     program = compile_graph(linear_graph(w, rows, bias=True), precision="bf16")
-    assert runs_tiles(program.program.op_map)
+    assert runs_tiles(program.program.target, program.program.op_map)
     _check(program, w, rows, np.linspace(-1, 1, 77))
 
 
 def _asm(target: Target) -> tuple[str, dict]:
     program = compile_graph(linear_graph(_weight(77, 77), None, bias=True), target=target, precision="bf16!",
                             cache=False).program
-    return program.library.mod.imports[0].inspect_source("asm"), program.op_map
+    return program.library.mod.imports[0].inspect_source("asm"), program.op_map, program.target
 
 
 def test_sapphire_rapids_build_multiplies_on_tiles() -> None:
     """A cross-build for `-mcpu=sapphirerapids` (on any x86 host) configures, loads, multiplies and stores tiles."""
-    asm, op_map = _asm(SAPPHIRE)
+    asm, op_map, target = _asm(SAPPHIRE)
     assert {"ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "tilerelease"} <= set(TILE_OPS.findall(asm))
-    assert runs_tiles(op_map)
+    assert runs_tiles(target, op_map)
 
 
 @pytest.mark.parametrize("cpu", sorted(NO_AMX))
 def test_cpus_without_amx_never_get_tiles(cpu: str) -> None:
     """Zen 3 (emulated bf16) and Zen 4 (AVX512-BF16, no AMX): no tile instruction, no tile kernel, so the
     executable never asks Linux for tile data."""
-    asm, op_map = _asm(NO_AMX[cpu])
+    asm, op_map, target = _asm(NO_AMX[cpu])
     assert not TILE_OPS.findall(asm)
-    assert not runs_tiles(op_map) and not any(KERNEL_NAME in n for f in op_map.values() for n in f)
+    assert not runs_tiles(target, op_map) and not any(KERNEL_NAME in n for f in op_map.values() for n in f)
+    assert not runs_tiles(target, {"forward": {KERNEL_NAME: [0]}})  # an input of that name asks for nothing
