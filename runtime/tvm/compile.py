@@ -73,8 +73,8 @@ def build(graph: Graph, functions: Sequence[str], target: Target, params: str, f
           tuning_dir: Path | None = None, precision: str = "f32") -> Program:
     """Lower and build without the cache, applying the tuning database in `tuning_dir` (CPU only) if given, in a
     resolved `precision` mode."""
-    with stage(f"lowering @{graph.name} to Relax"), target:  # rules read the target's CPU (`amx.amx_matmul`)
-        lowered = lower(lowering_input(graph), params, functions, precision)
+    with stage(f"lowering @{graph.name} to Relax"):
+        lowered = lower(lowering_input(graph), params, functions, precision, target)
     if _device(target) == "cuda":
         pipeline = cuda_pipeline(target)
     else:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tvm
 from tvm import relax, tirx
+from tvm.target import Target
 
 from kiln.ir import (
     FlagNode,
@@ -73,12 +74,13 @@ class _Unify(Exception):
 @dataclass
 class _Plan:
     """What earlier attempts learned: which input dims are one var, and whether the function needs a seed; and the
-    build's precision mode, which every rule sees on its `OpCall`."""
+    build's precision mode and target, which every rule sees on its `OpCall`."""
 
     parent: dict[DimKey, DimKey] = field(default_factory=dict)
     seeded: bool = False
     unifiers: dict[DimKey, list[int]] = field(default_factory=dict)  # a dim -> the ops that met it in a broadcast
     precision: str = "f32"
+    target: Target | None = None
 
     @staticmethod
     def named(args: Sequence[TensorType]) -> _Plan:
@@ -234,7 +236,7 @@ class _FunctionLowering:
             types = [t.with_dtype(t.dtype.compute) for t in types]
         producers = [self.made.get(id(e), (None, None))[1] for e, _ in operands]
         call = OpCall(kind, bb, args, types, [k for _, k in operands], attrs, self.run_seed, producers,
-                      self.plan.precision)
+                      self.plan.precision, self.plan.target)
         if results and all(_has_zero_dim(t) and None not in t.shape for t in results):
             outs: tuple = (None,) * len(results)
         else:
@@ -287,12 +289,12 @@ def _emit(graph: Graph, name: str, params: str, plan: _Plan, bb: relax.BlockBuil
         raise
 
 
-def _lower_function(graph: Graph, name: str, params: str, bb: relax.BlockBuilder,
-                    precision: str = "f32") -> tuple[FunctionSignature, OpSources]:
+def _lower_function(graph: Graph, name: str, params: str, bb: relax.BlockBuilder, precision: str = "f32",
+                    target: Target | None = None) -> tuple[FunctionSignature, OpSources]:
     """Find the dim unification and seed the function needs with trial lowerings, then emit it into `bb`."""
     fn = graph.functions[name]
     plan = _Plan.named([a.type for a in fn.args])
-    plan.precision = precision
+    plan.precision, plan.target = precision, target
     for _ in range(sum(a.type.shape.count(None) for a in fn.args) + 2):
         try:
             _emit(graph, name, params, plan, relax.BlockBuilder())
@@ -307,9 +309,10 @@ def _lower_function(graph: Graph, name: str, params: str, bb: relax.BlockBuilder
 
 
 def lower(graph: Graph, params: str = "bound", functions: Sequence[str] | None = None,
-          precision: str = "f32") -> Lowered:
+          precision: str = "f32", target: Target | None = None) -> Lowered:
     """Lower `functions` (default: all) of `graph` into one Relax module; `precision` is a resolved mode
-    (`lowp.resolve_precision`: f32, bf16 or int8)."""
+    (`lowp.resolve_precision`: f32, bf16 or int8) and `target` the CPU it is for, where a rule picks instructions
+    by CPU (bf16 on AMX tiles); None lowers for no particular CPU."""
     if params not in PARAM_MODES:
         raise KilnError(f"params must be one of {', '.join(PARAM_MODES)}, not {params!r}")
     names = list(functions) if functions is not None else list(graph.functions)
@@ -317,5 +320,5 @@ def lower(graph: Graph, params: str = "bound", functions: Sequence[str] | None =
         if name not in graph.functions:
             raise KilnError(f"module @{graph.name} has no function @{name}")
     bb = relax.BlockBuilder()
-    done = {name: _lower_function(graph, name, params, bb, precision) for name in names}
+    done = {name: _lower_function(graph, name, params, bb, precision, target) for name in names}
     return Lowered(bb.get(), {n: sig for n, (sig, _) in done.items()}, {n: src for n, (_, src) in done.items()})

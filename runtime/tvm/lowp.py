@@ -121,7 +121,7 @@ def lowp_matmul(call: OpCall) -> relax.Expr | None:
     fused = int8_matmul(call)
     if fused is not None or call.precision != "bf16" or decoded_weight(call) is not None:
         return fused
-    tiled = amx_matmul(call) if has_tiles(Target.current(allow_none=True)) else None  # see `compile.build`
+    tiled = amx_matmul(call) if has_tiles(call.target) else None
     if tiled is not None:
         return tiled
     (x, w), out = bf16_operands(call)

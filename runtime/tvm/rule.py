@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from tvm import relax, tirx
+from tvm.target import Target
 
 from kiln.ir import KilnError, TensorType, registry
 
@@ -39,6 +40,7 @@ class OpCall:
     run_seed: relax.Expr | None = None
     producers: Sequence[OpCall | None] = ()  # the call that made each operand, where the lowering made it
     precision: str = "f32"  # the build's precision mode after fallback (`lowp.resolve_precision`)
+    target: Target | None = None  # the target the build is for (a rule choosing CPU instructions reads it)
 
     def producer(self, i: int, kind: str) -> OpCall | None:
         """The `kind` call that made operand i (so a rule can fuse it into its own kernel), else None."""

@@ -14,6 +14,7 @@ from tvm.target import Target
 from kiln.ir import Builder, Graph, verify
 from kiln.runtime.tvm.amx import KERNEL_NAME, has_tiles, runs_tiles
 from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.target import cpu_target
 
 SAPPHIRE = Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
@@ -90,3 +91,16 @@ def test_cpus_without_amx_never_get_tiles(cpu: str) -> None:
     assert not TILE_OPS.findall(asm)
     assert not runs_tiles(target, op_map) and not any(KERNEL_NAME in n for f in op_map.values() for n in f)
     assert not runs_tiles(target, {"forward": {KERNEL_NAME: [0]}})  # an input of that name asks for nothing
+
+
+def test_the_tile_choice_follows_the_lowered_target_not_an_ambient_one() -> None:
+    """`lower(..., target=)` decides: a Sapphire Rapids lowering calls the tile kernel with no `with target:` around
+    it, and a Zen 4 lowering inside `with SAPPHIRE:` does not (tuning and calibration lower outside any context)."""
+    graph = linear_graph(_weight(77, 77), None, bias=False)
+
+    def kernels(target: Target) -> set[str]:
+        return {gv.name_hint for gv in lower(graph, "bound", None, "bf16", target).module.get_global_vars()}
+
+    assert KERNEL_NAME in kernels(SAPPHIRE)
+    with SAPPHIRE:
+        assert KERNEL_NAME not in kernels(NO_AMX["znver4"])

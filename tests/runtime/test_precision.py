@@ -193,7 +193,7 @@ def _kernels(graph: Graph, precision: str) -> tuple[relax.Function, dict[str, ti
         return mod
 
     target = cpu_target()
-    library = tvm.compile(lower(graph, "bound", None, precision).module, target=target,
+    library = tvm.compile(lower(graph, "bound", None, precision, target).module, target=target,
                           relax_pipeline=cpu_pipeline(target, True, [capture]))
     kernels = {gv.name_hint: f for gv, f in seen[0].functions_items() if isinstance(f, tirx.PrimFunc)}
     fn = next(f for _, f in seen[0].functions_items() if isinstance(f, relax.Function))
