@@ -4,9 +4,10 @@
 
 The models are `tests/frontend/torch_zoo.py`'s (ResNet, MobileNetV3, EfficientNet, ViT, BERT-style encoder,
 YOLO-style detector, GPT-2-style decoder; tiny widths, random weights), exported once by `torch.onnx.export` with a
-dynamic batch, and the nine `light` models shipped with the onnx package (opset 9 ImageNet CNNs at 224x224 and
-batch 1, fed as `tests/runtime/onnx_import/test_backend_light.py` feeds them; their rows are named `light/...`);
-every engine runs that same file at batch 1 (and 8 for the zoo's CNNs) on the same inputs, with the same
+dynamic batch, the zoo's full-size ResNet-50, MobileNetV3-Large (224x224) and BERT-base layer (128 tokens) likewise,
+and the nine `light` models shipped with the onnx package (opset 9 ImageNet CNNs at 224x224 and batch 1, fed as
+`tests/runtime/onnx_import/test_backend_light.py` feeds them; their rows are named `light/...`); every engine runs
+that same file at batch 1 (and 8 for the zoo's CNNs and the full-size models) on the same inputs, with the same
 thread count, in interleaved rounds (`timing.interleaved`); ratios are medians of per-round ratios to kiln. OpenVINO
 runs where `import openvino` works, on its CPU plugin with `INFERENCE_PRECISION_HINT=f32`, so that it computes in
 f32 as the others do. Compiles start from an empty cache. A model kiln cannot import or build yet is listed with the
@@ -61,10 +62,13 @@ class Prepared:
 
 
 def zoo_model(name: str, opset: int, folder: Path) -> Prepared:
-    model, example, names = torch_zoo.zoo()[name]
+    """A zoo model (tiny: batch 1, and 8 for the CNNs) or a full-size one (batch 1 and 8), exported to `folder`."""
+    full = torch_zoo.full_size()
+    model, example, names = full[name] if name in full else torch_zoo.zoo()[name]
     path = folder / f"{name}.onnx"
     path.write_bytes(torch_zoo.export(model, example, names, opset))
-    return Prepared(path, list(names), {b: inputs_at(example, b) for b in ((1, 8) if name in CNNS else (1,))})
+    batches = (1, 8) if name in CNNS or name in full else (1,)
+    return Prepared(path, list(names), {b: inputs_at(example, b) for b in batches})
 
 
 def light_model(name: str) -> Prepared:
@@ -113,7 +117,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--opset", type=int, default=17)
     parser.add_argument("--markdown", help="also write the table to this markdown file")
-    models = [*torch_zoo.zoo(), *(f"light/{n}" for n in backend_suites.LIGHT_MODELS)]
+    models = [*torch_zoo.zoo(), *torch_zoo.full_size(), *(f"light/{n}" for n in backend_suites.LIGHT_MODELS)]
     parser.add_argument("--only", action="append", choices=models, help="run this model only (repeatable)")
     args = parser.parse_args()
     os.environ[compile_cache.CACHE_ENV] = tempfile.mkdtemp(prefix="kiln-bench-cache-")  # every build starts cold

@@ -30,7 +30,16 @@ from .conv_layout import (
     to_blocked,
 )
 from .cpu import cpu_model
-from .relax_rewrite import CONV2D, depthwise_conv, int_lists, nchw_conv, rewrite_functions, static_f32_shape
+from .relax_rewrite import (
+    CONV2D,
+    Dims,
+    batched_f32_shape,
+    depthwise_conv,
+    int_lists,
+    nchw_conv,
+    rewrite_functions,
+    same_dims,
+)
 from .schedules.matmul import CPUMatmul
 
 # pooling windows slide over H and W only, so on a blocked map (layout NCHW[b]c) they pool each lane's channel
@@ -40,10 +49,11 @@ _ELEMENTWISE = frozenset(tvm.ir.Op.get(f"relax.{name}") for name in (
     "add", "subtract", "multiply", "divide", "maximum", "minimum", "nn.relu", "clip", "sigmoid", "tanh", "nn.silu"))
 
 
-def _per_channel(shape: list[int], out: list[int]) -> bool:
+def _per_channel(shape: Dims, out: Dims) -> bool:
     """Whether an operand of `shape` broadcasts against the NCHW `out` along every dim but the channels."""
     padded = [1] * (4 - len(shape)) + shape
-    return len(shape) <= 4 and padded[0] == padded[2] == padded[3] == 1 and padded[1] in (1, out[1])
+    return (len(shape) <= 4 and all(isinstance(d, int) for d in padded)
+            and padded[0] == padded[2] == padded[3] == 1 and padded[1] in (1, out[1]))
 
 
 @mutator
@@ -64,7 +74,7 @@ class _Regions(PyExprMutator):
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = binding.value
-        out = static_f32_shape(binding.var.ty)
+        out = batched_f32_shape(binding.var.ty)
         blocked = None
         if isinstance(value, relax.Call) and out is not None and len(out) == 4:
             call = relax.Call(value.op, [self.visit_expr(a) for a in value.args], value.attrs, value.ty_args)
@@ -97,7 +107,7 @@ class _Regions(PyExprMutator):
         return self.builder_.emit(self.builder_.call_te(to_blocked, nchw, self.block,
                                                         primfunc_name_hint="pack_per_channel"))
 
-    def _conv(self, call: relax.Call, out: list[int]) -> relax.Expr | None:
+    def _conv(self, call: relax.Call, out: Dims) -> relax.Expr | None:
         a, x, shapes = call.attrs, call.args[0], nchw_conv(call)
         if shapes is None:
             return None
@@ -119,7 +129,7 @@ class _Regions(PyExprMutator):
         x = self.blocked.get(x, x)
         if not pixel_rows(w_shape, *ints):
             return self.builder_.call_te(blocked_conv, x, wp, x_shape[1], *ints, primfunc_name_hint=BLOCKED_NAME)
-        shape = [int(d) for d in x.ty.shape]
+        shape = batched_f32_shape(x.ty)
         rows = self.builder_.emit(relax.op.reshape(x, [*shape[:2], 1, shape[2] * shape[3], *shape[4:]]))
         y = self.builder_.emit(self.builder_.call_te(blocked_conv, rows, wp, x_shape[1], *ints,
                                                      primfunc_name_hint=BLOCKED_NAME))
@@ -133,17 +143,17 @@ class _Regions(PyExprMutator):
         return _POOL2D[call.op](self.blocked[x], a.pool_size, a.strides, a.padding, a.dilation, a.ceil_mode,
                                 a.count_include_pad, layout=f"NCHW{self.block}c")
 
-    def _elementwise(self, call: relax.Call, out: list[int]) -> relax.Expr | None:
+    def _elementwise(self, call: relax.Call, out: Dims) -> relax.Expr | None:
         """The op on blocked operands when one of them is blocked and every other tensor is the full map or
         per channel; None otherwise (it stays NCHW, reading the NCHW forms)."""
         if not any(isinstance(arg, relax.Var) and arg in self.blocked for arg in call.args):
             return None
         args: list[relax.Expr] = []
         for arg in call.args:
-            shape = static_f32_shape(arg.ty) if isinstance(arg.ty, relax.TensorType) else None
+            shape = batched_f32_shape(arg.ty) if isinstance(arg.ty, relax.TensorType) else None
             if not isinstance(arg.ty, relax.TensorType):
                 args.append(arg)  # clip's bounds
-            elif shape == out:
+            elif shape is not None and same_dims(shape, out):
                 args.append(self._to_blocked(arg))
             elif shape is not None and _per_channel(shape, out):
                 args.append(self._per_channel_blocked(arg, shape) if max(shape, default=1) > 1 else arg)

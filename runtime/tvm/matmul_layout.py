@@ -21,11 +21,12 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
 from .cpu import CPUModel, cpu_model
-from .relax_rewrite import rewrite_functions, static_f32_shape
+from .relax_rewrite import batched_f32_shape, rewrite_functions, static_f32_shape
 from .schedules.matmul import CPUMatmul
 
 PACKED_NAME = "matmul_packed"  # the PrimFunc name hint of a matmul reading a packed weight
 _MATMUL = tvm.ir.Op.get("relax.matmul")
+_PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 
 
 def panel_width(rule: CPUMatmul, rows: int, n: int) -> int | None:
@@ -96,27 +97,40 @@ class _Packer(PyExprMutator):
         if call.op != _MATMUL:
             return call
         x, w = call.args
-        x_shape, w_shape = static_f32_shape(x.ty), static_f32_shape(w.ty)
+        x_shape, w_shape = batched_f32_shape(x.ty), static_f32_shape(w.ty)
         if x_shape is None or w_shape is None or len(x_shape) < 2 or len(w_shape) < 2:
             return call
-        batched = len(w_shape) > 2
-        if batched and tuple(x_shape[:-2]) != tuple(w_shape[:-2]):  # broadcasting batch dims stay as they are
+        batched, rows = len(w_shape) > 2, x_shape[-2]
+        dynamic = not isinstance(x_shape[0], int)  # a dynamic batch: only a constant weight is packed, at build time
+        if batched and (dynamic or tuple(x_shape[:-2]) != tuple(w_shape[:-2])):  # broadcasting batch dims stay
             return call
-        width = panel_width(self.rule, x_shape[-2], w_shape[-1])
+        width = panel_width(self.rule, rows if isinstance(rows, int) else None, w_shape[-1])
         if width is None:
             return call
-        if isinstance(w, tvm.ir.Constant) and not batched:
-            wp: relax.Expr = relax.const(pack_weight(w.value.numpy(), width))
-        elif packs_operand(self.model, x_shape[-2] if batched else math.prod(x_shape[:-1])):
+        constant = None if batched else self._constant(w)
+        if constant is not None:
+            wp: relax.Expr = relax.const(pack_weight(constant, width))
+        elif not dynamic and packs_operand(self.model, rows if batched else math.prod(x_shape[:-1])):
             wp = self.builder_.emit(self.builder_.call_te(pack_te, w, width, primfunc_name_hint="pack_matmul_weight"))
         else:
             return call
         return self.builder_.call_te(packed_matmul, x, wp, w_shape[-1], primfunc_name_hint=PACKED_NAME)
 
+    def _constant(self, w: relax.Expr) -> np.ndarray | None:
+        """The value of a constant weight, or of a transpose of one (ONNX's Gemm with `transB`: torch exports its
+        Linear layers so), else None."""
+        if isinstance(w, relax.Var):
+            bound = self.lookup_binding(w)
+            if isinstance(bound, relax.Call) and bound.op == _PERMUTE and isinstance(bound.args[0], tvm.ir.Constant):
+                axes = None if bound.attrs.axes is None else [int(a) for a in bound.attrs.axes]
+                return np.transpose(bound.args[0].value.numpy(), axes)
+        return w.value.numpy() if isinstance(w, tvm.ir.Constant) else None
+
 
 def pack_matmul_weights(target: Target) -> tvm.transform.Pass:
-    """The module pass computing every static float32 `x @ w` with a 2-D `w` that `panel_width` packs for `target`'s
-    CPU from the packed weight: packed at build time when `w` is a constant, by a kernel where `packs_operand`."""
+    """The module pass computing every float32 `x @ w` with a 2-D `w` that `panel_width` packs for `target`'s CPU
+    from the packed weight: packed at build time when `w` is a constant (`x` may have a dynamic batch), by a kernel
+    where `packs_operand` (static shapes only)."""
     model = cpu_model(target)
 
     @tvm.transform.module_pass(opt_level=0, name="KilnPackMatmulWeights")

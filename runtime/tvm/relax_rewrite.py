@@ -4,6 +4,7 @@ on, their attributes as Python ints, and running a mutator over every Relax func
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator
 
@@ -21,15 +22,36 @@ def static_f32_shape(ty: object) -> list[int] | None:
     return static_shape(ty) if getattr(ty, "dtype", None) == "float32" else None
 
 
+Dims = list  # a shape of Python ints whose first entry may be a symbolic `tirx.PrimExpr` (`batched_f32_shape`)
+
+
+def batched_f32_shape(ty: object) -> Dims | None:
+    """The shape of a float32 tensor type whose dims are known but for the first, which may be symbolic (a dynamic
+    batch: an ONNX model exported with `dynamic_axes`), else None. The per-image kernels of the conv and plane
+    rewrites need every dim but the batch, which only bounds their outermost parallel loop."""
+    dims = getattr(getattr(ty, "shape", None), "values", None)
+    if getattr(ty, "dtype", None) != "float32" or dims is None or not all(
+            isinstance(d, tirx.IntImm) for d in dims[1:]):
+        return None
+    return [int(d) if isinstance(d, tirx.IntImm) else d for d in dims]
+
+
+def same_dims(a: Dims, b: Dims) -> bool:
+    """Whether two `batched_f32_shape`s are equal (a symbolic batch: the same variable or expression)."""
+    return len(a) == len(b) and all(
+        x == y if isinstance(x, int) and isinstance(y, int) else tvm_ffi.structural_equal(x, y) for x, y in zip(a, b))
+
+
 CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 
 
-def nchw_conv(call: relax.Call) -> tuple[list[int], list[int]] | None:
-    """The input and weight shapes of a float32 conv2d of static operand shapes in NCHW / OIHW / NCHW, else None
-    (read from the operands alone, so a call not yet normalized, with no type of its own, can be asked)."""
+def nchw_conv(call: relax.Call) -> tuple[Dims, list[int]] | None:
+    """The input and weight shapes of a float32 conv2d in NCHW / OIHW / NCHW whose operand shapes are static but for
+    the input's batch (`batched_f32_shape`), else None (read from the operands alone, so a call not yet normalized,
+    with no type of its own, can be asked)."""
     if call.op != CONV2D:
         return None
-    x, w = (static_f32_shape(arg.ty) for arg in call.args)
+    x, w = batched_f32_shape(call.args[0].ty), static_f32_shape(call.args[1].ty)
     layouts = (call.attrs.data_layout, call.attrs.kernel_layout, call.attrs.out_layout)
     if x is None or w is None or len(x) != 4 or layouts != ("NCHW", "OIHW", "NCHW"):
         return None

@@ -2,7 +2,8 @@
 Ultralytics and Hugging Face build them: a ResNet of BasicBlocks, a MobileNetV3 of inverted residuals with
 squeeze-excite and hard-swish, a ViT, a BERT-style encoder, a per-token MLP, a YOLOv5-style detector and a
 GPT-2-style decoder. `tests/frontend/test_onnx_ecosystem.py` and `bench/onnx_models.py` export them with
-`torch.onnx.export`."""
+`torch.onnx.export`. `full_size()` builds the same kinds at their published sizes (ResNet-50, MobileNetV3-Large, a
+BERT-base layer) for the benchmark."""
 
 from __future__ import annotations
 
@@ -58,12 +59,16 @@ class SqueezeExcite(nn.Module):
 
 
 class InvertedResidual(nn.Module):
-    def __init__(self, cin, expand, cout, stride):
+    """MobileNetV3's block: 1x1 expansion (none where `expand == cin`), depthwise `kernel`, optional squeeze-excite
+    of `squeeze` channels, 1x1 projection; `act` is hard-swish or ReLU as the block's row of the paper says."""
+
+    def __init__(self, cin, expand, cout, stride, kernel=3, squeeze=None, act=nn.Hardswish):
         super().__init__()
-        self.expand = nn.Sequential(nn.Conv2d(cin, expand, 1, bias=False), nn.BatchNorm2d(expand), nn.Hardswish())
-        self.depthwise = nn.Sequential(nn.Conv2d(expand, expand, 3, stride, 1, groups=expand, bias=False),
-                                       nn.BatchNorm2d(expand), nn.Hardswish())
-        self.se = SqueezeExcite(expand, max(expand // 4, 4))
+        self.expand = (nn.Sequential(nn.Conv2d(cin, expand, 1, bias=False), nn.BatchNorm2d(expand), act())
+                       if expand != cin else nn.Identity())
+        self.depthwise = nn.Sequential(nn.Conv2d(expand, expand, kernel, stride, kernel // 2, groups=expand,
+                                                 bias=False), nn.BatchNorm2d(expand), act())
+        self.se = SqueezeExcite(expand, squeeze or max(expand // 4, 4)) if squeeze != 0 else nn.Identity()
         self.project = nn.Sequential(nn.Conv2d(expand, cout, 1, bias=False), nn.BatchNorm2d(cout))
         self.residual = stride == 1 and cin == cout
 
@@ -135,12 +140,12 @@ class Attention(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, d, heads, pre_norm):
+    def __init__(self, d, heads, pre_norm, hidden=None):
         super().__init__()
         self.pre_norm = pre_norm
         self.norm1, self.attn = nn.LayerNorm(d), Attention(d, heads)
         self.norm2 = nn.LayerNorm(d)
-        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.mlp = nn.Sequential(nn.Linear(d, hidden or 2 * d), nn.GELU(), nn.Linear(hidden or 2 * d, d))
 
     def forward(self, x, mask=None):
         if self.pre_norm:  # ViT
@@ -290,6 +295,85 @@ class GPT2(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.ln_f(x))
+
+
+class Bottleneck(nn.Module):
+    """ResNet-50's block (torchvision's v1.5: the stride on the 3x3 conv)."""
+
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        cout = 4 * width
+        self.body = nn.Sequential(nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+                                  nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+                                  nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.downsample = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                           if stride != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x):
+        return F.relu(self.body(x) + self.downsample(x))
+
+
+class ResNet50(nn.Module):
+    def __init__(self, classes=1000):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        blocks, cin = [], 64
+        for stage, (width, depth) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+            for i in range(depth):
+                blocks.append(Bottleneck(cin, width, 2 if i == 0 and stage > 0 else 1))
+                cin = 4 * width
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1), 1))
+
+
+# MobileNetV3-Large's blocks as the paper's table gives them: kernel, expansion, output, squeeze-excite, hard-swish,
+# stride.
+MOBILENETV3_LARGE = ((3, 16, 16, False, False, 1), (3, 64, 24, False, False, 2), (3, 72, 24, False, False, 1),
+                     (5, 72, 40, True, False, 2), (5, 120, 40, True, False, 1), (5, 120, 40, True, False, 1),
+                     (3, 240, 80, False, True, 2), (3, 200, 80, False, True, 1), (3, 184, 80, False, True, 1),
+                     (3, 184, 80, False, True, 1), (3, 480, 112, True, True, 1), (3, 672, 112, True, True, 1),
+                     (5, 672, 160, True, True, 2), (5, 960, 160, True, True, 1), (5, 960, 160, True, True, 1))
+
+
+def _multiple_of_8(channels: int) -> int:
+    """The nearest multiple of 8, rounded up where rounding to nearest loses over 10% (MobileNet's channel rule)."""
+    rounded = max(8, (channels + 4) // 8 * 8)
+    return rounded + 8 if rounded < 0.9 * channels else rounded
+
+
+class MobileNetV3Large(nn.Module):
+    def __init__(self, classes=1000):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.Hardswish())
+        blocks, cin = [], 16
+        for kernel, expand, cout, se, hswish, stride in MOBILENETV3_LARGE:
+            squeeze = _multiple_of_8(expand // 4) if se else 0
+            blocks.append(InvertedResidual(cin, expand, cout, stride, kernel, squeeze,
+                                           nn.Hardswish if hswish else nn.ReLU))
+            cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.last = nn.Sequential(nn.Conv2d(cin, 6 * cin, 1, bias=False), nn.BatchNorm2d(6 * cin), nn.Hardswish())
+        self.head = nn.Sequential(nn.Linear(6 * cin, 1280), nn.Hardswish(), nn.Dropout(0.2), nn.Linear(1280, classes))
+
+    def forward(self, x):
+        x = F.adaptive_avg_pool2d(self.last(self.blocks(self.stem(x))), 1)
+        return self.head(torch.flatten(x, 1))
+
+
+def full_size() -> dict[str, tuple[nn.Module, tuple[torch.Tensor, ...], list[str]]]:
+    """The published sizes, as `zoo()` returns them (batch 1 examples): ResNet-50 and MobileNetV3-Large at 224x224,
+    one BERT-base encoder layer (768 wide, 12 heads, 3072 hidden) over 128 tokens."""
+    torch.manual_seed(0)
+    models = {"resnet50": (ResNet50(), (torch.randn(1, 3, 224, 224),), ["x"]),
+              "mobilenetv3_large": (MobileNetV3Large(), (torch.randn(1, 3, 224, 224),), ["x"]),
+              "bert_base_layer": (EncoderLayer(768, 12, False, 3072), (torch.randn(1, 128, 768),), ["x"])}
+    for model, _, _ in models.values():
+        model.eval()
+    return models
 
 
 def zoo() -> dict[str, tuple[nn.Module, tuple[torch.Tensor, ...], list[str]]]:
