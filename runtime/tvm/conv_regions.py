@@ -1,7 +1,11 @@
 """Blocked regions: a Relax rewrite before legalization that computes the convs the CPU model blocks in NCHW[x]c
 (`conv_layout.py`) and keeps their activations in that layout through the elementwise ops after them (bias add,
-relu/clip, batch norm's scale and shift, a residual add, max and average pooling, a depthwise conv) and into the
-next blocked conv.
+relu/clip, hard-swish, batch norm's scale and shift, a residual add, max and average pooling, a global average
+pool, a depthwise conv, a squeeze-excite's per-image channel gate) and into the next blocked conv. Every shape but
+the batch must be static: a dynamic batch (an ONNX export's `dynamic_axes`) is blocked like a static one.
+
+A 1x1 conv computes its map as one row of pixels (`_rows_of`); the elementwise ops after it are computed on those
+rows too, so TVM fuses them into the conv's kernel, and the map form (a reshape, no copy) is what window ops read.
 
 Every value of a region is also bound in NCHW (`from_blocked` of its blocked form), for the consumers that are not
 blocked (flatten, a global mean, matmul, the outputs); dead code elimination drops the unread ones. A region's
@@ -45,15 +49,17 @@ from .schedules.matmul import CPUMatmul
 # pooling windows slide over H and W only, so on a blocked map (layout NCHW[b]c) they pool each lane's channel
 _POOL2D = {tvm.ir.Op.get(f"relax.nn.{kind}_pool2d"): getattr(relax.op.nn, f"{kind}_pool2d") for kind in ("max", "avg")}
 # ops computed lane by lane whatever the layout: on blocked operands they give the blocked result
+_MEAN = tvm.ir.Op.get("relax.mean")
 _ELEMENTWISE = frozenset(tvm.ir.Op.get(f"relax.{name}") for name in (
     "add", "subtract", "multiply", "divide", "maximum", "minimum", "nn.relu", "clip", "sigmoid", "tanh", "nn.silu"))
 
 
 def _per_channel(shape: Dims, out: Dims) -> bool:
-    """Whether an operand of `shape` broadcasts against the NCHW `out` along every dim but the channels."""
+    """Whether an operand of `shape` broadcasts against the NCHW `out` along every dim but the channels and the
+    batch: a bias `[C, 1, 1]`, or one vector per image `[N, C, 1, 1]` (a squeeze-excite's channel weights)."""
     padded = [1] * (4 - len(shape)) + shape
-    return (len(shape) <= 4 and all(isinstance(d, int) for d in padded)
-            and padded[0] == padded[2] == padded[3] == 1 and padded[1] in (1, out[1]))
+    return (len(shape) <= 4 and padded[2:] == [1, 1] and padded[1] in (1, out[1])
+            and (padded[0] == 1 or padded[1] == out[1] and same_dims(padded[:1], out[:1])))
 
 
 @mutator
@@ -63,13 +69,14 @@ class _Regions(PyExprMutator):
         self.rule = rule
         self.block = rule.lanes or 1
         self.blocked: dict[relax.Var, relax.Expr] = {}  # an NCHW value of this dataflow block -> its NCHW[x]c form
+        self.rows: dict[relax.Var, relax.Expr] = {}  # -> its `[N, C / b, 1, H * W, b]` form, where it was made so
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.DataflowBlock:
-        self.blocked = {}  # a dataflow block's values are not visible from the next
+        self.blocked, self.rows = {}, {}  # a dataflow block's values are not visible from the next
         return super().visit_dataflow_block_(block)
 
     def visit_binding_block_(self, block: relax.BindingBlock) -> relax.BindingBlock:
-        self.blocked = {}
+        self.blocked, self.rows = {}, {}
         return super().visit_binding_block_(block)
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
@@ -84,10 +91,15 @@ class _Regions(PyExprMutator):
                 blocked = self._elementwise(call, out)
             elif call.op in _POOL2D:
                 blocked = self._pool(call)
+            elif call.op == _MEAN:
+                blocked = self._spatial_mean(call)
         if blocked is None:
             super().visit_var_binding_(binding)
             return
         yb = self.builder_.emit(blocked)
+        if batched_f32_shape(yb.ty)[2:4] != out[2:4]:  # in rows (`_rows_of`), and the map is not one row
+            self.rows[binding.var] = yb
+            yb = self.builder_.emit(relax.op.reshape(yb, [out[0], int(yb.ty.shape[1]), out[2], out[3], self.block]))
         nchw = self.builder_.call_te(from_blocked, yb, out[1], primfunc_name_hint="from_blocked")
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(nchw)))
         self.blocked[binding.var] = yb
@@ -101,8 +113,11 @@ class _Regions(PyExprMutator):
             self.blocked[x] = xb
         return xb
 
-    def _per_channel_blocked(self, v: relax.Expr, shape: list[int]) -> relax.Expr:
-        """A per-channel operand as `[1, C / b, 1, 1, b]` (a kernel FoldConstant runs at build time on a constant)."""
+    def _per_channel_blocked(self, v: relax.Expr, shape: Dims) -> relax.Expr:
+        """A per-channel operand as `[1 or N, C / b, 1, 1, b]`: its blocked form where it has one (a squeeze-excite's
+        gate, computed blocked), else a kernel (which FoldConstant runs at build time on a constant)."""
+        if isinstance(v, relax.Var) and v in self.blocked:
+            return self.blocked[v]
         nchw = v if len(shape) == 4 else self.builder_.emit(relax.op.reshape(v, [1] * (4 - len(shape)) + shape))
         return self.builder_.emit(self.builder_.call_te(to_blocked, nchw, self.block,
                                                         primfunc_name_hint="pack_per_channel"))
@@ -112,9 +127,14 @@ class _Regions(PyExprMutator):
         if shapes is None:
             return None
         x_shape, w_shape = shapes
-        # a depthwise conv stays blocked where its input is: it computes lane by lane, whatever the map's width
-        depthwise = depthwise_conv(call) and out[1] > 1 and x in self.blocked
-        if not (depthwise or int(a.groups) == 1 and blocks_output_channels(out[1], out[3], self.rule)):
+        ints = int_lists(a.strides, a.padding, a.dilation)
+        # a depthwise conv stays blocked where its input is: it computes lane by lane, whatever the map's width; so
+        # does a 1x1 conv, a matmul over the map's pixels: NCHW, it would convert its input and its result (the
+        # 120 -> 40 channel convs of MobileNetV3's 28² blocks: 0.10 ms NCHW and 0.07 of conversion, blocked 0.05)
+        inside = x in self.blocked
+        depthwise = depthwise_conv(call) and out[1] > 1 and inside
+        if not (depthwise or int(a.groups) == 1 and (blocks_output_channels(out[1], out[3], self.rule)
+                                                     or inside and pixel_rows(w_shape, *ints))):
             return None
         w = call.args[1]
         if isinstance(w, tvm.ir.Constant):
@@ -122,18 +142,26 @@ class _Regions(PyExprMutator):
         else:
             wp = self.builder_.emit(self.builder_.call_te(pack_te, w, self.block,
                                                           primfunc_name_hint="pack_conv_weight"))
-        ints = int_lists(a.strides, a.padding, a.dilation)
         if depthwise:
             return self.builder_.call_te(blocked_depthwise, self.blocked[x], wp, *ints,
                                          primfunc_name_hint=DEPTHWISE_NAME)
-        x = self.blocked.get(x, x)
         if not pixel_rows(w_shape, *ints):
-            return self.builder_.call_te(blocked_conv, x, wp, x_shape[1], *ints, primfunc_name_hint=BLOCKED_NAME)
+            return self.builder_.call_te(blocked_conv, self.blocked.get(x, x), wp, x_shape[1], *ints,
+                                         primfunc_name_hint=BLOCKED_NAME)
+        # a matmul over the map's pixels, in rows: its epilogue, computed on the rows too, fuses into its store
+        return self.builder_.call_te(blocked_conv, self._rows_of(x), wp, x_shape[1], *ints,
+                                     primfunc_name_hint=BLOCKED_NAME)
+
+    def _rows_of(self, x: relax.Expr, blocked: bool = False) -> relax.Expr:
+        """`x` (NCHW, or its blocked form where it has one, or, with `blocked`, always blocked) with its map as one
+        row of `H * W` pixels: the form a 1x1 conv computes (`conv_layout.pixel_rows`), reshapes that copy nothing.
+        Kept in that form through a pixel-row conv's elementwise successors, they fuse into its kernel (reshaped to
+        the map between them, the view was a fusion boundary: bias and activation each cost a pass of their own)."""
+        if isinstance(x, relax.Var) and x in self.rows:
+            return self.rows[x]
+        x = self._to_blocked(x) if blocked else self.blocked.get(x, x)
         shape = batched_f32_shape(x.ty)
-        rows = self.builder_.emit(relax.op.reshape(x, [*shape[:2], 1, shape[2] * shape[3], *shape[4:]]))
-        y = self.builder_.emit(self.builder_.call_te(blocked_conv, rows, wp, x_shape[1], *ints,
-                                                     primfunc_name_hint=BLOCKED_NAME))
-        return relax.op.reshape(y, [out[0], int(y.ty.shape[1]), out[2], out[3], self.block])
+        return self.builder_.emit(relax.op.reshape(x, [*shape[:2], 1, shape[2] * shape[3], *shape[4:]]))
 
     def _pool(self, call: relax.Call) -> relax.Expr | None:
         """Max or average pooling of a blocked map, in the blocked layout; None for an NCHW input (it stays so)."""
@@ -143,20 +171,32 @@ class _Regions(PyExprMutator):
         return _POOL2D[call.op](self.blocked[x], a.pool_size, a.strides, a.padding, a.dilation, a.ceil_mode,
                                 a.count_include_pad, layout=f"NCHW{self.block}c")
 
+    def _spatial_mean(self, call: relax.Call) -> relax.Expr | None:
+        """A global average pool (`mean` over H and W, dims kept) of a blocked map, blocked: `[N, C / b, 1, 1, b]`,
+        the input of a squeeze-excite's 1x1 convs, which a map narrower than one vector blocks; None otherwise."""
+        x, axes = call.args[0], call.attrs.axis
+        if not (isinstance(x, relax.Var) and x in self.blocked and call.attrs.keepdims and axes is not None
+                and sorted(int(a) % 4 for a in axes) == [2, 3]):
+            return None
+        return relax.op.mean(self.blocked[x], axis=[2, 3], keepdims=True)
+
     def _elementwise(self, call: relax.Call, out: Dims) -> relax.Expr | None:
         """The op on blocked operands when one of them is blocked and every other tensor is the full map or
         per channel; None otherwise (it stays NCHW, reading the NCHW forms)."""
-        if not any(isinstance(arg, relax.Var) and arg in self.blocked for arg in call.args):
+        blocked = [arg for arg in call.args if isinstance(arg, relax.Var) and arg in self.blocked]
+        if not blocked:
             return None
+        rows = all(arg in self.rows for arg in blocked)  # computed on pixel rows, as its blocked operands are
         args: list[relax.Expr] = []
         for arg in call.args:
             shape = batched_f32_shape(arg.ty) if isinstance(arg.ty, relax.TensorType) else None
             if not isinstance(arg.ty, relax.TensorType):
                 args.append(arg)  # clip's bounds
             elif shape is not None and same_dims(shape, out):
-                args.append(self._to_blocked(arg))
+                args.append(self._rows_of(arg, blocked=True) if rows else self._to_blocked(arg))
             elif shape is not None and _per_channel(shape, out):
-                args.append(self._per_channel_blocked(arg, shape) if max(shape, default=1) > 1 else arg)
+                channels = ([1] * 3 + shape)[-3]
+                args.append(self._per_channel_blocked(arg, shape) if channels > 1 else arg)
             else:
                 return None
         return relax.Call(call.op, args, call.attrs, call.ty_args)

@@ -221,3 +221,64 @@ def test_the_dynamic_batch_chain_matches_torch_at_every_batch() -> None:
     for batch in (1, 3):
         x = RNG.standard_normal((batch, 20, 36, 36)).astype(np.float32)
         np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), _torch_chain(x), rtol=1e-4, atol=1e-4)
+
+
+SE = {k: RNG.standard_normal(s).astype(np.float32) / 4 for k, s in dict(
+    w1=(32, 32, 1, 1), b=(32, 1, 1), s1=(8, 32, 1, 1), s2=(32, 8, 1, 1), w3=(32, 32, 3, 3)).items()}
+
+
+def _squeeze_excite(x: relax.Expr) -> relax.Expr:
+    """MobileNetV3's block tail over 32 channels (blocked on AVX2 and AVX-512): 1x1 conv + bias + hard-swish (as
+    ONNX import spells it), global average pool, 1x1 conv + relu, 1x1 conv + hard-sigmoid, the map times that
+    per-image gate, and a 3x3 conv."""
+    c, op = relax.const, relax.op
+
+    def hard_sigmoid(v: relax.Expr) -> relax.Expr:
+        return op.minimum(op.maximum(op.add(op.multiply(v, c(1 / 6, "float32")), c(0.5, "float32")),
+                                     c(0.0, "float32")), c(1.0, "float32"))
+
+    y = op.add(nn.conv2d(x, c(SE["w1"])), c(SE["b"]))
+    y = op.multiply(y, hard_sigmoid(y))
+    squeeze = nn.relu(nn.conv2d(op.mean(y, axis=[2, 3], keepdims=True), c(SE["s1"])))
+    return nn.conv2d(op.multiply(y, hard_sigmoid(nn.conv2d(squeeze, c(SE["s2"])))), c(SE["w3"]), padding=1)
+
+
+def _torch_squeeze_excite(x: np.ndarray) -> np.ndarray:
+    f = torch.nn.functional
+    t = {k: torch.from_numpy(v).double() for k, v in dict(SE, x=x).items()}
+    y = f.hardswish(f.conv2d(t["x"], t["w1"]) + t["b"])
+    gate = f.hardsigmoid(f.conv2d(torch.relu(f.conv2d(y.mean((2, 3), keepdim=True), t["s1"])), t["s2"]))
+    return f.conv2d(y * gate, t["w3"], padding=1).numpy()
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_squeeze_excite_stays_blocked(target: tvm.target.Target) -> None:
+    """The global average pool of a blocked map is blocked, so are the squeeze-excite's 1x1 convs over it and the
+    product of the map with its per-image gate: the block converts once, out (before, the pool and the product
+    left the region: a `from_blocked` of the map, NCHW gate and product, and the map's next conv read NCHW)."""
+    names = _calls(relax_module([(BATCH, 32, 14, 14)], _squeeze_excite), target)
+    assert names == [BLOCKED_NAME] * 4 + ["from_blocked"], names
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_1x1_convs_epilogue_fuses_into_its_kernel(target: tvm.target.Target) -> None:
+    """A 1x1 conv computes its map as pixel rows; its bias and hard-swish are computed on those rows, so they fuse
+    into the conv's kernel (reshaped back to the map between them, they were a kernel of their own: a second pass
+    over the map)."""
+    with target:
+        fused = tvm.transform.Sequential(cpu_fusion_passes(target, fast_math=False))(
+            relax_module([(BATCH, 32, 14, 14)], _squeeze_excite))
+    names = [g.name_hint for g, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert any(n.startswith(f"fused_{BLOCKED_NAME}") and "add" in n and "minimum" in n for n in names), names
+    assert not any(n.startswith("fused_reshape") for n in names), names
+
+
+def test_the_squeeze_excite_matches_torch_at_every_batch() -> None:
+    """One build over a symbolic batch, run at batch 1 and 2, against torch's hardswish, mean and hardsigmoid."""
+    mod = relax_module([(BATCH, 32, 14, 14)], _squeeze_excite)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math=False)),
+                              tvm.cpu())
+    for batch in (1, 2):
+        x = RNG.standard_normal((batch, 32, 14, 14)).astype(np.float32)
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), _torch_squeeze_excite(x),
+                                   rtol=1e-4, atol=1e-4)
