@@ -186,7 +186,8 @@ class _Regions(PyExprMutator):
         blocked = [arg for arg in call.args if isinstance(arg, relax.Var) and arg in self.blocked]
         if not blocked:
             return None
-        rows = all(arg in self.rows for arg in blocked)  # computed on pixel rows, as its blocked operands are
+        # on pixel rows where an operand is a 1x1 conv's rows: a residual add's other map is viewed as rows too
+        rows = any(arg in self.rows for arg in blocked)
         args: list[relax.Expr] = []
         for arg in call.args:
             shape = batched_f32_shape(arg.ty) if isinstance(arg.ty, relax.TensorType) else None
