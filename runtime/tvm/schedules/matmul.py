@@ -597,9 +597,9 @@ class CPUMatmul(dl.ScheduleRule):
                        ) -> tuple[list[s_tir.schedule.LoopRV], s_tir.schedule.LoopRV]:
         """Group the column tiles into panels whose slab of the vector operand (all of K for those columns) fits
         `panel_bytes` of L2, so that every row tile reuses a cached slab: ([panel loop], tile loop), or
-        ([], vec_o) when the operand fits, an extent is symbolic, or the rows (batch dims included) make fewer than
-        two register tiles of `mr`, so that no row tile would reuse a panel. The panel loop goes outermost, outside
-        the batch dims too, so the rows of every batch reuse it.
+        ([], vec_o) when the operand fits, an extent of it is symbolic, or the rows (batch dims included, a symbolic
+        one counted once) make fewer than two register tiles of `mr`, so that no row tile would reuse a panel. The
+        panel loop goes outermost, outside the batch dims too, so the rows of every batch reuse it.
 
         Without panels each row tile streams the whole operand from beyond L2: with a 256x1024 float32 weight
         (1 MiB) the transformer's FFN matmul ran at 170-176 GFLOP/s on Zen 4, with 128 KiB panels at 206. Few rows
@@ -611,9 +611,10 @@ class CPUMatmul(dl.ScheduleRule):
         """
         if roles.row is None:
             return [], vec_o
-        rows = [static_extent(loop_extent(sch, loop)) for loop in [*roles.spatial, roles.row]]
+        # a symbolic batch dim (a dynamic batch over 128 tokens) counts as one row: the static ones may be enough
+        rows = [static_extent(loop_extent(sch, loop)) or 1 for loop in [*roles.spatial, roles.row]]
         extents = [static_extent(loop_extent(sch, loop)) for loop in [*roles.reduction, vec_o, vec_i]]
-        if None in extents + rows:
+        if None in extents:
             return [], vec_o
         *depths, tiles, tile = extents
         tile_bytes = math.prod(depths) * tile * sch.get(main).writes[0].source.dtype.bits // 8
