@@ -61,10 +61,15 @@ class CPUModel:
         return self.vector_bits // bits
 
     @property
+    def latency_sums(self) -> int:
+        """Independent running sums that keep every FMA unit busy: each sum is one chain of dependent FMAs."""
+        return self.fma_units * FMA_LATENCY
+
+    @property
     def accumulators(self) -> int:
         """Vector registers a register tile may keep as running sums: half the file (the rest holds operands and
         addresses), and never fewer than hide the FMA latency on every unit."""
-        return max(self.vector_registers // 2, min(self.vector_registers - 4, self.fma_units * FMA_LATENCY))
+        return max(self.vector_registers // 2, min(self.vector_registers - 4, self.latency_sums))
 
     @property
     def key(self) -> str:

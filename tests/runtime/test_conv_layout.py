@@ -80,19 +80,23 @@ def _prim_names(mod: tvm.IRModule) -> list[str]:
     ((1, 7, 15, 15), (16, 7, 3, 3), dict(padding=0), False, False),
     ((2, 6, 17, 17), (16, 6, 3, 3), dict(padding=2, dilation=2), False, True),
     ((1, 40, 10, 10), (16, 40, 3, 3), dict(padding=1), True, False),
-    ((2, 13, 5, 9), (21, 13, 1, 1), dict(padding=0), True, True)],
+    ((2, 13, 5, 9), (21, 13, 1, 1), dict(padding=0), True, True),
+    ((1, 300, 7, 7), (27, 300, 1, 1), dict(padding=0), True, True),
+    ((3, 201, 7, 7), (96, 201, 1, 1), dict(padding=0), False, False)],
     ids=["3x3-77-channels-bias-relu-bound", "1x1-18-wide-bound", "3x3-s2-20-wide-inputs", "dilated-20-wide-inputs",
          "3x3-7-wide-batch-8-odd-channels", "1x1-7-wide-inputs", "3x3-s2-to-7-wide-bound",
          "3x3-14-wide-rows-in-one-tile-bias-relu", "3x3-13-wide-unpadded-odd-channels-inputs",
          "dilated-17-wide-batch-2", "3x3-40-channels-in-chunks-bias-relu-inputs",
-         "1x1-5x9-batch-2-odd-channels-bias-relu"])
+         "1x1-5x9-batch-2-odd-channels-bias-relu", "1x1-7-wide-deep-two-lines-odd-channels-bias-relu",
+         "1x1-7-wide-deep-batch-3-inputs"])
 def test_blocked_conv_matches_torch(x_shape: tuple[int, ...], w_shape: tuple[int, ...], kw: dict, epilogue: bool,
                                     bound: bool) -> None:
     """Blocked convs (a 77-channel tail, 1x1, strided, dilated, with a fused bias and relu; 18-20 wide, so blocked on
     AVX2 and AVX-512 hosts alike; 7-wide maps at batch 1 and 8, whose 7 columns are one register tile; odd 13-17 wide
     maps, unpadded or dilated; a 14-wide map whose tile spans output rows; 40 input channels summed in chunks;
-    a 5x9 1x1 at batch 2 as one row of pixels) equal torch's; a bound weight is packed at build time (no packing
-    kernel), a weight passed as input is packed by a kernel of the program."""
+    a 5x9 1x1 at batch 2 as one row of pixels; 7² 1x1s 201-300 deep at batch 1 and 3, whose tile takes lines past
+    L1 to hide the FMA latency) equal torch's; a bound weight is packed at build time (no packing kernel), a weight
+    passed as input is packed by a kernel of the program."""
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(w_shape).astype(np.float32)
     mod = _blocked_module(x_shape, w, bound, kw, epilogue)
@@ -210,6 +214,25 @@ def test_a_1x1_conv_tile_keeps_its_weight_slab_in_l1(target: tvm.target.Target, 
     tile = text[text.index('"conv_blocked_init"'):text.index('"conv_blocked_update"')]
     loops = dict(re.findall(r"for (ax\d)_1 in T\.unroll\((\d+)\)", tile))
     assert int(loops.get("ax0", 1)) == lines, loops  # ax0: the output channel blocks, ax1 the pixels
+
+
+@pytest.mark.parametrize(("target", "lanes", "shape"), [
+    (AVX512, 16, (7, 2)), (tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2}), 16, (7, 2)),
+    (AVX2, 8, (7, 1)), (tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2}), 8, (7, 1))],
+    ids=["avx512", "znver4", "avx2", "znver3"])
+def test_a_1x1_conv_tile_on_a_7_wide_map_hides_the_fma_latency(target: tvm.target.Target, lanes: int,
+                                                               shape: tuple[int, int]) -> None:
+    """512 input channels on a 7² map: one line's weight slab (32 KiB of 16 lanes) already outgrows half of L1, but
+    7 pixels x 1 line are 7 sums, under the 2 FMA units x 4 cycles; AVX-512 (Zen 4's model too) takes a second line
+    (14 of its 16 accumulators; 512x7² ran 201 -> 150 us on an Emerald Rapids core), AVX2 and Zen 3 keep 7 x 1 (8
+    accumulators)."""
+    x = te.placeholder((1, 512 // lanes, 1, 49, lanes), name="x")
+    wp = te.placeholder((512 // lanes, 512, 1, 1, lanes), name="w")
+    func = te.create_prim_func([x, wp, blocked_conv(x, wp, 512, [1, 1], [0, 0, 0, 0], [1, 1])])
+    sch = CPUMatmul().apply(func, target, False)
+    tile = _register_tile(sch.mod["main"].script())
+    assert (tile["v1"], tile["v0"]) == shape, tile  # pixels (unit dims have no iterator), output-channel vectors
+    tvm.compile(sch.mod, target=target)
 
 
 @pytest.mark.parametrize("params", ["bound", "inputs"])

@@ -119,6 +119,7 @@ def test_contraction_tile_from_the_model() -> None:
     avx512, avx2 = CPUMatmul().for_cpu(cpu_model(AVX512)), CPUMatmul().for_cpu(cpu_model(HASWELL))
     assert (avx512.mr, avx512.nr, avx512.panel_bytes, avx512.accumulators, avx512.lanes) == (8, 32, 128 << 10, 16, 16)
     assert (avx2.mr, avx2.nr, avx2.panel_bytes, avx2.accumulators, avx2.lanes) == (4, 16, 32 << 10, 8, 8)
+    assert avx512.latency_sums == avx2.latency_sums == 8  # 2 FMA units x 4 cycles on both
     pinned = CPUMatmul(mr=6, nr=24).for_cpu(cpu_model(HASWELL))
     assert (pinned.mr, pinned.nr) == (6, 24)
 
