@@ -847,3 +847,30 @@ def test_nchw_convs_over_widths_no_vector_divides_match_torch(width: int) -> Non
     got = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w), padding=1).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_blocked_depthwise_conv_sums_a_row_of_outputs_in_registers() -> None:
+    """Issue 13 (depthwise convs): a blocked depthwise conv's register tile holds as many outputs of a row as the
+    accumulators allow (a divisor of the 28 columns), each window tap's weight loaded once for all of them, and
+    the bias and relu fused into the tile's store; one output at a time was a chain of dependent FMAs (the 5x5 on
+    128x28² ran 0.120 -> 0.054 ms on one AVX-512 core). Numbers against torch."""
+    rng = np.random.default_rng(3)
+    w1, dw, bias = rng.standard_normal((32, 32, 1, 1)), rng.standard_normal((32, 1, 5, 5)), rng.standard_normal(32)
+    c = relax.const
+
+    def body(x: relax.Expr) -> relax.Expr:
+        y = relax.op.nn.conv2d(x, c(w1.astype(np.float32)))
+        y = relax.op.nn.conv2d(y, c(dw.astype(np.float32)), padding=2, groups=32)
+        return relax.op.nn.relu(relax.op.add(y, c(bias.reshape(32, 1, 1).astype(np.float32))))
+
+    mod = relax_module([(1, 32, 28, 28)], body)
+    (func,) = [f for f in fused_prim_funcs(mod) if "depthwise" in f.script()]
+    text = CPUWindowReduction().apply(func, TARGET, False).mod["main"].script()
+    rows = max(d for d in range(1, cpu_model(TARGET).accumulators + 1) if 28 % d == 0)
+    assert '"local")' in text and f"T.unroll(T.int64({rows}))" in text, text
+    assert text.count("T.parallel") == 1, text  # the epilogue is no loop nest of its own
+    x = rand(1, 32, 28, 28)
+    t = torch.from_numpy(x).double()
+    y = torch.nn.functional.conv2d(torch.nn.functional.conv2d(t, torch.from_numpy(w1)), torch.from_numpy(dw),
+                                   padding=2, groups=32)
+    check(run(mod, x), torch.relu(y + torch.from_numpy(bias).reshape(32, 1, 1)).numpy(), EXACT)
