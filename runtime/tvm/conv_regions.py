@@ -48,8 +48,8 @@ from .schedules.matmul import CPUMatmul
 
 # pooling windows slide over H and W only, so on a blocked map (layout NCHW[b]c) they pool each lane's channel
 _POOL2D = {tvm.ir.Op.get(f"relax.nn.{kind}_pool2d"): getattr(relax.op.nn, f"{kind}_pool2d") for kind in ("max", "avg")}
+_MEAN = tvm.ir.Op.get("relax.mean")  # over H and W of a blocked map: each lane's channel, like the pools
 # ops computed lane by lane whatever the layout: on blocked operands they give the blocked result
-_MEAN = tvm.ir.Op.get("relax.mean")
 _ELEMENTWISE = frozenset(tvm.ir.Op.get(f"relax.{name}") for name in (
     "add", "subtract", "multiply", "divide", "maximum", "minimum", "nn.relu", "clip", "sigmoid", "tanh", "nn.silu"))
 
