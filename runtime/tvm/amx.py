@@ -57,22 +57,25 @@ def _intrin(name: str, *args: object) -> tirx.PrimExpr:
     return T.call_llvm_intrin("void", f"llvm.x86.{name}", *args)
 
 
-def tile_kernel(rows: int, kp: int, np_: int) -> tirx.PrimFunc:
-    """The AMX kernel over padded operands A [Mp, kp] bf16, packed W [np_/16, kp/2, 32] bf16 and C [Mp, np_] f32
-    (kp, np_ whole tiles; Mp any multiple of 32, or `rows` < 16 itself: then each tile is configured to `rows`)."""
+def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool) -> tirx.PrimFunc:
+    """The AMX kernel over padded operands A [batch, Mp, kp] bf16, packed B [batch (1 if `shared_b`), np_/16, kp/2,
+    32] bf16 and C [batch, Mp, np_] f32 (kp, np_ whole tiles; Mp any multiple of 32, or `rows` < 16 itself: then
+    each tile is configured to `rows`). A shared B (a bound weight) is one matrix every batch multiplies by."""
     mt = 1 if rows < TILE_ROWS else C_ROWS
     nblocks, steps = np_ // (N_TILE * C_COLS), kp // K_STEP
     a_stride, c_stride = kp * 2, np_ * 4
     a0, b0 = mt * C_COLS, mt * C_COLS + mt  # first A and first B tile register
+    b_step = 0 if shared_b else 1  # B's batch index per batch of A
 
     @T.prim_func(private=True)
-    def kernel(a_data: T.handle, w: T.Buffer((np_ // N_TILE, kp // PAIR, N_TILE * PAIR), "bfloat16"),
-               c_data: T.handle):
+    def kernel(a_data: T.handle, w_data: T.handle, c_data: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        mp = T.int64()
-        a = T.match_buffer(a_data, (mp, kp), "bfloat16")
-        c = T.match_buffer(c_data, (mp, np_), "float32")
-        for block in T.parallel(mp // (rows * mt) * nblocks):  # M blocks inner: a B column panel stays cached
+        batch, mp, wbatch = T.int64(), T.int64(), T.int64()
+        a = T.match_buffer(a_data, (batch, mp, kp), "bfloat16")
+        w = T.match_buffer(w_data, (wbatch, np_ // N_TILE, kp // PAIR, N_TILE * PAIR), "bfloat16")
+        c = T.match_buffer(c_data, (batch, mp, np_), "float32")
+        mblocks = mp // (rows * mt)
+        for block in T.parallel(batch * nblocks * mblocks):  # M blocks inner: a B column panel stays cached
             config = T.decl_buffer((TILE_CONFIG_BYTES,), "uint8", scope="local")
             for i in range(TILE_CONFIG_BYTES):
                 config[i] = T.uint8(0)
@@ -81,24 +84,26 @@ def tile_kernel(rows: int, kp: int, np_: int) -> tirx.PrimFunc:
                 config[16 + 2 * t] = T.uint8(TILE_BYTES)
                 config[48 + t] = T.uint8(T.if_then_else(t < b0, rows, TILE_ROWS))
             T.evaluate(_intrin("ldtilecfg", T.address_of(config[0])))
-            mb = block % (mp // (rows * mt))
-            nb = block // (mp // (rows * mt))
+            mb = block % mblocks
+            nb = block // mblocks % nblocks
+            bb = block // (mblocks * nblocks)
             for t in T.unroll(a0):
                 T.evaluate(_intrin("tilezero", T.uint8(t)))
             for kb in range(steps):
                 for i in T.unroll(mt):
                     T.evaluate(_intrin("tileloadd64", T.uint8(a0 + i),
-                                       T.address_of(a[(mb * mt + i) * rows, kb * K_STEP]), T.int64(a_stride)))
+                                       T.address_of(a[bb, (mb * mt + i) * rows, kb * K_STEP]), T.int64(a_stride)))
                 for j in T.unroll(C_COLS):
                     T.evaluate(_intrin("tileloadd64", T.uint8(b0 + j),
-                                       T.address_of(w[nb * C_COLS + j, kb * TILE_ROWS, 0]), T.int64(TILE_BYTES)))
+                                       T.address_of(w[bb * b_step, nb * C_COLS + j, kb * TILE_ROWS, 0]),
+                                       T.int64(TILE_BYTES)))
                 for i in T.unroll(mt):
                     for j in T.unroll(C_COLS):
                         T.evaluate(_intrin("tdpbf16ps", T.uint8(i * C_COLS + j), T.uint8(a0 + i), T.uint8(b0 + j)))
             for i in T.unroll(mt):
                 for j in T.unroll(C_COLS):
                     T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j),
-                                       T.address_of(c[(mb * mt + i) * rows, (nb * C_COLS + j) * N_TILE]),
+                                       T.address_of(c[bb, (mb * mt + i) * rows, (nb * C_COLS + j) * N_TILE]),
                                        T.int64(c_stride)))
             T.evaluate(_intrin("tilerelease"))
     return kernel
@@ -117,11 +122,37 @@ def padded(m: tirx.PrimExpr, k: int, n: int) -> tuple[tirx.PrimExpr, int, int]:
 
 
 def _padded_bf16(x: te.Tensor, rows: tirx.PrimExpr, cols: int) -> te.Tensor:
-    """x [M, K] rounded to bf16 and zero-padded to [rows, cols]: the one elementwise kernel in front of the tiles."""
-    m, k = x.shape
-    return te.compute((rows, cols), lambda i, j: tirx.if_then_else(
-        tirx.all(i < m, j < k), x[tirx.min(i, m - 1), tirx.min(j, k - 1)].astype("bfloat16"),
+    """x [batch, M, K] rounded to bf16 and zero-padded to [batch, rows, cols]: A as the tiles read it, one
+    elementwise kernel that FuseOps joins to x's producer."""
+    _, m, k = x.shape
+    return te.compute((x.shape[0], rows, cols), lambda b, i, j: tirx.if_then_else(
+        tirx.all(i < m, j < k), x[b, tirx.min(i, m - 1), tirx.min(j, k - 1)].astype("bfloat16"),
         tirx.const(0, "bfloat16")), name="amx_operand")
+
+
+def _packed_bf16(y: te.Tensor, kp: int, np_: int) -> te.Tensor:
+    """y [batch, K, N] rounded to bf16, zero-padded to [kp, np_] and packed [batch, np_/16, kp/2, 32] (element
+    (j, p, 2n + e) = y[2p + e, 16j + n]): B as the tiles read it, computed by y's producer where FuseOps joins them."""
+    _, k, n = y.shape
+
+    def element(b: tirx.PrimExpr, j: tirx.PrimExpr, p: tirx.PrimExpr, e: tirx.PrimExpr) -> tirx.PrimExpr:
+        row, col = p * PAIR + e % PAIR, j * N_TILE + e // PAIR
+        return tirx.if_then_else(tirx.all(row < k, col < n),
+                                 y[b, tirx.min(row, k - 1), tirx.min(col, n - 1)].astype("bfloat16"),
+                                 tirx.const(0, "bfloat16"))
+    return te.compute((y.shape[0], np_ // N_TILE, kp // PAIR, N_TILE * PAIR), element, name="amx_packed")
+
+
+def _on_tiles(call: OpCall, a: relax.Expr, b: relax.Expr, batch: tirx.PrimExpr, m: tirx.PrimExpr,
+              k: int, n: int, shared_b: bool) -> relax.Expr:
+    """C [batch, m, n] f32 = A [batch, m, k] f32 @ B on tiles, B already packed [batch or 1, np_/16, kp/2, 32]:
+    A's cast and padding in front, the kernel, and the slice dropping the padding (FuseOps joins it to the
+    consumer)."""
+    mp, kp, np_ = padded(m, k, n)
+    a = call.bb.call_te(_padded_bf16, a, mp, kp)
+    kernel = call.bb.add_func(tile_kernel(tile_rows(m), kp, np_, shared_b), KERNEL_NAME)
+    out = call.emit(relax.call_tir(kernel, [a, b], relax.TensorType((batch, mp, np_), "float32")))
+    return call.emit(R.strided_slice(out, [1, 2], [0, 0], [m, n]))
 
 
 def amx_matmul(call: OpCall) -> relax.Expr | None:
@@ -137,11 +168,33 @@ def amx_matmul(call: OpCall) -> relax.Expr | None:
         return None
     k, n = int(k), int(call.types[1].shape[1])
     m = tvm.sym.Analyzer().simplify(functools.reduce(operator.mul, lead, tirx.IntImm("int64", 1)))
-    mp, kp, np_ = padded(m, k, n)
-    a = call.bb.call_te(_padded_bf16, call.emit(R.reshape(x, [m, k])), mp, kp)
+    _, kp, np_ = padded(m, k, n)
     packed = R.nn.pad(R.astype(w, "bfloat16"), [0, kp - k, 0, np_ - n])
     packed = R.reshape(R.permute_dims(R.reshape(packed, [kp // PAIR, PAIR, np_ // N_TILE, N_TILE]), [2, 0, 3, 1]),
-                       [np_ // N_TILE, kp // PAIR, N_TILE * PAIR])
-    kernel = call.bb.add_func(tile_kernel(tile_rows(m), kp, np_), KERNEL_NAME)
-    out = call.emit(relax.call_tir(kernel, [a, call.emit(packed)], relax.TensorType((mp, np_), "float32")))
-    return R.reshape(call.emit(R.strided_slice(out, [0, 1], [0, 0], [m, n])), [*lead, n])
+                       [1, np_ // N_TILE, kp // PAIR, N_TILE * PAIR])
+    out = _on_tiles(call, call.emit(R.reshape(x, [1, m, k])), call.emit(packed), tirx.IntImm("int64", 1), m, k, n,
+                    shared_b=True)
+    return R.reshape(out, [*lead, n])
+
+
+def amx_batched_matmul(call: OpCall) -> relax.Expr | None:
+    """`x @ y` (bf16 operands, f32 sums) on AMX tiles where both are activations of the same leading dims
+    (attention's `q @ k^T` and `p @ v`): y is cast, padded and packed by one elementwise kernel that FuseOps joins
+    to y's producer, so the pack costs what writing y costs. None where it does not apply (not f32, rank below 2,
+    broadcast leading dims, a symbolic K or N)."""
+    x_type, y_type = call.types[0], call.types[1]
+    if call.dtype(0) != "float32" or call.dtype(1) != "float32" or x_type.rank < 2 or x_type.rank != y_type.rank:
+        return None
+    *lead, m, k = call.shape(0)
+    *y_lead, _, n = call.shape(1)
+    analyzer = tvm.sym.Analyzer()
+    if not isinstance(k, tirx.IntImm) or not isinstance(n, tirx.IntImm) or int(k) == 0 or int(n) == 0 \
+            or any(not analyzer.can_prove_equal(d, e) for d, e in zip(lead, y_lead, strict=True)) \
+            or any(isinstance(d, tirx.IntImm) and int(d) == 0 for d in [*lead, m]):
+        return None
+    k, n = int(k), int(n)
+    batch = analyzer.simplify(functools.reduce(operator.mul, lead, tirx.IntImm("int64", 1)))
+    _, kp, np_ = padded(m, k, n)
+    b = call.bb.call_te(_packed_bf16, call.emit(R.reshape(call.args[1], [batch, k, n])), kp, np_)
+    out = _on_tiles(call, call.emit(R.reshape(call.args[0], [batch, m, k])), b, batch, m, k, n, shared_b=False)
+    return R.reshape(out, [*lead, m, n])
