@@ -121,45 +121,80 @@ def padded(m: tirx.PrimExpr, k: int, n: int) -> tuple[tirx.PrimExpr, int, int]:
     return mp, _round_up(k, K_STEP), _round_up(n, N_TILE * C_COLS)
 
 
-def _padded_bf16(x: te.Tensor, rows: tirx.PrimExpr, cols: int) -> te.Tensor:
-    """x [batch, M, K] rounded to bf16 and zero-padded to [batch, rows, cols]: A as the tiles read it, one
-    elementwise kernel that FuseOps joins to x's producer."""
-    _, m, k = x.shape
-    return te.compute((x.shape[0], rows, cols), lambda b, i, j: tirx.if_then_else(
-        tirx.all(i < m, j < k), x[b, tirx.min(i, m - 1), tirx.min(j, k - 1)].astype("bfloat16"),
-        tirx.const(0, "bfloat16")), name="amx_operand")
+def _unflattened(flat: tirx.PrimExpr, dims: list[tirx.PrimExpr]) -> list[tirx.PrimExpr]:
+    """The row-major indices into `dims` of the flat index `flat`."""
+    out = []
+    for d in reversed(dims):
+        out.append(flat % d)
+        flat = flat // d
+    return out[::-1]
+
+
+def _within(value: tirx.PrimExpr, index: tirx.PrimExpr, extent: tirx.PrimExpr, padded_extent: tirx.PrimExpr,
+            ) -> tirx.PrimExpr:
+    """`value` where `index` < `extent`, else a bf16 zero; `value` alone where the padded extent is the extent."""
+    if tvm.sym.Analyzer().can_prove_equal(extent, padded_extent):
+        return value
+    return tirx.if_then_else(index < extent, value, tirx.const(0, "bfloat16"))
+
+
+def _clamped(index: tirx.PrimExpr, extent: tirx.PrimExpr) -> tirx.PrimExpr:
+    return tirx.min(index, extent - 1)
+
+
+def _padded_bf16(x: te.Tensor, outer: int, rows: tirx.PrimExpr, cols: int) -> te.Tensor:
+    """x [*batch, *m, K] (`outer` batch dims, then the dims that flatten to M) rounded to bf16 and zero-padded to
+    [prod(batch), rows, cols]: A as the tiles read it, one elementwise kernel that FuseOps joins to x's producer
+    (read in x's own shape, so no reshape stands between them)."""
+    *lead, k = x.shape
+    batch_dims, row_dims = list(lead[:outer]), list(lead[outer:])
+    batch = functools.reduce(operator.mul, batch_dims, tirx.IntImm("int64", 1))
+    m = functools.reduce(operator.mul, row_dims, tirx.IntImm("int64", 1))
+
+    def element(b: tirx.PrimExpr, i: tirx.PrimExpr, j: tirx.PrimExpr) -> tirx.PrimExpr:
+        at = [*_unflattened(b, batch_dims), *_unflattened(_clamped(i, m), row_dims), _clamped(j, k)]
+        value = _within(x[tuple(at)].astype("bfloat16"), j, k, cols)
+        return _within(value, i, m, rows)
+    return te.compute((batch, rows, cols), element, name="amx_operand")
 
 
 def _packed_bf16(y: te.Tensor, kp: int, np_: int) -> te.Tensor:
-    """y [batch, K, N] rounded to bf16, zero-padded to [kp, np_] and packed [batch, np_/16, kp/2, 32] (element
-    (j, p, 2n + e) = y[2p + e, 16j + n]): B as the tiles read it, computed by y's producer where FuseOps joins them."""
-    _, k, n = y.shape
+    """y [*batch, K, N] rounded to bf16, zero-padded to [kp, np_] and packed [prod(batch), np_/16, kp/2, 32]
+    (element (j, p, 2n + e) = y[2p + e, 16j + n]): B as the tiles read it, computed by y's producer where FuseOps
+    joins them."""
+    *lead, k, n = y.shape
+    batch = functools.reduce(operator.mul, lead, tirx.IntImm("int64", 1))
 
     def element(b: tirx.PrimExpr, j: tirx.PrimExpr, p: tirx.PrimExpr, e: tirx.PrimExpr) -> tirx.PrimExpr:
         row, col = p * PAIR + e % PAIR, j * N_TILE + e // PAIR
-        return tirx.if_then_else(tirx.all(row < k, col < n),
-                                 y[b, tirx.min(row, k - 1), tirx.min(col, n - 1)].astype("bfloat16"),
-                                 tirx.const(0, "bfloat16"))
-    return te.compute((y.shape[0], np_ // N_TILE, kp // PAIR, N_TILE * PAIR), element, name="amx_packed")
+        value = y[(*_unflattened(b, lead), _clamped(row, k), _clamped(col, n))].astype("bfloat16")
+        return _within(_within(value, row, k, kp), col, n, np_)
+    return te.compute((batch, np_ // N_TILE, kp // PAIR, N_TILE * PAIR), element, name="amx_packed")
 
 
-def _on_tiles(call: OpCall, a: relax.Expr, b: relax.Expr, batch: tirx.PrimExpr, m: tirx.PrimExpr,
-              k: int, n: int, shared_b: bool) -> relax.Expr:
-    """C [batch, m, n] f32 = A [batch, m, k] f32 @ B on tiles, B already packed [batch or 1, np_/16, kp/2, 32]:
-    A's cast and padding in front, the kernel, and the slice dropping the padding (FuseOps joins it to the
-    consumer)."""
+def _on_tiles(call: OpCall, b: relax.Expr, outer: int, batch: tirx.PrimExpr, m: tirx.PrimExpr, k: int, n: int,
+              shared_b: bool) -> relax.Expr:
+    """C [batch, m, n] f32 = A @ B on tiles for A = call's first operand ([*batch, *m, k] f32, `outer` batch dims)
+    and B already packed [batch or 1, np_/16, kp/2, 32]: A's cast and padding in front, the kernel, and the slice
+    dropping the padding (FuseOps joins it to the consumer). Where A is whole tiles its cast is elementwise and
+    keeps A's shape, so FuseOps can put it in A's producer's epilogue (softmax's, layer norm's); where C is, no
+    slice is left."""
     mp, kp, np_ = padded(m, k, n)
-    a = call.bb.call_te(_padded_bf16, a, mp, kp)
+    whole_rows = tvm.sym.Analyzer().can_prove_equal(mp, m)
+    if whole_rows and kp == k:
+        a = call.emit(R.reshape(call.emit(R.astype(call.args[0], "bfloat16")), [batch, m, k]))
+    else:
+        a = call.bb.call_te(_padded_bf16, call.args[0], outer, mp, kp)
     kernel = call.bb.add_func(tile_kernel(tile_rows(m), kp, np_, shared_b), KERNEL_NAME)
     out = call.emit(relax.call_tir(kernel, [a, b], relax.TensorType((batch, mp, np_), "float32")))
-    return call.emit(R.strided_slice(out, [1, 2], [0, 0], [m, n]))
+    return out if whole_rows and np_ == n else call.emit(R.strided_slice(out, [1, 2], [0, 0], [m, n]))
 
 
 def amx_matmul(call: OpCall) -> relax.Expr | None:
     """`x @ W` (bf16 operands, f32 sums) on AMX tiles for a bound f32 [K, N] W, for a CPU with AMX-BF16
     (`has_tiles` chooses); None where it does not apply (W not a constant, a symbolic K, a batched or
     transposed product). x's leading dims, symbolic or not, are the rows."""
-    x, w = call.args[:2]
+    w = call.args[1]
     if not isinstance(w, tvm.ir.Constant) or call.types[1].rank != 2 or call.dtype(0) != "float32" \
             or call.dtype(1) != "float32":
         return None
@@ -172,8 +207,7 @@ def amx_matmul(call: OpCall) -> relax.Expr | None:
     packed = R.nn.pad(R.astype(w, "bfloat16"), [0, kp - k, 0, np_ - n])
     packed = R.reshape(R.permute_dims(R.reshape(packed, [kp // PAIR, PAIR, np_ // N_TILE, N_TILE]), [2, 0, 3, 1]),
                        [1, np_ // N_TILE, kp // PAIR, N_TILE * PAIR])
-    out = _on_tiles(call, call.emit(R.reshape(x, [1, m, k])), call.emit(packed), tirx.IntImm("int64", 1), m, k, n,
-                    shared_b=True)
+    out = _on_tiles(call, call.emit(packed), 0, tirx.IntImm("int64", 1), m, k, n, shared_b=True)
     return R.reshape(out, [*lead, n])
 
 
@@ -195,6 +229,6 @@ def amx_batched_matmul(call: OpCall) -> relax.Expr | None:
     k, n = int(k), int(n)
     batch = analyzer.simplify(functools.reduce(operator.mul, lead, tirx.IntImm("int64", 1)))
     _, kp, np_ = padded(m, k, n)
-    b = call.bb.call_te(_packed_bf16, call.emit(R.reshape(call.args[1], [batch, k, n])), kp, np_)
-    out = _on_tiles(call, call.emit(R.reshape(call.args[0], [batch, m, k])), b, batch, m, k, n, shared_b=False)
+    b = call.bb.call_te(_packed_bf16, call.args[1], kp, np_)
+    out = _on_tiles(call, b, len(lead), batch, m, k, n, shared_b=False)
     return R.reshape(out, [*lead, m, n])
