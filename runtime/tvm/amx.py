@@ -57,10 +57,14 @@ def _intrin(name: str, *args: object) -> tirx.PrimExpr:
     return T.call_llvm_intrin("void", f"llvm.x86.{name}", *args)
 
 
-def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool) -> tirx.PrimFunc:
+def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int) -> tirx.PrimFunc:
     """The AMX kernel over padded operands A [batch, Mp, kp] bf16, packed B [batch (1 if `shared_b`), np_/16, kp/2,
     32] bf16 and C [batch, Mp, np_] f32 (kp, np_ whole tiles; Mp any multiple of 32, or `rows` < 16 itself: then
-    each tile is configured to `rows`). A shared B (a bound weight) is one matrix every batch multiplies by."""
+    each tile is configured to `rows`). A shared B (a bound weight) is one matrix every batch multiplies by.
+
+    Each parallel task is one 32-column panel of one batch (split along M only where there are fewer panels than
+    `cores`): it configures its thread's tiles once (ldtilecfg and tilerelease cost about as much as a 256-deep
+    block of products) and walks its M blocks in order, so the panel of B stays cached while A streams."""
     mt = 1 if rows < TILE_ROWS else C_ROWS
     nblocks, steps = np_ // (N_TILE * C_COLS), kp // K_STEP
     a_stride, c_stride = kp * 2, np_ * 4
@@ -75,7 +79,9 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool) -> tirx.PrimFunc:
         w = T.match_buffer(w_data, (wbatch, np_ // N_TILE, kp // PAIR, N_TILE * PAIR), "bfloat16")
         c = T.match_buffer(c_data, (batch, mp, np_), "float32")
         mblocks = mp // (rows * mt)
-        for block in T.parallel(batch * nblocks * mblocks):  # M blocks inner: a B column panel stays cached
+        per_task = T.if_then_else(batch * nblocks < cores, (mblocks * batch * nblocks + cores - 1) // cores, mblocks)
+        tasks = (mblocks + per_task - 1) // per_task
+        for task in T.parallel(batch * nblocks * tasks):
             config = T.decl_buffer((TILE_CONFIG_BYTES,), "uint8", scope="local")
             for i in range(TILE_CONFIG_BYTES):
                 config[i] = T.uint8(0)
@@ -84,27 +90,31 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool) -> tirx.PrimFunc:
                 config[16 + 2 * t] = T.uint8(TILE_BYTES)
                 config[48 + t] = T.uint8(T.if_then_else(t < b0, rows, TILE_ROWS))
             T.evaluate(_intrin("ldtilecfg", T.address_of(config[0])))
-            mb = block % mblocks
-            nb = block // mblocks % nblocks
-            bb = block // (mblocks * nblocks)
-            for t in T.unroll(a0):
-                T.evaluate(_intrin("tilezero", T.uint8(t)))
-            for kb in range(steps):
-                for i in T.unroll(mt):
-                    T.evaluate(_intrin("tileloadd64", T.uint8(a0 + i),
-                                       T.address_of(a[bb, (mb * mt + i) * rows, kb * K_STEP]), T.int64(a_stride)))
-                for j in T.unroll(C_COLS):
-                    T.evaluate(_intrin("tileloadd64", T.uint8(b0 + j),
-                                       T.address_of(w[bb * b_step, nb * C_COLS + j, kb * TILE_ROWS, 0]),
-                                       T.int64(TILE_BYTES)))
-                for i in T.unroll(mt):
-                    for j in T.unroll(C_COLS):
-                        T.evaluate(_intrin("tdpbf16ps", T.uint8(i * C_COLS + j), T.uint8(a0 + i), T.uint8(b0 + j)))
-            for i in T.unroll(mt):
-                for j in T.unroll(C_COLS):
-                    T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j),
-                                       T.address_of(c[bb, (mb * mt + i) * rows, (nb * C_COLS + j) * N_TILE]),
-                                       T.int64(c_stride)))
+            nb = task // tasks % nblocks
+            bb = task // (tasks * nblocks)
+            for mi in range(per_task):
+                mb = task % tasks * per_task + mi
+                if mb < mblocks:
+                    for t in T.unroll(a0):
+                        T.evaluate(_intrin("tilezero", T.uint8(t)))
+                    for kb in range(steps):
+                        for i in T.unroll(mt):
+                            T.evaluate(_intrin("tileloadd64", T.uint8(a0 + i),
+                                               T.address_of(a[bb, (mb * mt + i) * rows, kb * K_STEP]),
+                                               T.int64(a_stride)))
+                        for j in T.unroll(C_COLS):
+                            T.evaluate(_intrin("tileloadd64", T.uint8(b0 + j),
+                                               T.address_of(w[bb * b_step, nb * C_COLS + j, kb * TILE_ROWS, 0]),
+                                               T.int64(TILE_BYTES)))
+                        for i in T.unroll(mt):
+                            for j in T.unroll(C_COLS):
+                                T.evaluate(_intrin("tdpbf16ps", T.uint8(i * C_COLS + j), T.uint8(a0 + i),
+                                                   T.uint8(b0 + j)))
+                    for i in T.unroll(mt):
+                        for j in T.unroll(C_COLS):
+                            T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j),
+                                               T.address_of(c[bb, (mb * mt + i) * rows, (nb * C_COLS + j) * N_TILE]),
+                                               T.int64(c_stride)))
             T.evaluate(_intrin("tilerelease"))
     return kernel
 
@@ -185,7 +195,7 @@ def _on_tiles(call: OpCall, b: relax.Expr, outer: int, batch: tirx.PrimExpr, m: 
         a = call.emit(R.reshape(call.emit(R.astype(call.args[0], "bfloat16")), [batch, m, k]))
     else:
         a = call.bb.call_te(_padded_bf16, call.args[0], outer, mp, kp)
-    kernel = call.bb.add_func(tile_kernel(tile_rows(m), kp, np_, shared_b), KERNEL_NAME)
+    kernel = call.bb.add_func(tile_kernel(tile_rows(m), kp, np_, shared_b, cpu_model(call.target).cores), KERNEL_NAME)
     out = call.emit(relax.call_tir(kernel, [a, b], relax.TensorType((batch, mp, np_), "float32")))
     return out if whole_rows and np_ == n else call.emit(R.strided_slice(out, [1, 2], [0, 0], [m, n]))
 
