@@ -1,13 +1,15 @@
-"""bf16 matmuls on AMX-BF16 tiles: C[M, N] f32 = A[M, K] bf16 x W[K, N] bf16 for a bound (constant) W.
+"""bf16 matmuls on AMX-BF16 tiles: C[M, N] f32 = A[M, K] bf16 x B[K, N] bf16, for a bound (constant) B or, batched,
+for two activations (attention's q @ k^T and p @ v).
 
 The geometry is AMX's palette 1, the same on every CPU that has it: 8 tile registers of 16 rows x 64 bytes, so a
 bf16 A tile is 16 rows x 32 K values, a B tile 16 K pairs x 16 columns (each row 16 interleaved (k, k+1) pairs) and
 an f32 C tile 16 x 16. The kernel keeps 2 x 2 C tiles (1 x 2 below 16 rows, with tiles configured to M rows)
-resident while it walks K, loading 2 A and 2 B tiles per step, and stores them once; the blocks of 32 x 32 (or
-M x 32) outputs run in parallel on TVM's thread pool, each configuring its own thread's tiles, M blocks inner so
-each 32-column panel of W is read from memory once per call (A, M x K, is what the caches hold). W is packed once,
-by constant folding at build time, into [N/16, K/2, 16, 2] (each B tile 1 KiB contiguous), zero-padded to whole
-tiles; the activation's bf16 cast and its zero padding are one elementwise kernel in front.
+resident while it walks K, loading 2 A and 2 B tiles per step, and stores them once; each parallel task is a
+32-column panel whose thread configures its tiles once and walks the panel's M blocks, so the panel of B is read
+from memory once per call (A, M x K, is what the caches hold). B is packed into [N/16, K/2, 16, 2] (each B tile
+1 KiB contiguous), zero-padded to whole tiles: a bound weight once, by constant folding at build time, an
+activation per call by an elementwise kernel FuseOps joins to its producer; A's bf16 cast (and zero padding) is
+one elementwise kernel in front.
 """
 
 from __future__ import annotations
@@ -140,6 +142,14 @@ def _unflattened(flat: tirx.PrimExpr, dims: list[tirx.PrimExpr]) -> list[tirx.Pr
     return out[::-1]
 
 
+def _flattened(indices: tuple[tirx.PrimExpr, ...], dims: list[tirx.PrimExpr]) -> tirx.PrimExpr:
+    """The flat row-major index of `indices` into `dims` (the inverse of `_unflattened`)."""
+    flat: tirx.PrimExpr = tirx.IntImm("int64", 0)
+    for index, d in zip(indices, dims, strict=True):
+        flat = flat * d + index
+    return flat
+
+
 def _within(value: tirx.PrimExpr, index: tirx.PrimExpr, extent: tirx.PrimExpr, padded_extent: tirx.PrimExpr,
             ) -> tirx.PrimExpr:
     """`value` where `index` < `extent`, else a bf16 zero; `value` alone where the padded extent is the extent."""
@@ -182,13 +192,23 @@ def _packed_bf16(y: te.Tensor, kp: int, np_: int) -> te.Tensor:
     return te.compute((batch, np_ // N_TILE, kp // PAIR, N_TILE * PAIR), element, name="amx_packed")
 
 
+def _unpadded(c: te.Tensor, outer: int, shape: list[tirx.PrimExpr]) -> te.Tensor:
+    """C [batch, Mp, Np] without its padding, in the product's own shape [*batch, *m, n] (`outer` batch dims): one
+    elementwise kernel FuseOps joins to the consumer (a slice and a reshape of symbolic extents would not fuse)."""
+    batch_dims, row_dims = list(shape[:outer]), list(shape[outer:-1])
+
+    def element(*at: tirx.PrimExpr) -> tirx.PrimExpr:
+        return c[_flattened(at[:outer], batch_dims), _flattened(at[outer:-1], row_dims), at[-1]]
+    return te.compute(shape, element, name="amx_result")
+
+
 def _on_tiles(call: OpCall, b: relax.Expr, outer: int, batch: tirx.PrimExpr, m: tirx.PrimExpr, k: int, n: int,
-              shared_b: bool) -> relax.Expr:
-    """C [batch, m, n] f32 = A @ B on tiles for A = call's first operand ([*batch, *m, k] f32, `outer` batch dims)
-    and B already packed [batch or 1, np_/16, kp/2, 32]: A's cast and padding in front, the kernel, and the slice
-    dropping the padding (FuseOps joins it to the consumer). Where A is whole tiles its cast is elementwise and
-    keeps A's shape, so FuseOps can put it in A's producer's epilogue (softmax's, layer norm's); where C is, no
-    slice is left."""
+              shared_b: bool, shape: list[tirx.PrimExpr]) -> relax.Expr:
+    """A @ B in the product's shape `shape` on tiles, for A = call's first operand ([*batch, *m, k] f32, `outer`
+    batch dims) and B already packed [batch or 1, np_/16, kp/2, 32]: A's cast and padding in front, the kernel,
+    and the copy dropping the padding (FuseOps joins it to the consumer). Where A is whole tiles its cast is
+    elementwise and keeps A's shape, so FuseOps can put it in A's producer's epilogue (softmax's, the FFN's);
+    where C is, a reshape (a view) is left."""
     mp, kp, np_ = padded(m, k, n)
     whole_rows = tvm.sym.Analyzer().can_prove_equal(mp, m)
     if whole_rows and kp == k:
@@ -197,7 +217,7 @@ def _on_tiles(call: OpCall, b: relax.Expr, outer: int, batch: tirx.PrimExpr, m: 
         a = call.bb.call_te(_padded_bf16, call.args[0], outer, mp, kp)
     kernel = call.bb.add_func(tile_kernel(tile_rows(m), kp, np_, shared_b, cpu_model(call.target).cores), KERNEL_NAME)
     out = call.emit(relax.call_tir(kernel, [a, b], relax.TensorType((batch, mp, np_), "float32")))
-    return out if whole_rows and np_ == n else call.emit(R.strided_slice(out, [1, 2], [0, 0], [m, n]))
+    return R.reshape(out, shape) if whole_rows and np_ == n else call.bb.call_te(_unpadded, out, outer, shape)
 
 
 def amx_matmul(call: OpCall) -> relax.Expr | None:
@@ -217,8 +237,8 @@ def amx_matmul(call: OpCall) -> relax.Expr | None:
     packed = R.nn.pad(R.astype(w, "bfloat16"), [0, kp - k, 0, np_ - n])
     packed = R.reshape(R.permute_dims(R.reshape(packed, [kp // PAIR, PAIR, np_ // N_TILE, N_TILE]), [2, 0, 3, 1]),
                        [1, np_ // N_TILE, kp // PAIR, N_TILE * PAIR])
-    out = _on_tiles(call, call.emit(packed), 0, tirx.IntImm("int64", 1), m, k, n, shared_b=True)
-    return R.reshape(out, [*lead, n])
+    one = tirx.IntImm("int64", 1)
+    return _on_tiles(call, call.emit(packed), 0, one, m, k, n, True, [*lead, tirx.IntImm("int64", n)])
 
 
 def amx_batched_matmul(call: OpCall) -> relax.Expr | None:
@@ -240,5 +260,4 @@ def amx_batched_matmul(call: OpCall) -> relax.Expr | None:
     batch = analyzer.simplify(functools.reduce(operator.mul, lead, tirx.IntImm("int64", 1)))
     _, kp, np_ = padded(m, k, n)
     b = call.bb.call_te(_packed_bf16, call.args[1], kp, np_)
-    out = _on_tiles(call, b, len(lead), batch, m, k, n, shared_b=False)
-    return R.reshape(out, [*lead, m, n])
+    return _on_tiles(call, b, len(lead), batch, m, k, n, False, [*lead, m, tirx.IntImm("int64", n)])
