@@ -50,14 +50,16 @@ def _check(program, w: np.ndarray, rows: int, bias: np.ndarray | None = None) ->
 
 
 @needs_tiles
-@pytest.mark.parametrize(("k", "n"), [(64, 1000), (77, 77), (1000, 64)])
+@pytest.mark.parametrize(("k", "n"), [(64, 1000), (77, 77), (1000, 64), (1000, 77)])
 def test_tiles_are_within_the_bf16_bound_at_any_batch(k: int, n: int) -> None:
-    """A symbolic batch (rows padded to whole 32s) at M = 1, 7, 65 and 128, K and N not multiples of 32 (65 rows:
-    three row blocks, so a panel split across two cores leaves its last task one block short)."""
+    """A symbolic batch (rows padded to whole 32s) at M = 1, 7, 65, 128 and 600, K and N not multiples of 32 (65
+    rows: three row blocks, so a panel split across two cores leaves its last task one block short; 600 rows of
+    K = 1000 are more than half an L2 of 2 MiB or less holds, so with N = 77 (3 panels) M runs in chunks, the last
+    one short)."""
     w = _weight(k, n)
     program = compile_graph(linear_graph(w, None, bias=False), precision="bf16")
     assert runs_tiles(program.program.target, program.program.op_map)
-    for rows in (1, 7, 65, 128):
+    for rows in (1, 7, 65, 128, 600):
         _check(program, w, rows)
 
 
