@@ -9,10 +9,11 @@ import re
 import numpy as np
 import pytest
 from test_precision import bf16_bound  # the documented bound, one place
+from tvm import tirx
 from tvm.target import Target
 
 from kiln.ir import Builder, Graph, verify
-from kiln.runtime.tvm.amx import KERNEL_NAME, has_tiles, runs_tiles
+from kiln.runtime.tvm.amx import KERNEL_NAME, has_tiles, runs_tiles, tile_kernel
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.target import cpu_target
@@ -161,3 +162,26 @@ def test_sapphire_rapids_attention_products_call_the_tile_kernel() -> None:
 
     assert sum(name.startswith(KERNEL_NAME) for name in kernels(SAPPHIRE)) == 2
     assert not any(name.startswith(KERNEL_NAME) for name in kernels(NO_AMX["znver4"]))
+
+
+def _loops_around(stmt: tirx.Stmt, name: str, loops: tuple[tirx.ForKind, ...] = ()) -> list[tuple[tirx.ForKind, ...]]:
+    """The kinds of the loops around each call of the intrinsic `name` in `stmt`, outermost first."""
+    if isinstance(stmt, tirx.For):
+        return _loops_around(stmt.body, name, (*loops, stmt.kind))
+    if isinstance(stmt, tirx.Evaluate):
+        return [loops] if f"llvm.x86.{name}" in str(stmt.value) else []
+    if isinstance(stmt, tirx.SeqStmt):
+        return [found for s in stmt.seq for found in _loops_around(s, name, loops)]
+    inner = [getattr(stmt, a, None) for a in ("body", "then_case", "else_case")]
+    return [found for s in inner if s is not None for found in _loops_around(s, name, loops)]
+
+
+def test_each_task_configures_its_tiles_once() -> None:
+    """ldtilecfg and tilerelease sit in the parallel task loop itself, the products two serial loops further in (M
+    blocks, K steps): the configuration is paid once per task, not once per 32 x 32 block."""
+    kernel = tile_kernel(16, 64, 64, shared_b=True, cores=2, l2_bytes=1 << 20)
+    task = (tirx.ForKind.PARALLEL,)
+    assert _loops_around(kernel.body, "ldtilecfg") == [task]
+    assert _loops_around(kernel.body, "tilerelease") == [task]
+    products = _loops_around(kernel.body, "tdpbf16ps")
+    assert products and all(p[:3] == (*task, tirx.ForKind.SERIAL, tirx.ForKind.SERIAL) for p in products)
