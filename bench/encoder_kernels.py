@@ -2,7 +2,7 @@
 TVM's VM instrument beside onnxruntime's own profile (`SessionOptions.enable_profiling`) of the ONNX file kiln
 exports, both on 1 thread, each kernel's best of `--calls` calls, in CPU time.
 
-    .venv/bin/python bench/encoder_kernels.py [--d 256] [--batch 1] [--calls 20] [--top 20]
+    .venv/bin/python bench/encoder_kernels.py [--d 256] [--batch 1] [--calls 20] [--top 20] [--precision bf16]
 
 The layer is the matrix's (`inference.encoder_widths(d)`, 128 tokens). CPU time keeps a shared host's load out of
 the figures; onnxruntime's kernel times are its profiler's (wall clock within the call), so on a loaded host they
@@ -74,14 +74,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--precision", default="f32", help="kiln's precision mode (docs/precision.md)")
     a = parser.parse_args()
     graph = traced(nn.TransformerEncoderLayer(*encoder_widths(a.d)), (a.batch, 128, a.d))
     x = kiln.aligned(np.random.default_rng(1).standard_normal((a.batch, 128, a.d)).astype(np.float32))
-    exe = kiln.compile(graph)
+    exe = kiln.compile(graph, precision=a.precision)
     exe(x)
     plain = best_of(lambda: exe(x), a.calls)
     kernels = kiln_kernels(exe, x, a.calls)
-    print(f"encoder d{a.d} {a.batch}x128, 1 thread, best of {a.calls}, CPU time; load {os.getloadavg()[0]:.1f}")
+    print(f"encoder d{a.d} {a.batch}x128 {a.precision}, 1 thread, best of {a.calls}, CPU time; "
+          f"load {os.getloadavg()[0]:.1f}")
     print(f"\nkiln: {plain:.3f} ms a call; its kernels and VM builtins, each timed alone: "
           f"{sum(ms for ms, _ in kernels.values()):.3f} ms\n")
     print("| kernel | ms | argument shapes |\n|---|---:|---|")

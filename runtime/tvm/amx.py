@@ -1,13 +1,15 @@
-"""bf16 matmuls on AMX-BF16 tiles: C[M, N] f32 = A[M, K] bf16 x W[K, N] bf16 for a bound (constant) W.
+"""bf16 matmuls on AMX-BF16 tiles: C[M, N] f32 = A[M, K] bf16 x B[K, N] bf16, for a bound (constant) B or, batched,
+for two activations (attention's q @ k^T and p @ v).
 
 The geometry is AMX's palette 1, the same on every CPU that has it: 8 tile registers of 16 rows x 64 bytes, so a
 bf16 A tile is 16 rows x 32 K values, a B tile 16 K pairs x 16 columns (each row 16 interleaved (k, k+1) pairs) and
 an f32 C tile 16 x 16. The kernel keeps 2 x 2 C tiles (1 x 2 below 16 rows, with tiles configured to M rows)
-resident while it walks K, loading 2 A and 2 B tiles per step, and stores them once; the blocks of 32 x 32 (or
-M x 32) outputs run in parallel on TVM's thread pool, each configuring its own thread's tiles, M blocks inner so
-each 32-column panel of W is read from memory once per call (A, M x K, is what the caches hold). W is packed once,
-by constant folding at build time, into [N/16, K/2, 16, 2] (each B tile 1 KiB contiguous), zero-padded to whole
-tiles; the activation's bf16 cast and its zero padding are one elementwise kernel in front.
+resident while it walks K, loading 2 A and 2 B tiles per step, and stores them once; each parallel task is a
+32-column panel whose thread configures its tiles once and walks the panel's M blocks, so the panel of B is read
+from memory once per call (A, M x K, is what the caches hold). B is packed into [N/16, K/2, 16, 2] (each B tile
+1 KiB contiguous), zero-padded to whole tiles: a bound weight once, by constant folding at build time, an
+activation per call by an elementwise kernel FuseOps joins to its producer; A's bf16 cast (and zero padding) is
+one elementwise kernel in front.
 """
 
 from __future__ import annotations
@@ -57,22 +59,35 @@ def _intrin(name: str, *args: object) -> tirx.PrimExpr:
     return T.call_llvm_intrin("void", f"llvm.x86.{name}", *args)
 
 
-def tile_kernel(rows: int, kp: int, np_: int) -> tirx.PrimFunc:
-    """The AMX kernel over padded operands A [Mp, kp] bf16, packed W [np_/16, kp/2, 32] bf16 and C [Mp, np_] f32
-    (kp, np_ whole tiles; Mp any multiple of 32, or `rows` < 16 itself: then each tile is configured to `rows`)."""
+def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_bytes: int) -> tirx.PrimFunc:
+    """The AMX kernel over padded operands A [batch, Mp, kp] bf16, packed B [batch (1 if `shared_b`), np_/16, kp/2,
+    32] bf16 and C [batch, Mp, np_] f32 (kp, np_ whole tiles; Mp any multiple of 32, or `rows` < 16 itself: then
+    each tile is configured to `rows`). A shared B (a bound weight) is one matrix every batch multiplies by.
+
+    Each parallel task is one 32-column panel of one batch over a chunk of M: the rows of A that fill half of
+    `l2_bytes` (fewer where there are fewer panels than `cores`, so every core gets work). Its thread configures
+    its tiles once (ldtilecfg and tilerelease cost about as much as a 256-deep block of products) and walks the
+    chunk's M blocks with the panel of B cached; tasks run chunk by chunk, so a thread's consecutive panels reuse
+    its A chunk from L2 (M-long panels streamed all of A from L3 per panel: 1024 rows x K 3072 ran at 750 GFLOP/s)."""
     mt = 1 if rows < TILE_ROWS else C_ROWS
     nblocks, steps = np_ // (N_TILE * C_COLS), kp // K_STEP
     a_stride, c_stride = kp * 2, np_ * 4
     a0, b0 = mt * C_COLS, mt * C_COLS + mt  # first A and first B tile register
+    b_step = 0 if shared_b else 1  # B's batch index per batch of A
+    chunk = max(1, l2_bytes // 2 // (a_stride * rows * mt))  # M blocks of A in half of L2
 
     @T.prim_func(private=True)
-    def kernel(a_data: T.handle, w: T.Buffer((np_ // N_TILE, kp // PAIR, N_TILE * PAIR), "bfloat16"),
-               c_data: T.handle):
+    def kernel(a_data: T.handle, w_data: T.handle, c_data: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        mp = T.int64()
-        a = T.match_buffer(a_data, (mp, kp), "bfloat16")
-        c = T.match_buffer(c_data, (mp, np_), "float32")
-        for block in T.parallel(mp // (rows * mt) * nblocks):  # M blocks inner: a B column panel stays cached
+        batch, mp, wbatch = T.int64(), T.int64(), T.int64()
+        a = T.match_buffer(a_data, (batch, mp, kp), "bfloat16")
+        w = T.match_buffer(w_data, (wbatch, np_ // N_TILE, kp // PAIR, N_TILE * PAIR), "bfloat16")
+        c = T.match_buffer(c_data, (batch, mp, np_), "float32")
+        mblocks = mp // (rows * mt)
+        spread = T.if_then_else(batch * nblocks < cores, (mblocks * batch * nblocks + cores - 1) // cores, mblocks)
+        per_task = T.min(spread, chunk)
+        tasks = (mblocks + per_task - 1) // per_task
+        for task in T.parallel(tasks * batch * nblocks):  # chunks outer: a thread's run of panels shares A's chunk
             config = T.decl_buffer((TILE_CONFIG_BYTES,), "uint8", scope="local")
             for i in range(TILE_CONFIG_BYTES):
                 config[i] = T.uint8(0)
@@ -81,25 +96,31 @@ def tile_kernel(rows: int, kp: int, np_: int) -> tirx.PrimFunc:
                 config[16 + 2 * t] = T.uint8(TILE_BYTES)
                 config[48 + t] = T.uint8(T.if_then_else(t < b0, rows, TILE_ROWS))
             T.evaluate(_intrin("ldtilecfg", T.address_of(config[0])))
-            mb = block % (mp // (rows * mt))
-            nb = block // (mp // (rows * mt))
-            for t in T.unroll(a0):
-                T.evaluate(_intrin("tilezero", T.uint8(t)))
-            for kb in range(steps):
-                for i in T.unroll(mt):
-                    T.evaluate(_intrin("tileloadd64", T.uint8(a0 + i),
-                                       T.address_of(a[(mb * mt + i) * rows, kb * K_STEP]), T.int64(a_stride)))
-                for j in T.unroll(C_COLS):
-                    T.evaluate(_intrin("tileloadd64", T.uint8(b0 + j),
-                                       T.address_of(w[nb * C_COLS + j, kb * TILE_ROWS, 0]), T.int64(TILE_BYTES)))
-                for i in T.unroll(mt):
-                    for j in T.unroll(C_COLS):
-                        T.evaluate(_intrin("tdpbf16ps", T.uint8(i * C_COLS + j), T.uint8(a0 + i), T.uint8(b0 + j)))
-            for i in T.unroll(mt):
-                for j in T.unroll(C_COLS):
-                    T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j),
-                                       T.address_of(c[(mb * mt + i) * rows, (nb * C_COLS + j) * N_TILE]),
-                                       T.int64(c_stride)))
+            nb = task % nblocks
+            bb = task // nblocks % batch
+            for mi in range(per_task):
+                mb = task // (nblocks * batch) * per_task + mi
+                if mb < mblocks:
+                    for t in T.unroll(a0):
+                        T.evaluate(_intrin("tilezero", T.uint8(t)))
+                    for kb in range(steps):
+                        for i in T.unroll(mt):
+                            T.evaluate(_intrin("tileloadd64", T.uint8(a0 + i),
+                                               T.address_of(a[bb, (mb * mt + i) * rows, kb * K_STEP]),
+                                               T.int64(a_stride)))
+                        for j in T.unroll(C_COLS):
+                            T.evaluate(_intrin("tileloadd64", T.uint8(b0 + j),
+                                               T.address_of(w[bb * b_step, nb * C_COLS + j, kb * TILE_ROWS, 0]),
+                                               T.int64(TILE_BYTES)))
+                        for i in T.unroll(mt):
+                            for j in T.unroll(C_COLS):
+                                T.evaluate(_intrin("tdpbf16ps", T.uint8(i * C_COLS + j), T.uint8(a0 + i),
+                                                   T.uint8(b0 + j)))
+                    for i in T.unroll(mt):
+                        for j in T.unroll(C_COLS):
+                            T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j),
+                                               T.address_of(c[bb, (mb * mt + i) * rows, (nb * C_COLS + j) * N_TILE]),
+                                               T.int64(c_stride)))
             T.evaluate(_intrin("tilerelease"))
     return kernel
 
@@ -116,19 +137,99 @@ def padded(m: tirx.PrimExpr, k: int, n: int) -> tuple[tirx.PrimExpr, int, int]:
     return mp, _round_up(k, K_STEP), _round_up(n, N_TILE * C_COLS)
 
 
-def _padded_bf16(x: te.Tensor, rows: tirx.PrimExpr, cols: int) -> te.Tensor:
-    """x [M, K] rounded to bf16 and zero-padded to [rows, cols]: the one elementwise kernel in front of the tiles."""
-    m, k = x.shape
-    return te.compute((rows, cols), lambda i, j: tirx.if_then_else(
-        tirx.all(i < m, j < k), x[tirx.min(i, m - 1), tirx.min(j, k - 1)].astype("bfloat16"),
-        tirx.const(0, "bfloat16")), name="amx_operand")
+def _unflattened(flat: tirx.PrimExpr, dims: list[tirx.PrimExpr]) -> list[tirx.PrimExpr]:
+    """The row-major indices into `dims` of the flat index `flat`."""
+    out = []
+    for d in reversed(dims):
+        out.append(flat % d)
+        flat = flat // d
+    return out[::-1]
+
+
+def _flattened(indices: tuple[tirx.PrimExpr, ...], dims: list[tirx.PrimExpr]) -> tirx.PrimExpr:
+    """The flat row-major index of `indices` into `dims` (the inverse of `_unflattened`)."""
+    flat: tirx.PrimExpr = tirx.IntImm("int64", 0)
+    for index, d in zip(indices, dims, strict=True):
+        flat = flat * d + index
+    return flat
+
+
+def _within(value: tirx.PrimExpr, index: tirx.PrimExpr, extent: tirx.PrimExpr, padded_extent: tirx.PrimExpr,
+            ) -> tirx.PrimExpr:
+    """`value` where `index` < `extent`, else a bf16 zero; `value` alone where the padded extent is the extent."""
+    if tvm.sym.Analyzer().can_prove_equal(extent, padded_extent):
+        return value
+    return tirx.if_then_else(index < extent, value, tirx.const(0, "bfloat16"))
+
+
+def _clamped(index: tirx.PrimExpr, extent: tirx.PrimExpr) -> tirx.PrimExpr:
+    return tirx.min(index, extent - 1)
+
+
+def _padded_bf16(x: te.Tensor, outer: int, rows: tirx.PrimExpr, cols: int) -> te.Tensor:
+    """x [*batch, *m, K] (`outer` batch dims, then the dims that flatten to M) rounded to bf16 and zero-padded to
+    [prod(batch), rows, cols]: A as the tiles read it, one elementwise kernel that FuseOps joins to x's producer
+    (read in x's own shape, so no reshape stands between them)."""
+    *lead, k = x.shape
+    batch_dims, row_dims = list(lead[:outer]), list(lead[outer:])
+    batch = functools.reduce(operator.mul, batch_dims, tirx.IntImm("int64", 1))
+    m = functools.reduce(operator.mul, row_dims, tirx.IntImm("int64", 1))
+
+    def element(b: tirx.PrimExpr, i: tirx.PrimExpr, j: tirx.PrimExpr) -> tirx.PrimExpr:
+        at = [*_unflattened(b, batch_dims), *_unflattened(_clamped(i, m), row_dims), _clamped(j, k)]
+        value = _within(x[tuple(at)].astype("bfloat16"), j, k, cols)
+        return _within(value, i, m, rows)
+    return te.compute((batch, rows, cols), element, name="amx_operand")
+
+
+def _packed_bf16(y: te.Tensor, kp: int, np_: int) -> te.Tensor:
+    """y [*batch, K, N] rounded to bf16, zero-padded to [kp, np_] and packed [prod(batch), np_/16, kp/2, 32]
+    (element (j, p, 2n + e) = y[2p + e, 16j + n]): B as the tiles read it, computed by y's producer where FuseOps
+    joins them."""
+    *lead, k, n = y.shape
+    batch = functools.reduce(operator.mul, lead, tirx.IntImm("int64", 1))
+
+    def element(b: tirx.PrimExpr, j: tirx.PrimExpr, p: tirx.PrimExpr, e: tirx.PrimExpr) -> tirx.PrimExpr:
+        row, col = p * PAIR + e % PAIR, j * N_TILE + e // PAIR
+        value = y[(*_unflattened(b, lead), _clamped(row, k), _clamped(col, n))].astype("bfloat16")
+        return _within(_within(value, row, k, kp), col, n, np_)
+    return te.compute((batch, np_ // N_TILE, kp // PAIR, N_TILE * PAIR), element, name="amx_packed")
+
+
+def _unpadded(c: te.Tensor, outer: int, shape: list[tirx.PrimExpr]) -> te.Tensor:
+    """C [batch, Mp, Np] without its padding, in the product's own shape [*batch, *m, n] (`outer` batch dims): one
+    elementwise kernel FuseOps joins to the consumer (a slice and a reshape of symbolic extents would not fuse)."""
+    batch_dims, row_dims = list(shape[:outer]), list(shape[outer:-1])
+
+    def element(*at: tirx.PrimExpr) -> tirx.PrimExpr:
+        return c[_flattened(at[:outer], batch_dims), _flattened(at[outer:-1], row_dims), at[-1]]
+    return te.compute(shape, element, name="amx_result")
+
+
+def _on_tiles(call: OpCall, b: relax.Expr, outer: int, batch: tirx.PrimExpr, m: tirx.PrimExpr, k: int, n: int,
+              shared_b: bool, shape: list[tirx.PrimExpr]) -> relax.Expr:
+    """A @ B in the product's shape `shape` on tiles, for A = call's first operand ([*batch, *m, k] f32, `outer`
+    batch dims) and B already packed [batch or 1, np_/16, kp/2, 32]: A's cast and padding in front, the kernel,
+    and the copy dropping the padding (FuseOps joins it to the consumer). Where A is whole tiles its cast is
+    elementwise and keeps A's shape, so FuseOps can put it in A's producer's epilogue (softmax's, the FFN's);
+    where C is, a reshape (a view) is left."""
+    mp, kp, np_ = padded(m, k, n)
+    whole_rows = tvm.sym.Analyzer().can_prove_equal(mp, m)
+    if whole_rows and kp == k:
+        a = call.emit(R.reshape(call.emit(R.astype(call.args[0], "bfloat16")), [batch, m, k]))
+    else:
+        a = call.bb.call_te(_padded_bf16, call.args[0], outer, mp, kp)
+    model = cpu_model(call.target)
+    kernel = call.bb.add_func(tile_kernel(tile_rows(m), kp, np_, shared_b, model.cores, model.caches.l2), KERNEL_NAME)
+    out = call.emit(relax.call_tir(kernel, [a, b], relax.TensorType((batch, mp, np_), "float32")))
+    return R.reshape(out, shape) if whole_rows and np_ == n else call.bb.call_te(_unpadded, out, outer, shape)
 
 
 def amx_matmul(call: OpCall) -> relax.Expr | None:
     """`x @ W` (bf16 operands, f32 sums) on AMX tiles for a bound f32 [K, N] W, for a CPU with AMX-BF16
     (`has_tiles` chooses); None where it does not apply (W not a constant, a symbolic K, a batched or
     transposed product). x's leading dims, symbolic or not, are the rows."""
-    x, w = call.args[:2]
+    w = call.args[1]
     if not isinstance(w, tvm.ir.Constant) or call.types[1].rank != 2 or call.dtype(0) != "float32" \
             or call.dtype(1) != "float32":
         return None
@@ -137,11 +238,31 @@ def amx_matmul(call: OpCall) -> relax.Expr | None:
         return None
     k, n = int(k), int(call.types[1].shape[1])
     m = tvm.sym.Analyzer().simplify(functools.reduce(operator.mul, lead, tirx.IntImm("int64", 1)))
-    mp, kp, np_ = padded(m, k, n)
-    a = call.bb.call_te(_padded_bf16, call.emit(R.reshape(x, [m, k])), mp, kp)
+    _, kp, np_ = padded(m, k, n)
     packed = R.nn.pad(R.astype(w, "bfloat16"), [0, kp - k, 0, np_ - n])
     packed = R.reshape(R.permute_dims(R.reshape(packed, [kp // PAIR, PAIR, np_ // N_TILE, N_TILE]), [2, 0, 3, 1]),
-                       [np_ // N_TILE, kp // PAIR, N_TILE * PAIR])
-    kernel = call.bb.add_func(tile_kernel(tile_rows(m), kp, np_), KERNEL_NAME)
-    out = call.emit(relax.call_tir(kernel, [a, call.emit(packed)], relax.TensorType((mp, np_), "float32")))
-    return R.reshape(call.emit(R.strided_slice(out, [0, 1], [0, 0], [m, n])), [*lead, n])
+                       [1, np_ // N_TILE, kp // PAIR, N_TILE * PAIR])
+    one = tirx.IntImm("int64", 1)
+    return _on_tiles(call, call.emit(packed), 0, one, m, k, n, True, [*lead, tirx.IntImm("int64", n)])
+
+
+def amx_batched_matmul(call: OpCall) -> relax.Expr | None:
+    """`x @ y` (bf16 operands, f32 sums) on AMX tiles where both are activations of the same leading dims
+    (attention's `q @ k^T` and `p @ v`): y is cast, padded and packed by one elementwise kernel that FuseOps joins
+    to y's producer, so the pack costs what writing y costs. None where it does not apply (not f32, rank below 2,
+    broadcast leading dims, a symbolic K or N)."""
+    x_type, y_type = call.types[0], call.types[1]
+    if call.dtype(0) != "float32" or call.dtype(1) != "float32" or x_type.rank < 2 or x_type.rank != y_type.rank:
+        return None
+    *lead, m, k = call.shape(0)
+    *y_lead, _, n = call.shape(1)
+    analyzer = tvm.sym.Analyzer()
+    if not isinstance(k, tirx.IntImm) or not isinstance(n, tirx.IntImm) or int(k) == 0 or int(n) == 0 \
+            or any(not analyzer.can_prove_equal(d, e) for d, e in zip(lead, y_lead, strict=True)) \
+            or any(isinstance(d, tirx.IntImm) and int(d) == 0 for d in [*lead, m]):
+        return None
+    k, n = int(k), int(n)
+    batch = analyzer.simplify(functools.reduce(operator.mul, lead, tirx.IntImm("int64", 1)))
+    _, kp, np_ = padded(m, k, n)
+    b = call.bb.call_te(_packed_bf16, call.args[1], kp, np_)
+    return _on_tiles(call, b, len(lead), batch, m, k, n, False, [*lead, m, tirx.IntImm("int64", n)])

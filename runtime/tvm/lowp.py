@@ -19,7 +19,7 @@ from tvm.target import Target
 
 from kiln.ir import KilnError, PrecisionWarning
 
-from .amx import AMX_BF16, amx_matmul, has_tiles
+from .amx import AMX_BF16, amx_batched_matmul, amx_matmul, has_tiles
 from .cpu import cpu_model
 from .quant_matmul import decoded_weight
 from .rule import OpCall
@@ -117,11 +117,12 @@ def int8_matmul(call: OpCall) -> relax.Expr | None:
 
 def lowp_matmul(call: OpCall) -> relax.Expr | None:
     """The matmul of `call` in its build's precision (int8 for Q8 weights, bf16 on AMX tiles where the CPU has
-    them, else bf16 operands), or None for f32."""
+    them, bound weight or two activations, else bf16 operands), or None for f32."""
     fused = int8_matmul(call)
     if fused is not None or call.precision != "bf16" or decoded_weight(call) is not None:
         return fused
     tiled = amx_matmul(call) if has_tiles(call.target) else None
+    tiled = amx_batched_matmul(call) if tiled is None and has_tiles(call.target) else tiled
     if tiled is not None:
         return tiled
     (x, w), out = bf16_operands(call)

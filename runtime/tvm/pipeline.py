@@ -67,6 +67,7 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
     """The CPU pipeline up to fusion: what MetaSchedule tunes, so its database keys match the build's kernels.
     `block_convs=False` keeps every conv NCHW (the A/B of `bench/worst_kernels.py`, the width-tile tests)."""
     return [relax.transform.DeadCodeElimination(),  # a weight decoded inside its matmul leaves its dequantize unused
+            relax.transform.EliminateCommonSubexpr(),  # one bf16 cast of x for q, k and v (each rule casts its own)
             *(fast_math_passes() if fast_math else []), *cpu_passes.library_dispatch_passes(target),
             *([block_conv_regions(target)] if block_convs else []),  # NCHW[x]c conv regions where the CPU model says so
             plane_windows(target),  # the NCHW depthwise convs and pools left, plane by plane

@@ -9,10 +9,11 @@ import re
 import numpy as np
 import pytest
 from test_precision import bf16_bound  # the documented bound, one place
+from tvm import tirx
 from tvm.target import Target
 
 from kiln.ir import Builder, Graph, verify
-from kiln.runtime.tvm.amx import KERNEL_NAME, has_tiles, runs_tiles
+from kiln.runtime.tvm.amx import KERNEL_NAME, has_tiles, runs_tiles, tile_kernel
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.target import cpu_target
@@ -50,13 +51,16 @@ def _check(program, w: np.ndarray, rows: int, bias: np.ndarray | None = None) ->
 
 
 @needs_tiles
-@pytest.mark.parametrize(("k", "n"), [(64, 1000), (77, 77), (1000, 64)])
+@pytest.mark.parametrize(("k", "n"), [(64, 1000), (77, 77), (1000, 64), (1000, 77)])
 def test_tiles_are_within_the_bf16_bound_at_any_batch(k: int, n: int) -> None:
-    """A symbolic batch (rows padded to whole 32s) at M = 1, 7 and 128, K and N not multiples of 32."""
+    """A symbolic batch (rows padded to whole 32s) at M = 1, 7, 65, 128 and 600, K and N not multiples of 32 (65
+    rows: three row blocks, so a panel split across two cores leaves its last task one block short; 600 rows of
+    K = 1000 are more than half an L2 of 2 MiB or less holds, so with N = 77 (3 panels) M runs in chunks, the last
+    one short)."""
     w = _weight(k, n)
     program = compile_graph(linear_graph(w, None, bias=False), precision="bf16")
     assert runs_tiles(program.program.target, program.program.op_map)
-    for rows in (1, 7, 128):
+    for rows in (1, 7, 65, 128, 600):
         _check(program, w, rows)
 
 
@@ -104,3 +108,80 @@ def test_the_tile_choice_follows_the_lowered_target_not_an_ambient_one() -> None
     assert KERNEL_NAME in kernels(SAPPHIRE)
     with SAPPHIRE:
         assert KERNEL_NAME not in kernels(NO_AMX["znver4"])
+
+
+def attention_graph(lead: tuple[int | None, ...], m: int | None, k: int, n: int) -> Graph:
+    """q [*lead, m, k] @ (k_t [*lead, n, k])^T and p [*lead, m, n] @ v [*lead, n, k]: attention's two products,
+    both operands activations, the right one written by a transpose as in an encoder."""
+    b = Builder("attn")
+    q = b.input("q", ((*lead, m, k), "f32"))
+    keys = b.input("keys", ((*lead, n, k), "f32"))
+    p = b.input("p", ((*lead, m, n), "f32"))
+    v = b.input("v", ((*lead, n, k), "f32"))
+    b.ret(b.matmul(q, b.transpose(keys, perm=(*range(len(lead)), len(lead) + 1, len(lead)))), b.matmul(p, v))
+    return verify(b.build())
+
+
+def _products(program, lead: tuple[int, ...], m: int, k: int, n: int) -> None:
+    rng = np.random.default_rng(m * k * n)
+    q, keys, p, v = (rng.standard_normal(s).astype(np.float32)
+                     for s in ((*lead, m, k), (*lead, n, k), (*lead, m, n), (*lead, n, k)))
+    for y, (x, w) in zip(program(q, keys, p, v), ((q, np.swapaxes(keys, -1, -2)), (p, v)), strict=True):
+        exact = x.astype(np.float64) @ w
+        err = np.abs(np.asarray(y) - exact)
+        assert np.all(err <= bf16_bound(x.astype(np.float64), w.astype(np.float64)))
+        assert err.max() > 2.0 ** -16 * (np.abs(x) @ np.abs(w)).max()  # bf16's error: not an f32 build
+
+
+@needs_tiles
+@pytest.mark.parametrize(("lead", "m", "k", "n"), [((2, 3), 128, 64, 128), ((1,), 7, 77, 45), ((3,), 1, 33, 17)])
+def test_attention_products_on_tiles_are_within_the_bf16_bound(lead: tuple[int, ...], m: int, k: int,
+                                                               n: int) -> None:
+    """Both products run on tiles (the right operand packed per call) at 128, 7 and 1 rows, K and N not multiples
+    of 16 or 32, static shapes."""
+    program = compile_graph(attention_graph(lead, m, k, n), precision="bf16")
+    assert runs_tiles(program.program.target, program.program.op_map)
+    _products(program, lead, m, k, n)
+
+
+@needs_tiles
+def test_attention_products_on_tiles_with_a_symbolic_batch_and_rows() -> None:
+    """A symbolic batch and a symbolic M (rows padded to whole 32s): one build at batch 1 x 1 row and 2 x 37 rows."""
+    program = compile_graph(attention_graph((None,), None, 64, 50), precision="bf16")
+    assert runs_tiles(program.program.target, program.program.op_map)
+    for lead, m in (((1,), 1), ((2,), 37)):
+        _products(program, lead, m, 64, 50)
+
+
+def test_sapphire_rapids_attention_products_call_the_tile_kernel() -> None:
+    """A Sapphire Rapids lowering of attention's products calls the tile kernel for both, with no f32 or widened
+    product left; a Zen 4 lowering (no AMX) keeps its bf16 matmuls."""
+    def kernels(target: Target) -> list[str]:
+        module = lower(attention_graph((2,), 128, 64, 128), "bound", None, "bf16", target).module
+        return sorted(gv.name_hint for gv in module.get_global_vars())
+
+    assert sum(name.startswith(KERNEL_NAME) for name in kernels(SAPPHIRE)) == 2
+    assert not any(name.startswith(KERNEL_NAME) for name in kernels(NO_AMX["znver4"]))
+
+
+def _loops_around(stmt: tirx.Stmt, name: str, loops: tuple[tirx.ForKind, ...] = ()) -> list[tuple[tirx.ForKind, ...]]:
+    """The kinds of the loops around each call of the intrinsic `name` in `stmt`, outermost first."""
+    if isinstance(stmt, tirx.For):
+        return _loops_around(stmt.body, name, (*loops, stmt.kind))
+    if isinstance(stmt, tirx.Evaluate):
+        return [loops] if f"llvm.x86.{name}" in str(stmt.value) else []
+    if isinstance(stmt, tirx.SeqStmt):
+        return [found for s in stmt.seq for found in _loops_around(s, name, loops)]
+    inner = [getattr(stmt, a, None) for a in ("body", "then_case", "else_case")]
+    return [found for s in inner if s is not None for found in _loops_around(s, name, loops)]
+
+
+def test_each_task_configures_its_tiles_once() -> None:
+    """ldtilecfg and tilerelease sit in the parallel task loop itself, the products two serial loops further in (M
+    blocks, K steps): the configuration is paid once per task, not once per 32 x 32 block."""
+    kernel = tile_kernel(16, 64, 64, shared_b=True, cores=2, l2_bytes=1 << 20)
+    task = (tirx.ForKind.PARALLEL,)
+    assert _loops_around(kernel.body, "ldtilecfg") == [task]
+    assert _loops_around(kernel.body, "tilerelease") == [task]
+    products = _loops_around(kernel.body, "tdpbf16ps")
+    assert products and all(p[:3] == (*task, tirx.ForKind.SERIAL, tirx.ForKind.SERIAL) for p in products)
