@@ -310,3 +310,12 @@ def test_captured_step_with_flipped_input_gradients_is_the_interpreters() -> Non
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
     for path in want:
         np.testing.assert_allclose(got[path], want[path], rtol=1e-4, atol=1e-6, err_msg=path)
+
+
+@pytest.mark.parametrize(("target", "register"), [(AVX2, "ymm"), (AVX512, "zmm")], ids=["avx2", "avx512"])
+def test_cross_builds_of_a_flipped_matmul(target: tvm.target.Target, register: str) -> None:
+    """The flipped `x @ W^T` builds for an AVX2 (haswell) and an AVX-512 target, its FMAs on that ISA's vectors."""
+    assert flip_pays(40, 150, 200)
+    mod = relax_module([(40, 200), (150, 200)], lambda x, w: relax.op.matmul(x, relax.op.permute_dims(w)))
+    asm = tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target)).mod.imports[0].inspect_source("asm")
+    assert re.search(rf"vfmadd\d+ps\s+[^\n]*%{register}", asm)
