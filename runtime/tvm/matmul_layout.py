@@ -7,6 +7,9 @@ A weight that is a constant (`params="bound"`) is packed in numpy at build time;
 (`packs_operand`), and so is a batched one with the same batch dims (attention's keys and values, per head): its
 packing kernel fuses into the head-split transpose that produces it, so the panels cost no extra pass (the
 12x128x64x128 scores 0.405 -> 0.373 ms, 12x128x128x64 0.317 -> 0.304 on a Zen 3 core).
+A right operand that is the transpose of a run-time weight larger than the activations (the backward's
+`dy @ W^T` of a batch-1 encoder) is not packed: the product is computed as `(W @ dy^T)^T` (`flip_pays`), so the
+small activation is packed and the weight's rows stream in place, and the weight is not copied every step.
 A Relax rewrite before legalization, like the conv layout (`conv_regions.py`): it needs the target.
 """
 
@@ -46,6 +49,14 @@ def packs_operand(model: CPUModel, rows: int) -> bool:
     spends `rows / fma_units` FMA cycles on each of those vectors; with at least `lanes x fma_units` rows the copy
     is at most 1 / lanes of the matmul (under 4% on AVX2). A GEMV (batch 1) never pays for it."""
     return rows >= model.lanes() * model.fma_units
+
+
+def flip_pays(rows: int, k: int, n: int) -> bool:
+    """Whether `x @ W^T` (x: `rows x n`, W: `k x n`, known only at run time) is cheaper as `(W @ x^T)^T`: packing
+    `W^T` copies `k x n` elements, read down the weight's columns, while the flip copies x into panels and its
+    `rows x k` result back, `rows x (n + k)` elements; the matmul's FLOPs are the same. (A flip of a flip never
+    pays: both inequalities together would need `rows x k < 0`.)"""
+    return rows * (n + k) < k * n
 
 
 def padded_columns(n: int, width: int) -> int:
@@ -111,20 +122,43 @@ class _Packer(PyExprMutator):
         if constant is not None:
             wp: relax.Expr = relax.const(pack_weight(constant, width))
         elif not dynamic and packs_operand(self.model, rows if batched else math.prod(x_shape[:-1])):
+            source = None if batched else self._transposed(w)
+            if source is not None and flip_pays(math.prod(x_shape[:-1]), *w_shape[::-1]):
+                return self._flipped(x, source, x_shape)
             wp = self.builder_.emit(self.builder_.call_te(pack_te, w, width, primfunc_name_hint="pack_matmul_weight"))
         else:
             return call
         return self.builder_.call_te(packed_matmul, x, wp, w_shape[-1], primfunc_name_hint=PACKED_NAME)
 
+    def _transpose_of(self, w: relax.Expr) -> relax.Expr | None:
+        """The 2-D tensor whose transpose `w` is bound to (`permute_dims` of its two axes), else None."""
+        made = self.lookup_binding(w) if isinstance(w, relax.Var) else None
+        if not (isinstance(made, relax.Call) and made.op == _PERMUTE):
+            return None
+        axes = made.attrs.axes
+        return made.args[0] if axes is None or [int(a) for a in axes] == [1, 0] else None
+
     def _constant(self, w: relax.Expr) -> np.ndarray | None:
         """The value of a constant weight, or of a transpose of one (ONNX's Gemm with `transB`: torch exports its
         Linear layers so), else None."""
-        if isinstance(w, relax.Var):
-            bound = self.lookup_binding(w)
-            if isinstance(bound, relax.Call) and bound.op == _PERMUTE and isinstance(bound.args[0], tvm.ir.Constant):
-                axes = None if bound.attrs.axes is None else [int(a) for a in bound.attrs.axes]
-                return np.transpose(bound.args[0].value.numpy(), axes)
+        source = self._transpose_of(w)
+        if isinstance(source, tvm.ir.Constant):
+            return source.value.numpy().T
         return w.value.numpy() if isinstance(w, tvm.ir.Constant) else None
+
+    def _transposed(self, w: relax.Expr) -> relax.Expr | None:
+        """The 2-D run-time tensor whose transpose `w` is, else None (a constant's transpose packs at build time)."""
+        source = self._transpose_of(w)
+        return None if isinstance(source, tvm.ir.Constant) else source
+
+    def _flipped(self, x: relax.Expr, w: relax.Expr, x_shape: list[int]) -> relax.Expr:
+        """`x @ w^T` as `(w @ x^T)^T` over x's rows flattened, the inner product packed (or not) by the same rule."""
+        *rows, n = x_shape
+        flat = x if len(rows) == 1 else self.builder_.emit(relax.op.reshape(x, (math.prod(rows), n)))
+        inner = self.builder_.normalize(relax.op.matmul(w, self.builder_.emit(relax.op.permute_dims(flat))))
+        product = relax.op.permute_dims(self.builder_.emit(self.visit_call_(inner)))
+        k = static_f32_shape(w.ty)[0]
+        return product if len(rows) == 1 else relax.op.reshape(self.builder_.emit(product), (*rows, k))
 
 
 def pack_matmul_weights(target: Target) -> tvm.transform.Pass:

@@ -5,6 +5,7 @@ inputs, for odd shapes, batch 1 and 7."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -19,6 +20,7 @@ from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.cpu import cpu_model
 from kiln.runtime.tvm.matmul_layout import (
     PACKED_NAME,
+    flip_pays,
     pack_matmul_weights,
     pack_weight,
     packed_matmul,
@@ -26,6 +28,7 @@ from kiln.runtime.tvm.matmul_layout import (
     panel_width,
 )
 from kiln.runtime.tvm.pipeline import cpu_pipeline
+from kiln.runtime.tvm.relax_rewrite import static_shape
 from kiln.runtime.tvm.schedules import CPUMatmul
 from kiln.runtime.tvm.target import cpu_target
 
@@ -246,3 +249,103 @@ def test_a_dynamic_batch_never_packs_a_weight_known_only_at_run_time() -> None:
     """With the rows unknown, `packs_operand` cannot weigh the copy: an input weight stays `[K, N]`."""
     mod = relax_module([(tirx.Var("batch", "int64"), 64), (64, 48)], relax.op.matmul)
     assert not any(PACKED_NAME in name for name in _fused_names(mod))
+
+
+@pytest.mark.parametrize(("rows", "k", "n", "flips"), [
+    (128, 768, 3072, True), (128, 3072, 768, True), (128, 768, 768, True), (1024, 256, 1024, False),
+    (1024, 256, 256, False), (64, 512, 512, True), (64, 512, 10, False)],
+    ids=["d768-ffn-in", "d768-ffn-out", "d768-proj", "d256-8x128-ffn", "d256-8x128-proj", "mlp-b64", "mlp-head"])
+def test_a_weight_larger_than_its_activations_is_not_transposed_to_pack(rows: int, k: int, n: int, flips: bool) -> None:
+    """`dy @ W^T` flips to `(W @ dy^T)^T` where the weight (k x n) is larger than the activation and the result it
+    replaces: the d768 1x128 encoder's and the b64 MLP's hidden layers, not the d256 8x128 layer (1024 rows) or the
+    MLP's 10-wide head; a flipped product never flips back."""
+    assert flip_pays(rows, k, n) is flips
+    assert not (flips and flip_pays(k, rows, n))
+
+
+def _pack_shapes(mod: tvm.IRModule, target: tvm.target.Target) -> list[tuple[int, ...]]:
+    """The output shapes of the packing kernels `pack_matmul_weights` adds for `target`."""
+    with target:
+        out = pack_matmul_weights(target)(mod)
+    return [tuple(static_shape(b.var.ty)) for block in out["main"].body.blocks for b in block.bindings
+            if isinstance(b.value, relax.Call) and isinstance(b.value.args[0], tvm.ir.GlobalVar)
+            and b.value.args[0].name_hint.startswith("pack_matmul_weight")]
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+@pytest.mark.parametrize(("x_shape", "w_shape", "flips"), [
+    ((128, 3072), (768, 3072), True), ((1, 128, 768), (3072, 768), True), ((1024, 1024), (256, 1024), False)],
+    ids=["2d", "batch-dims", "rows-over-weight"])
+def test_the_flip_packs_the_activation_instead_of_the_weight(
+        target: tvm.target.Target, x_shape: tuple, w_shape: tuple, flips: bool) -> None:
+    """`x @ W^T` with W an input: flipped, the one packing kernel holds `x^T`'s panels (`[rows / w, n, w]`, 128
+    columns), not the weight's (`[k / w, n, w]`); 1024 rows over a 256 x 1024 weight keep the weight's pack."""
+    mod = relax_module([x_shape, w_shape], lambda x, w: relax.op.matmul(x, relax.op.permute_dims(w)))
+    (shape,) = _pack_shapes(mod, target)
+    rows, (k, n) = math.prod(x_shape[:-1]), w_shape
+    packed_columns = shape[0] * shape[2]
+    assert shape[1] == n and packed_columns == (rows if flips else k)
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape"), [
+    ((37, 301), (299, 301)), ((1, 45, 130), (97, 130)), ((2, 19, 200), (190, 200)), ((33, 96), (96, 96))],
+    ids=["odd-2d", "batch1-3d", "2x19-rows", "b33"])
+def test_flipped_matmul_matches_numpy(x_shape: tuple, w_shape: tuple) -> None:
+    """The flipped product at odd rows (37, 45, 2 x 19, 33), odd and non-vector widths (97, 299, 190) and batch dims
+    of 1, against float64 numpy; each shape flips (`flip_pays`) and packs its activation."""
+    assert flip_pays(math.prod(x_shape[:-1]), *w_shape)
+    mod = relax_module([x_shape, w_shape], lambda x, w: relax.op.matmul(x, relax.op.permute_dims(w)))
+    rng = np.random.default_rng(sum(x_shape))
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in (x_shape, w_shape))
+    library = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET))
+    got = relax.VirtualMachine(library, tvm.cpu())["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
+    want = a.astype(np.float64) @ b.T.astype(np.float64)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_captured_step_with_flipped_input_gradients_is_the_interpreters() -> None:
+    """Two SGD steps of a 40 -> 96 -> 96 -> 3 MLP at batch 33 (its 96 x 96 layer's input gradient flips, the head's
+    does not): losses and new weights as the reference interpreter's."""
+    import kiln
+    from kiln import nn, optim
+    from kiln.runtime.backend import using_backend
+    from kiln.runtime.tvm.backend import TVMBackend
+
+    dev = kiln.Device("cpu").autodiff()
+
+    class Net(kiln.Module):
+        def __init__(self) -> None:
+            self.fc1, self.fc2, self.fc3 = nn.Linear(40, 96, device=dev), nn.Linear(96, 96, device=dev), nn.Linear(
+                96, 3, device=dev)
+
+        def forward(self, x: kiln.Tensor) -> kiln.Tensor:
+            return self.fc3(self.fc2(self.fc1(x).relu()).relu())
+
+    def loss(m: Net, x: kiln.Tensor, y: kiln.Tensor) -> kiln.Tensor:
+        return nn.mse_loss(m(x), y)
+
+    assert flip_pays(33, 96, 96) and not flip_pays(33, 96, 3)
+    model, rng = Net(), np.random.default_rng(0)
+    data = [(rng.standard_normal((33, 40)).astype(np.float32), rng.standard_normal((33, 3)).astype(np.float32))
+            for _ in range(2)]
+    results = []
+    for backend in (None, TVMBackend(fast_math=False)):
+        with using_backend(backend):
+            step = kiln.compile_step(model, loss, optim.SGD(), ((33, 40), "f32"), ((33, 3), "f32"))
+            losses = [step(1e-1, x, y) for x, y in data]
+            results.append((losses, {p: np.array(v.state.get()) for p, v in step.model().leaves()
+                                     if isinstance(v, kiln.Param)}))
+    (want_loss, want), (got_loss, got) = results
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+    for path in want:
+        np.testing.assert_allclose(got[path], want[path], rtol=1e-4, atol=1e-6, err_msg=path)
+
+
+@pytest.mark.parametrize(("target", "register"), [(AVX2, "ymm"), (AVX512, "zmm")], ids=["avx2", "avx512"])
+def test_cross_builds_of_a_flipped_matmul(target: tvm.target.Target, register: str) -> None:
+    """The flipped `x @ W^T` builds for an AVX2 (haswell) and an AVX-512 target, its FMAs on that ISA's vectors."""
+    assert flip_pays(40, 150, 200)
+    mod = relax_module([(40, 200), (150, 200)], lambda x, w: relax.op.matmul(x, relax.op.permute_dims(w)))
+    asm = tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target)).mod.imports[0].inspect_source("asm")
+    assert re.search(rf"vfmadd\d+ps\s+[^\n]*%{register}", asm)
