@@ -20,7 +20,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
 from .cpu import cpu_model
-from .relax_rewrite import Dims, batched_f32_shape, depthwise_conv, int_lists, rewrite_functions
+from .relax_rewrite import depthwise_conv, int_lists, rewrite_functions, static_f32_shape
 
 PAD_BLOCK, ACC_BLOCK, OUT_BLOCK = "plane_window_pad", "plane_window_acc", "plane_window"
 _POOLS = {tvm.ir.Op.get(f"relax.nn.{kind}_pool2d"): kind for kind in ("max", "avg")}
@@ -46,7 +46,7 @@ def _plane(x: te.Tensor, kernel: tuple[int, int], strides: list[int], padding: l
            lanes: int, fill: tirx.Expr) -> tuple[Tap, int, int, int]:
     """(the window's tap `(b, c, i, j, ry, rx) -> x'[..]` of the padded, phase-split plane; out rows; out columns;
     columns rounded up to whole vectors). Outside the map the plane holds `fill`."""
-    c, h, width = (int(d) for d in x.shape[1:])
+    _, c, h, width = (int(d) for d in x.shape)
     (kh, kw), (sh, sw), (dh, dw), (top, left, bottom, right) = kernel, strides, dilation, padding
     oh, ow = _out_size(h, top, bottom, kh, sh, dh), _out_size(width, left, right, kw, sw, dw)
     owv = -(-ow // vector_width(ow, lanes)) * vector_width(ow, lanes)
@@ -108,11 +108,10 @@ def plane_pool(x: te.Tensor, kind: str, kernel: list[int], strides: list[int], p
         i, kh, sh, top, dh, h) * _inside(j, kw, sw, left, dw, width)))
 
 
-def _static_nchw(call: relax.Call) -> Dims | None:
-    """The float32 shape of `call`'s first operand when it and the result are 4-D, static but for the batch
-    (`batched_f32_shape`) and non-empty planes."""
-    x, out = batched_f32_shape(call.args[0].ty), batched_f32_shape(call.ty)
-    return x if x is not None and out is not None and len(x) == len(out) == 4 and min(x[1:] + out[1:]) > 0 else None
+def _static_nchw(call: relax.Call) -> list[int] | None:
+    """The static, non-empty float32 shape of `call`'s first operand when it and the result are 4-D."""
+    x, out = static_f32_shape(call.args[0].ty), static_f32_shape(call.ty)
+    return x if x is not None and out is not None and len(x) == len(out) == 4 and min(x + out) > 0 else None
 
 
 def is_plane_depthwise(call: relax.Call) -> bool:

@@ -168,17 +168,3 @@ def test_row_tiles_fit_the_register_file_beside_the_weights(target: tvm.target.T
     assert tile + 9 + 3 <= model.vector_registers or tile == rows
     assert tile > 1 or rows > model.accumulators
 
-
-def test_a_depthwise_conv_over_a_dynamic_batch_is_a_plane_kernel_that_matches_torch() -> None:
-    """A symbolic batch (an ONNX export's `dynamic_axes`) still gets the plane kernel: only the plane's dims need
-    be known; one build runs batch 1 and 2 against torch."""
-    w = np.random.default_rng(4).standard_normal((24, 1, 5, 5)).astype(np.float32)
-    mod = relax_module([(tvm.tirx.Var("batch", "int64"), 24, 14, 14)],
-                       lambda x: relax.op.nn.conv2d(x, relax.const(w), strides=2, padding=2, groups=24))
-    assert [OUT_BLOCK in k.script() for k in _kernels(mod, TARGET)] == [True]
-    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math=False)),
-                              tvm.cpu())
-    for batch in (1, 2):
-        x = np.random.default_rng(batch).standard_normal((batch, 24, 14, 14)).astype(np.float32)
-        want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), stride=2, padding=2, groups=24)
-        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
