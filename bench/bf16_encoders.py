@@ -21,7 +21,7 @@ os.environ["TVM_NUM_THREADS"] = "1"  # before TVM's pool starts
 import numpy as np
 from inference import encoder_widths, traced  # bench/ is the script's directory
 from peers import openvino_runner
-from timing import Runner
+from timing import Runner, best_ms
 
 import kiln
 from kiln import nn
@@ -29,16 +29,6 @@ from kiln.runtime.onnx.export import to_onnx
 from kiln.runtime.tvm.lower import LOWERING_VERSION
 
 ROWS = ("256x1", "256x8", "512x1", "512x8", "768x1", "768x8")
-
-
-def best_ms(run: Runner, calls: int) -> float:
-    """The best CPU-time ms of `calls` calls of `run`."""
-    best = float("inf")
-    for _ in range(calls):
-        start = time.process_time()
-        run()
-        best = min(best, time.process_time() - start)
-    return best * 1e3
 
 
 def engines(d: int, batch: int) -> tuple[Runner, Runner]:
@@ -58,7 +48,8 @@ def engines(d: int, batch: int) -> tuple[Runner, Runner]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--calls", type=int, default=20, help="calls per round (a third of them at batch 8)")
+    parser.add_argument("--calls", type=int, default=4,
+                        help="calls per block of `timing.best_ms`, 5 blocks a round (a third of them at batch 8)")
     parser.add_argument("rows", nargs="*", default=list(ROWS), help="DxB: width D at batch B x 128 tokens")
     a = parser.parse_args()
     print(f"LOWERING_VERSION {LOWERING_VERSION}, 1 thread, CPU time, best of {a.calls} calls x {a.rounds} rounds")
@@ -70,7 +61,8 @@ def main() -> None:
         calls = a.calls if batch == 1 else max(1, a.calls // 3)
         ours, theirs = float("inf"), float("inf")
         for _ in range(a.rounds):
-            ours, theirs = min(ours, best_ms(kiln_run, calls)), min(theirs, best_ms(openvino, calls))
+            ours = min(ours, best_ms(kiln_run, time.process_time, calls))
+            theirs = min(theirs, best_ms(openvino, time.process_time, calls))
         print(f"| d{d} {batch}x128 | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f} | {os.getloadavg()[0]:.1f} |",
               flush=True)
 
