@@ -27,7 +27,7 @@ Dims = list  # a shape of Python ints whose first entry may be a symbolic `tirx.
 
 def batched_f32_shape(ty: object) -> Dims | None:
     """The shape of a float32 tensor type whose dims are known but for the first, which may be symbolic (a dynamic
-    batch: an ONNX model exported with `dynamic_axes`), else None. The per-image kernels of the conv and plane
+    batch: an ONNX model exported with `dynamic_axes`), else None. The kernels of the conv-region and matmul-layout
     rewrites need every dim but the batch, which only bounds their outermost parallel loop."""
     dims = getattr(getattr(ty, "shape", None), "values", None)
     if getattr(ty, "dtype", None) != "float32" or dims is None or not all(
