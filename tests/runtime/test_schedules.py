@@ -874,3 +874,26 @@ def test_a_blocked_depthwise_conv_sums_a_row_of_outputs_in_registers() -> None:
     y = torch.nn.functional.conv2d(torch.nn.functional.conv2d(t, torch.from_numpy(w1)), torch.from_numpy(dw),
                                    padding=2, groups=32)
     check(run(mod, x), torch.relu(y + torch.from_numpy(bias).reshape(32, 1, 1)).numpy(), EXACT)
+
+
+def test_a_gate_read_by_a_broadcast_is_computed_once_per_channel() -> None:
+    """A squeeze-excite's `sigmoid(conv + bias)` fused with its product with the whole map stays a value of the
+    gate's shape, computed in the conv's store, not again for every pixel of the map (one exp per pixel made the
+    zoo's EfficientNet 0.55 ms at batch 8 against 0.47 with the gate computed once); numbers against torch."""
+    rng = np.random.default_rng(4)
+    w, bias = rng.standard_normal((32, 32, 1, 1)).astype(np.float32) / 4, rng.standard_normal((32, 1, 1))
+
+    def body(x: relax.Expr, s: relax.Expr) -> relax.Expr:
+        gate = relax.op.sigmoid(relax.op.add(relax.op.nn.conv2d(s, relax.const(w)), relax.const(bias.astype(
+            np.float32))))
+        return relax.op.multiply(x, gate)
+
+    mod = relax_module([(2, 32, 14, 14), (2, 32, 1, 1)], body)
+    (func,) = [f for f in fused_prim_funcs(mod) if _has_reduction(f)]  # blocked: a 1x1 map is one register tile
+    text = CPUMatmul().apply(func, TARGET, False).mod["main"].script()
+    product = text[text.rindex("T.sblock("):]  # the last block: the map times the gate
+    assert "sigmoid" not in product and "exp" not in product, product
+    x, s = rand(2, 32, 14, 14), rand(2, 32, 1, 1, seed=1)
+    gate = torch.sigmoid(torch.nn.functional.conv2d(torch.from_numpy(s).double(), torch.from_numpy(w).double())
+                         + torch.from_numpy(bias))
+    check(run(mod, x, s), (torch.from_numpy(x).double() * gate).numpy(), EXACT)
