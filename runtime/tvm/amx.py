@@ -146,6 +146,11 @@ def _unflattened(flat: tirx.PrimExpr, dims: list[tirx.PrimExpr]) -> list[tirx.Pr
     return out[::-1]
 
 
+def _product(dims: list[tirx.PrimExpr]) -> tirx.PrimExpr:
+    """The element count of `dims` (1 for none)."""
+    return functools.reduce(operator.mul, dims, tirx.IntImm("int64", 1))
+
+
 def _flattened(indices: tuple[tirx.PrimExpr, ...], dims: list[tirx.PrimExpr]) -> tirx.PrimExpr:
     """The flat row-major index of `indices` into `dims` (the inverse of `_unflattened`)."""
     flat: tirx.PrimExpr = tirx.IntImm("int64", 0)
@@ -172,8 +177,8 @@ def _padded_bf16(x: te.Tensor, outer: int, rows: tirx.PrimExpr, cols: int) -> te
     (read in x's own shape, so no reshape stands between them)."""
     *lead, k = x.shape
     batch_dims, row_dims = list(lead[:outer]), list(lead[outer:])
-    batch = functools.reduce(operator.mul, batch_dims, tirx.IntImm("int64", 1))
-    m = functools.reduce(operator.mul, row_dims, tirx.IntImm("int64", 1))
+    batch = _product(batch_dims)
+    m = _product(row_dims)
 
     def element(b: tirx.PrimExpr, i: tirx.PrimExpr, j: tirx.PrimExpr) -> tirx.PrimExpr:
         at = [*_unflattened(b, batch_dims), *_unflattened(_clamped(i, m), row_dims), _clamped(j, k)]
@@ -187,7 +192,7 @@ def _packed_bf16(y: te.Tensor, kp: int, np_: int) -> te.Tensor:
     (element (j, p, 2n + e) = y[2p + e, 16j + n]): B as the tiles read it, computed by y's producer where FuseOps
     joins them."""
     *lead, k, n = y.shape
-    batch = functools.reduce(operator.mul, lead, tirx.IntImm("int64", 1))
+    batch = _product(lead)
 
     def element(b: tirx.PrimExpr, j: tirx.PrimExpr, p: tirx.PrimExpr, e: tirx.PrimExpr) -> tirx.PrimExpr:
         row, col = p * PAIR + e % PAIR, j * N_TILE + e // PAIR
@@ -237,7 +242,7 @@ def amx_matmul(call: OpCall) -> relax.Expr | None:
     if not isinstance(k, tirx.IntImm) or any(isinstance(d, tirx.IntImm) and int(d) == 0 for d in lead):
         return None
     k, n = int(k), int(call.types[1].shape[1])
-    m = tvm.sym.Analyzer().simplify(functools.reduce(operator.mul, lead, tirx.IntImm("int64", 1)))
+    m = tvm.sym.Analyzer().simplify(_product(lead))
     _, kp, np_ = padded(m, k, n)
     packed = R.nn.pad(R.astype(w, "bfloat16"), [0, kp - k, 0, np_ - n])
     packed = R.reshape(R.permute_dims(R.reshape(packed, [kp // PAIR, PAIR, np_ // N_TILE, N_TILE]), [2, 0, 3, 1]),
@@ -262,7 +267,7 @@ def amx_batched_matmul(call: OpCall) -> relax.Expr | None:
             or any(isinstance(d, tirx.IntImm) and int(d) == 0 for d in [*lead, m]):
         return None
     k, n = int(k), int(n)
-    batch = analyzer.simplify(functools.reduce(operator.mul, lead, tirx.IntImm("int64", 1)))
+    batch = analyzer.simplify(_product(lead))
     _, kp, np_ = padded(m, k, n)
     b = call.bb.call_te(_packed_bf16, call.args[1], kp, np_)
     return _on_tiles(call, b, len(lead), batch, m, k, n, False, [*lead, m, tirx.IntImm("int64", n)])

@@ -63,7 +63,8 @@ def blocked_conv(x: te.Tensor, wp: te.Tensor, in_channels: int, strides: list[in
     """NCHW[b]c out (b = `wp.shape[-1]`), from an NCHW[b]c `x` inside a region or an NCHW one at its start (read in
     place: converting the input first cost a copy as slow as a strided conv). The sum over the `in_channels` real
     input channels walks them block by block, never reading padding channels; the map's zero padding is folded in."""
-    n, (h, w) = x.shape[0], (int(d) for d in x.shape[2:4])  # n: the batch, perhaps symbolic
+    n = x.shape[0]  # the batch, perhaps symbolic
+    h, w = (int(d) for d in x.shape[2:4])
     _, _, kh, kw, block = (int(d) for d in wp.shape)
     top, left, bottom, right = padding
     pads = ([0, 0, top, left], [0, 0, bottom, right]) if len(x.shape) == 4 else \
@@ -86,7 +87,8 @@ def blocked_depthwise(x: te.Tensor, wp: te.Tensor, strides: list[int], padding: 
     """A depthwise conv (one filter per channel, the weight packed as `[C / b, 1, KH, KW, b]`) of an NCHW[b]c `x`
     inside a region: channel lanes stay lanes, so every window position is one vector multiply-add (a window
     reduction: `CPUWindowReduction` schedules it)."""
-    n, (h, w, block) = x.shape[0], (int(d) for d in x.shape[2:])
+    n = x.shape[0]
+    h, w, block = (int(d) for d in x.shape[2:])
     _, _, kh, kw, _ = (int(d) for d in wp.shape)
     top, left, bottom, right = padding
     xp = topi.nn.pad(x, [0, 0, top, left, 0], [0, 0, bottom, right, 0]) if any(padding) else x
@@ -101,7 +103,8 @@ def blocked_depthwise(x: te.Tensor, wp: te.Tensor, strides: list[int], padding: 
 def to_blocked(x: te.Tensor, block: int) -> te.Tensor:
     """`[N, C, ...]` as `[N, ceil(C / block), ..., block]`, zero past C: an NCHW operand of a blocked elementwise op
     (a residual's skip branch, a per-channel vector)."""
-    n, (c, *rest) = x.shape[0], (int(d) for d in x.shape[1:])
+    n = x.shape[0]
+    c, *rest = (int(d) for d in x.shape[1:])
     return te.compute((n, -(-c // block), *rest, block), lambda b, cb, *ix: tirx.if_then_else(
         cb * block + ix[-1] < c, x[(b, tirx.min(cb * block + ix[-1], c - 1), *ix[:-1])], tirx.const(0, x.dtype)),
         name="to_blocked")
@@ -109,5 +112,6 @@ def to_blocked(x: te.Tensor, block: int) -> te.Tensor:
 
 def from_blocked(xb: te.Tensor, channels: int) -> te.Tensor:
     """The inverse of `to_blocked`: the `channels` real channels back in NCHW order."""
-    n, (*rest, block) = xb.shape[0], (int(d) for d in xb.shape[2:])
+    n = xb.shape[0]
+    *rest, block = (int(d) for d in xb.shape[2:])
     return te.compute((n, channels, *rest), lambda b, c, *ix: xb[(b, c // block, *ix, c % block)], name="from_blocked")

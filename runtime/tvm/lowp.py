@@ -121,9 +121,10 @@ def lowp_matmul(call: OpCall) -> relax.Expr | None:
     fused = int8_matmul(call)
     if fused is not None or call.precision != "bf16" or decoded_weight(call) is not None:
         return fused
-    tiled = amx_matmul(call) if has_tiles(call.target) else None
-    tiled = amx_batched_matmul(call) if tiled is None and has_tiles(call.target) else tiled
-    if tiled is not None:
-        return tiled
+    if has_tiles(call.target):
+        tiled = amx_matmul(call)
+        tiled = amx_batched_matmul(call) if tiled is None else tiled
+        if tiled is not None:
+            return tiled
     (x, w), out = bf16_operands(call)
     return R.matmul(x, w, out_dtype=out) if out is not None else None

@@ -37,6 +37,11 @@ def static_extent(extent: tirx.Expr) -> int | None:
     return int(extent.value) if isinstance(extent, tirx.IntImm) else None
 
 
+def largest_divisor(n: int, limit: int) -> int:
+    """The largest divisor of `n` that is at most `limit` (a tile that leaves no tail)."""
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
 def split_factor(extent: tirx.Expr, preferred: int, minimum: int = 1) -> int:
     """Tile size for a loop: the whole loop if short, else the best divisor in [minimum, preferred].
 

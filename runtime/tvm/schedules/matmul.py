@@ -10,6 +10,7 @@ from tvm.target import Target
 from ..cpu import FMA_LATENCY, FMA_UNITS, CPUModel, cpu_model
 from .injective import (
     cpu_blocks,
+    largest_divisor,
     loop_extent,
     schedule_elementwise,
     split_factor,
@@ -324,7 +325,7 @@ class CPUMatmul(dl.ScheduleRule):
         lanes = self.lanes or tile
         if count is None or tile <= lanes or tile % lanes == 0:
             return tile
-        return max(d for d in range(1, lanes + 1) if count % d == 0)
+        return largest_divisor(count, lanes)
 
     def tile_width(self, rows: int | None = None) -> int:
         """Columns of C the register tile takes where the extent needs no divisor (a weight packed in padded panels).

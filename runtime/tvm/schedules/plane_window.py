@@ -12,7 +12,7 @@ from tvm.target import Target
 
 from ..cpu import CPUModel, cpu_model
 from ..plane_window import ACC_BLOCK, OUT_BLOCK, PAD_BLOCK, vector_width
-from .injective import static_extent
+from .injective import largest_divisor, static_extent
 
 
 def row_tile(rows: int, weights: int, shifts: int, model: CPUModel) -> int:
@@ -20,7 +20,7 @@ def row_tile(rows: int, weights: int, shifts: int, model: CPUModel) -> int:
     taps; none for a pool) and the `shifts` vectors of one input row in the register file, as a divisor of `rows`;
     when that divisor is under half of them (7 or 13 rows), all `rows` up to `model.accumulators`."""
     fit = max(1, min(model.accumulators, model.vector_registers - weights - shifts))
-    divisor = max(d for d in range(1, min(fit, rows) + 1) if rows % d == 0)
+    divisor = largest_divisor(rows, fit)
     return rows if 2 * divisor < fit and rows <= model.accumulators else divisor
 
 

@@ -17,6 +17,7 @@ from tvm.target import Target
 from ..cpu import cpu_model
 from .injective import (
     cpu_blocks,
+    largest_divisor,
     loop_extent,
     schedule_elementwise,
     split_factor,
@@ -84,7 +85,7 @@ class CPUWindowReduction(dl.ScheduleRule):
         extent = static_extent(loop_extent(sch, loop))
         if extent is None:
             return 1
-        return max(d for d in range(1, min(extent, accumulators) + 1) if extent % d == 0)
+        return largest_divisor(extent, accumulators)
 
     @staticmethod
     def _inlined(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
