@@ -647,5 +647,6 @@ class CPUMatmul(dl.ScheduleRule):
         operand = tile_bytes * tiles
         if operand <= self.panel_bytes or math.prod(rows) < 2 * self.mr:
             return [], vec_o
-        panel, vec_o = sch.split(vec_o, [None, max(1, self.panel_bytes // tile_bytes)])
+        groups = -(-tiles // max(1, self.panel_bytes // tile_bytes))
+        panel, vec_o = sch.split(vec_o, [None, -(-tiles // groups)])  # as even as the tiles allow
         return [panel], vec_o
