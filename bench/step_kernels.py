@@ -13,6 +13,7 @@ d 768 x batch 1 (128 tokens) are bench/train_step.py's "transformer" and "encode
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import time
@@ -40,34 +41,41 @@ from vm_kernels import Kernel, kernel_times  # noqa: E402
 
 import kiln  # noqa: E402
 from kiln import nn, optim  # noqa: E402
-from kiln.frontend.step import build_step  # noqa: E402
-from kiln.ir import DType, TensorType  # noqa: E402
-from kiln.runtime.tvm.compile import compile_graph, lowering_input  # noqa: E402
+from kiln.frontend.step import TrainStep  # noqa: E402
+from kiln.runtime.backend import set_default_backend  # noqa: E402
+from kiln.runtime.tvm.backend import TVMBackend  # noqa: E402
+from kiln.runtime.tvm.compile import lowering_input  # noqa: E402
+from kiln.runtime.tvm.executable import Executable  # noqa: E402
 from kiln.runtime.tvm.op_map import ops_named  # noqa: E402
 
+BACKEND = TVMBackend()
+set_default_backend(BACKEND)
 
-def step_graph(d: int, batch: int) -> tuple[kiln.ir.Graph, list[np.ndarray]]:
-    """The captured step of a d-wide encoder layer (dropout 0) and its arguments (params, Adam state, lr, x, y)."""
+
+def train_step(d: int, batch: int) -> tuple[TrainStep, tuple[np.ndarray, np.ndarray]]:
+    """The captured step of a d-wide encoder layer (dropout 0) under the TVM backend, and its inputs (x, y)."""
     width, heads, ffn = encoder_widths(d)
     model = nn.TransformerEncoderLayer(width, heads, ffn, dropout=0.0, device=kiln.Device("cpu").autodiff())
-    x_type = TensorType((batch, 128, d), DType.f32)
-    program = build_step(model, lambda m, x, y: nn.mse_loss(m(x), y), optim.Adam(), [x_type, x_type])
     rng = np.random.default_rng(0)
-    args = [np.float64(1e-3) if a.name == "lr" else (rng.standard_normal(a.type.shape) * 0.05).astype(
-        a.type.dtype.numpy) for a in program.graph.functions["step"].args]
-    return program.graph, args
+    x, y = ((rng.standard_normal((batch, 128, d)) * 0.05).astype(np.float32) for _ in range(2))
+    spec = (x.shape, "f32")
+    return kiln.compile_step(model, lambda m, x, y: nn.mse_loss(m(x), y), optim.Adam(), spec, spec), (x, y)
 
 
-def kiln_kernels(graph: kiln.ir.Graph, args: list[np.ndarray], steps: int) -> tuple[float, dict[str, Kernel]]:
-    """(best step ms, `kernel_times` of the step), run as `TrainStep` runs it (outputs as views, `copy=False`)."""
-    exe = compile_graph(graph, params="inputs", functions=("step",))
-    exe.run(*args, function="step", copy=False)
+def kiln_kernels(step: TrainStep, inputs: tuple[np.ndarray, ...], steps: int
+                 ) -> tuple[float, dict[str, Kernel], Executable]:
+    """(best step ms, `kernel_times` of the step, its executable), run as training runs it: each step's parameters
+    and state are the last one's results, donated."""
+    run = functools.partial(step, 1e-3, *inputs)
+    run()
     plain = float("inf")
     for _ in range(steps):
         start = CLOCK()
-        exe.run(*args, function="step", copy=False)
+        run()
         plain = min(plain, (CLOCK() - start) * 1e3)
-    return plain, kernel_times(exe, lambda: exe.run(*args, function="step", copy=False), steps, CLOCK)
+    assert step.program is not None
+    exe = BACKEND.executable(step.program.graph, "step", step.program.donated)
+    return plain, kernel_times(exe, run, steps, CLOCK), exe
 
 
 def torch_ops(d: int, batch: int, steps: int) -> tuple[float, dict[str, float]]:
@@ -120,9 +128,10 @@ def matmul_flops(name: str, shapes: list[tuple[int, ...]], calls: int) -> int:
 
 def main() -> None:
     a = ARGS
-    graph, args = step_graph(a.d, a.batch)
-    total, kernels = kiln_kernels(graph, args, a.steps)
-    op_map = compile_graph(graph, params="inputs", functions=("step",)).program.op_map["step"]
+    step, inputs = train_step(a.d, a.batch)
+    total, kernels, exe = kiln_kernels(step, inputs, a.steps)
+    assert step.program is not None
+    graph, op_map = step.program.graph, exe.program.op_map["step"]
     clock = "CPU time" if a.threads == 1 else "wall clock"
     print(f"d{a.d} batch {a.batch}x128, {a.threads} thread(s), {clock}, best of {a.steps}; load "
           f"{os.getloadavg()[0]:.1f}")

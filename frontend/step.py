@@ -71,6 +71,13 @@ class StepProgram:
     n_outputs: int  # loss_fn's results (the loss first)
     elsewhere: frozenset[int] = frozenset()  # trained indices whose optimizer state another rank keeps (ZeRO-1)
 
+    @property
+    def donated(self) -> tuple[int, ...]:
+        """The arguments each step replaces with its results (trained parameters, optimizer state, updated
+        buffers): the caller gives them up, so a backend may write the results into them."""
+        n_states = sum(len(names) for names in self.state_names)
+        return (*sorted({*self.trained, *self.buffers}), *range(len(self.param_ids), len(self.param_ids) + n_states))
+
 
 def build_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, input_types: Sequence[TensorType],
                data_parallel: DataParallel | None = None, rank: int = 0, world: int = 1) -> StepProgram:
@@ -145,7 +152,11 @@ def _gathered(fb: FunctionBuilder, trainable: Sequence, owner: Sequence[int], ra
 
 
 class TrainStep:
-    """A compiled training step holding parameters and optimizer state as arrays between calls."""
+    """A compiled training step holding parameters and optimizer state as arrays between calls.
+
+    The step donates them (`StepProgram.donated`): each call may write its results into the arrays the last call
+    returned, so `optimizer.state` holds the latest values only until the next call (copy what must outlive it);
+    `model()` returns copies."""
 
     def __init__(self, model: Module, loss_fn: LossFn, optimizer: Optimizer, input_specs: Sequence[InputSpec],
                  seed: int = 0, data_parallel: DataParallel | None = None, communicator: Communicator | None = None):
@@ -189,7 +200,7 @@ class TrainStep:
         seed = rank_seed(next(self._seeds), self.communicator.rank if self.communicator is not None else 0)
         with communicating(self.communicator):
             outs = default_backend().run(program.graph, [*self._params, *self._states, np.float64(lr), *arrays],
-                                         "step", seed=seed, copy=False)
+                                         "step", seed=seed, copy=False, donate=program.donated)
         n, k, b = program.n_outputs, len(program.trained), len(program.buffers)
         for i, value in [*zip(program.trained, outs[n:n + k]), *zip(program.buffers, outs[len(outs) - b:])]:
             self._params[i] = self._values[program.param_ids[i]] = value
@@ -224,9 +235,15 @@ class TrainStep:
                 state = self.optimizer.state_for(*params[program.param_ids[i]])
                 self._states += [state[name] for name in names]
 
+    @property
+    def program(self) -> StepProgram | None:
+        """The traced step the next call runs (None before the first call and after a change that re-traces)."""
+        return self._program
+
     def model(self) -> Module:
-        """The trained module: parameters and buffers as the last step left them."""
-        return with_values(self._model, self._values)
+        """The trained module: parameters and buffers as the last step left them (copies: the next step writes its
+        results into the arrays this one returned)."""
+        return with_values(self._model, {pid: value.copy() for pid, value in self._values.items()})
 
 
 def compile_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, *input_specs: InputSpec, seed: int = 0,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -16,12 +16,14 @@ class Backend(Protocol):
 
     `copy=False` lets a backend return read-only views of buffers it keeps alive instead of fresh arrays, for a
     caller that only reads the outputs or feeds them back (a captured training step's parameters and state).
+    `donate` gives the positions of inputs the caller will not read again: a backend may write results into them
+    (it never writes an array the caller made itself, only views it handed out).
     """
 
     name: str
 
     def run(self, graph: Graph, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0,
-            copy: bool = True) -> tuple[np.ndarray, ...]: ...
+            copy: bool = True, donate: Collection[int] = ()) -> tuple[np.ndarray, ...]: ...
 
 
 class InterpreterBackend:
@@ -30,7 +32,7 @@ class InterpreterBackend:
     name = "interpreter"
 
     def run(self, graph: Graph, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0,
-            copy: bool = True) -> tuple[np.ndarray, ...]:
+            copy: bool = True, donate: Collection[int] = ()) -> tuple[np.ndarray, ...]:
         return Interpreter(graph).run(inputs, function, seed)  # its results are new arrays either way
 
 

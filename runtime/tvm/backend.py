@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -26,21 +26,24 @@ class TVMBackend:
     def __init__(self, target: TargetLike = "llvm", fast_math: bool = True):
         self.target, self.fast_math = target, fast_math
         self.name = f"tvm-{target}"
-        self._recent: OrderedDict[tuple[int, str], tuple[Graph, Executable]] = OrderedDict()
+        self._recent: OrderedDict[tuple[int, str, frozenset[int]], tuple[Graph, Executable]] = OrderedDict()
 
-    def executable(self, graph: Graph, function: str) -> Executable:
-        key = (id(graph), function)
+    def executable(self, graph: Graph, function: str, donate: Collection[int] = ()) -> Executable:
+        """`function` of `graph` compiled with its inputs at the positions `donate` donated."""
+        key = (id(graph), function, frozenset(donate))
         hit = self._recent.get(key)
         if hit is not None and hit[0] is graph:
             self._recent.move_to_end(key)
             return hit[1]
+        args = graph.functions[function].args
+        donated = {function: [args[i].name for i in donate]} if donate else None
         exe = compile_graph(graph, target=self.target, params="inputs", fast_math=self.fast_math,
-                            functions=(function,))
+                            functions=(function,), donate=donated)
         self._recent[key] = (graph, exe)  # holding the graph keeps its id from being reused
         if len(self._recent) > _RECENT:
             self._recent.popitem(last=False)
         return exe
 
     def run(self, graph: Graph, inputs: Sequence[np.ndarray], function: str = "forward", seed: int = 0,
-            copy: bool = True) -> tuple[np.ndarray, ...]:
-        return self.executable(graph, function).run(*inputs, function=function, seed=seed, copy=copy)
+            copy: bool = True, donate: Collection[int] = ()) -> tuple[np.ndarray, ...]:
+        return self.executable(graph, function, donate).run(*inputs, function=function, seed=seed, copy=copy)

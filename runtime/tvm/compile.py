@@ -12,8 +12,9 @@ kiln's schedule rules, which stay the fallback; the database's digest joins the 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import tvm
@@ -46,9 +47,10 @@ def _device(target: Target) -> str:
 
 
 def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool,
-              tuning: str | None = None, precision: str = "f32") -> str:
-    """The compile-cache key of one build; `tuning` is the digest of the tuning database it applies, if any, and
-    `precision` the resolved precision mode (`lowp.resolve_precision`)."""
+              tuning: str | None = None, precision: str = "f32", donated: Mapping[str, tuple[int, ...]] | None = None
+              ) -> str:
+    """The compile-cache key of one build; `tuning` is the digest of the tuning database it applies, if any,
+    `precision` the resolved precision mode (`lowp.resolve_precision`) and `donated` the donated inputs."""
     h = hashlib.blake2b(digest_size=20)
     model = cpu_model(target)  # the schedules' sizes: sysfs caches and a calibration are not in str(target)
     parts = [structural_hash(graph, include_data=params == "bound"), tuple(functions), str(target), params,
@@ -60,6 +62,8 @@ def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: st
         parts.append(("tuning", tuning))
     if precision != "f32":
         parts.append(("precision", precision))
+    if donated:
+        parts.append(("donated", sorted(donated.items())))
     h.update(repr(parts).encode())
     return h.hexdigest()
 
@@ -69,50 +73,75 @@ def lowering_input(graph: Graph) -> Graph:
     return run_with_reproducer(PassManager([FactorLora()]), graph)
 
 
+def donated_positions(graph: Graph, functions: Sequence[str], donate: Mapping[str, Collection[str]] | None
+                      ) -> dict[str, tuple[int, ...]]:
+    """Each compiled function's donated inputs by position, from their names; an unknown function or input name
+    is a `KilnError` naming it."""
+    positions = {}
+    for function, names in (donate or {}).items():
+        if function not in functions:
+            raise KilnError(f"cannot donate inputs of @{function}: the build has {', '.join(functions)}")
+        args = [a.name for a in graph.functions[function].args]
+        unknown = sorted(set(names) - set(args))
+        if unknown:
+            raise KilnError(f"@{function} has no input %{unknown[0]} to donate (its inputs: {', '.join(args)})")
+        positions[function] = tuple(i for i, name in enumerate(args) if name in names)
+    return {f: p for f, p in positions.items() if p}
+
+
 def build(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool,
-          tuning_dir: Path | None = None, precision: str = "f32") -> Program:
+          tuning_dir: Path | None = None, precision: str = "f32", donated: Mapping[str, tuple[int, ...]] | None = None
+          ) -> Program:
     """Lower and build without the cache, applying the tuning database in `tuning_dir` (CPU only) if given, in a
-    resolved `precision` mode."""
+    resolved `precision` mode; `donated` (`donated_positions`) lets CPU kernels write into those inputs."""
     with stage(f"lowering @{graph.name} to Relax"):
         lowered = lower(lowering_input(graph), params, functions, precision, target)
+    signatures = lowered.signatures
     if _device(target) == "cuda":
         pipeline = cuda_pipeline(target)
     else:
         extra = (apply_database_pass(tuning_dir, target),) if tuning_dir is not None else ()
-        pipeline = cpu_pipeline(target, fast_math, extra_schedule_passes=extra)
+        pipeline = cpu_pipeline(target, fast_math, extra_schedule_passes=extra, donated=donated)
+        signatures = {n: dataclasses.replace(sig, donated=(donated or {}).get(n, ())) for n, sig in signatures.items()}
     try:
         with stage(f"building @{graph.name} for {target.kind.name}"):
             library = tvm.compile(lowered.module, target=target, relax_pipeline=pipeline)
     except (RuntimeError, TypeError, ValueError) as e:  # what TVM raises on a failed build
         first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise KilnError(f"TVM could not build module @{graph.name} for {target.kind.name}: {first}") from e
-    return Program(library, lowered.signatures, str(target), _device(target), params,
+    return Program(library, signatures, str(target), _device(target), params,
                    build_map(lowered.module, lowered.sources))
 
 
 def compile_graph(graph: Graph, *, target: TargetLike = "llvm", params: str = "bound", fast_math: bool = True,
-                  functions: Sequence[str] | None = None, cache: bool = True, precision: str = "f32") -> Executable:
+                  functions: Sequence[str] | None = None, cache: bool = True, precision: str = "f32",
+                  donate: Mapping[str, Collection[str]] | None = None) -> Executable:
     """Compile `functions` (default: all) of `graph`; a cached build (memory, then disk) is reused.
 
     `params="bound"` bakes the parameters in as constants (deployment); `params="inputs"` passes them at run time
     (the executable holds the graph's current values), so one build serves any weights. `precision` is one of
-    `lowp.PRECISIONS` (f32, bf16, bf16! for emulated bf16, int8: docs/precision.md).
+    `lowp.PRECISIONS` (f32, bf16, bf16! for emulated bf16, int8: docs/precision.md). `donate` names, per function,
+    inputs the caller gives up on each call (a training step's parameters and optimizer state): a CPU build writes
+    results into them where a kernel can, and the executable copies an array passed there first unless it is one
+    of the function's own last `run(copy=False)` outputs, so a caller's arrays are never written.
     """
     if params not in PARAM_MODES:
         raise KilnError(f"params must be one of {', '.join(PARAM_MODES)}, not {params!r}")
     names = tuple(functions) if functions is not None else tuple(graph.functions)
+    donated = donated_positions(graph, names, donate)
     tgt = resolve_target(target)
     calibrate_on_first_use(tgt)
     mode = resolve_precision(precision, tgt)
     tuned = find_database(graph, tgt, params, fast_math)
-    key = cache_key(graph, names, tgt, params, fast_math, database_digest(tuned) if tuned is not None else None, mode)
+    key = cache_key(graph, names, tgt, params, fast_math, database_digest(tuned) if tuned is not None else None, mode,
+                    donated)
     hit = compile_cache.lookup(key) if cache else None
     if cache:
         log.info("compile cache %s for @%s (%s)", "hit" if hit is not None else "miss", graph.name, key[:12])
     if hit is not None:
         program, path = hit
     else:
-        program, path = build(graph, names, tgt, params, fast_math, tuned, mode), None
+        program, path = build(graph, names, tgt, params, fast_math, tuned, mode, donated), None
         if cache:
             with stage(f"storing @{graph.name} in the compile cache"):
                 program, path = compile_cache.store(key, program, program.library.export_library)

@@ -61,13 +61,14 @@ class _Plan:
     """A function's per-call constants: VM entry point, device, inputs, params, seeding, output dtypes to restore,
     and how a copying call reads each output back (`_reader`)."""
 
-    __slots__ = ("entry", "device", "cpu", "inputs", "params", "seeded", "outputs", "readers", "named", "handed")
+    __slots__ = ("entry", "device", "cpu", "inputs", "params", "seeded", "outputs", "readers", "named", "handed",
+                 "donated")
 
     def __init__(self, entry: Any, device: tvm.runtime.Device, cpu: bool, inputs: tuple[_InputSpec, ...],
                  params: tuple[tuple[str, TensorType], ...], seeded: bool, outputs: tuple[Any, ...],
-                 owned: tuple[bool, ...]):
+                 owned: tuple[bool, ...], donated: tuple[int, ...] = ()):
         self.entry, self.device, self.cpu, self.inputs, self.params = entry, device, cpu, inputs, params
-        self.seeded, self.outputs = seeded, outputs
+        self.seeded, self.outputs, self.donated = seeded, outputs, donated
         self.readers = tuple(_reader(t, mine) for t, mine in zip(outputs, owned))
         self.named = any(spec.type.names for spec in inputs)  # some inputs name their dims: check they agree
         # the last `copy=False` call's views, by id, with the VM tensors they show: fed back (a training step's
@@ -109,16 +110,35 @@ def _device_input(function: str, spec: _InputSpec, x: Any, plan: _Plan) -> Any:
         raise ShapeError(f"@{function} input %{spec.name} expects {spec.type}, got shape {list(x.shape)} "
                          f"dtype {x.dtype}")
     if not (spec.dlpack and plan.cpu):
-        return tvm.runtime.tensor(to_storage(x, spec.type.dtype), plan.device)
+        return _fresh_input(spec, x, plan)
     flags = x.flags  # one flags object: each `x.flags` makes a new one
     exportable = (x if flags.writeable else _writeable_base(x)) if flags.c_contiguous else None
     if exportable is not None:
         view = tvm_ffi.from_dlpack(exportable)  # ~1 us; its data_ptr() is far cheaper to read than numpy's ctypes
         if view.data_ptr() % ALIGNMENT == 0:
             return view
+    return _fresh_input(spec, x, plan)
+
+
+def _fresh_input(spec: _InputSpec, x: np.ndarray, plan: _Plan) -> Any:
+    """A checked input copied into a TVM buffer of its own."""
+    if not (spec.dlpack and plan.cpu):
+        return tvm.runtime.tensor(to_storage(x, spec.type.dtype), plan.device)
     buf = _alloc(spec.tvm_shape(x.shape), spec.tvm_dtype, plan.device, None)
     np.copyto(np.from_dlpack(buf), x)
     return buf
+
+
+def _own_donated(inputs: tuple[Any, ...], args: list[Any], plan: _Plan) -> None:
+    """Make each donated argument one the VM may overwrite: a view the last `copy=False` call handed out goes in as
+    its VM tensor (the caller gives it up), anything else, or memory another argument uses too, as a fresh copy,
+    so that a caller's own arrays are never written."""
+    taken = {a.data_ptr() for i, a in enumerate(args) if i not in plan.donated}
+    for i in plan.donated:
+        found = plan.handed.get(id(inputs[i]))
+        if found is None or found[1] is not args[i] or args[i].data_ptr() in taken:
+            args[i] = _fresh_input(plan.inputs[i], np.asarray(inputs[i]), plan)
+        taken.add(args[i].data_ptr())
 
 
 def _input(function: str, spec: _InputSpec, x: Any, plan: _Plan) -> Any:
@@ -215,6 +235,8 @@ class Executable:
         convert = _input if plan.handed else _device_input  # no view of a `copy=False` call to recognize
         try:
             args = [convert(function, spec, x, plan) for spec, x in zip(plan.inputs, inputs)]
+            if plan.donated:
+                _own_donated(inputs, args, plan)
             if plan.named:  # inputs sharing a dim name agree on it (one TVM var)
                 check_named_dims([s.type for s in plan.inputs], [a.shape for a in args],
                                  [f"@{function} input %{s.name}" for s in plan.inputs])
@@ -248,7 +270,7 @@ class Executable:
                         else t.dtype for t in sig.outputs)
         owned = fresh_outputs(self._bytecode(), function, len(outputs)) if cpu else (False,) * len(outputs)
         plan = self._plans[function] = _Plan(entry, device, cpu, inputs, tuple(sig.params), sig.seeded, outputs,
-                                             owned)
+                                             owned, sig.donated)
         return plan
 
     def _bytecode(self) -> str:

@@ -14,7 +14,7 @@ builds it for sm_90. With a GPU, TVM compiles through NVRTC by default, which ne
 package (not a kiln dependency) unless TVM_CUDA_COMPILE_MODE=nvcc is set; that path is unverified here.
 """
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import tvm
 from tvm import relax
@@ -27,6 +27,7 @@ from kiln.runtime.tvm.schedules.fastmath import fast_math_passes
 
 from .const_fold import fold_constant_kernels
 from .conv_regions import block_conv_regions
+from .donation import donate_inputs
 from .matmul_layout import pack_matmul_weights
 from .output_fusion import fuse_output_producers
 from .plane_window import plane_windows
@@ -94,18 +95,21 @@ def cpu_pipeline(
     fast_math: bool = True,
     extra_schedule_passes: Sequence[tvm.transform.Pass] = (),
     block_convs: bool = True,
+    donated: Mapping[str, Collection[int]] | None = None,
 ) -> tvm.transform.Pass:
     """The relax pipeline for an LLVM target; also sizes TVM's thread pool to all cores.
 
     `extra_schedule_passes` run after fusion and before kiln's rules, so whatever they schedule (for
     example `relax.transform.MetaScheduleApplyDatabase`, which must be built inside `with target:`) wins
-    and the rules cover the rest.
+    and the rules cover the rest. `donated` names, per function, the inputs (by position) its caller gives up: the
+    kernels may write their results into them (`donation.py`).
     """
     configure_threads()
     passes = [
         *cpu_fusion_passes(target, fast_math, block_convs),
         *extra_schedule_passes,
         dl.ApplyDefaultSchedule(*default_cpu_rules(target)),
+        *([donate_inputs(donated)] if donated else []),  # results written into the inputs a caller gives up
         *cpu_passes.dataflow_lower_passes(target),
         *cpu_passes.finalize_passes(target),
         _noalias_shape_funcs,

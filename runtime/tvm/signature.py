@@ -21,7 +21,8 @@ class FunctionSignature:
     """One compiled function: `main(*inputs, *params, [seed])` returning a tuple of `outputs`.
 
     `params` lists the stored parameters the function takes as inputs (only when compiled with
-    `params="inputs"`); `seeded` says a trailing int64 run seed follows (active dropout).
+    `params="inputs"`); `seeded` says a trailing int64 run seed follows (active dropout); `donated` gives the
+    positions of the inputs its kernels may overwrite (`compile_graph(donate=...)`).
     """
 
     name: str
@@ -29,14 +30,17 @@ class FunctionSignature:
     params: tuple[tuple[str, TensorType], ...]
     outputs: tuple[TensorType, ...]
     seeded: bool
+    donated: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "inputs": [[n, type_to_json(t)] for n, t in self.inputs],
                 "params": [[n, type_to_json(t)] for n, t in self.params],
-                "outputs": [type_to_json(t) for t in self.outputs], "seeded": self.seeded}
+                "outputs": [type_to_json(t) for t in self.outputs], "seeded": self.seeded,
+                "donated": list(self.donated)}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> FunctionSignature:
         return FunctionSignature(d["name"], tuple((n, type_from_json(t)) for n, t in d["inputs"]),
                                  tuple((n, type_from_json(t)) for n, t in d["params"]),
-                                 tuple(type_from_json(t) for t in d["outputs"]), bool(d["seeded"]))
+                                 tuple(type_from_json(t) for t in d["outputs"]), bool(d["seeded"]),
+                                 tuple(int(i) for i in d.get("donated", ())))
