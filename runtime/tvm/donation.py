@@ -126,6 +126,6 @@ def donate_inputs(donated: Mapping[str, Collection[int]]) -> tvm.transform.Pass:
         for gvar, func in list(mod.functions_items()):
             if isinstance(func, relax.Function) and donated.get(gvar.name_hint):
                 donation.builder.update_func(gvar, donation.function(func, donated[gvar.name_hint]))
-        return donation.builder.get()
+        return relax.transform.DeadCodeElimination()(donation.builder.get())  # kernels now only called in place
 
     return _pass
