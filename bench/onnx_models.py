@@ -1,6 +1,6 @@
 """ONNX models through kiln beside onnxruntime and OpenVINO: import time, cold compile time, latency.
 
-    .venv/bin/python bench/onnx_models.py [--rounds 5] [--opset 17] [--only NAME ...] [--markdown out.md]
+    .venv/bin/python bench/onnx_models.py [--rounds 5] [--opset 17] [--only NAME ...] [--static] [--markdown out.md]
 
 The models are `tests/frontend/torch_zoo.py`'s (ResNet, MobileNetV3, EfficientNet, ViT, BERT-style encoder,
 YOLO-style detector, GPT-2-style decoder; tiny widths, random weights), exported once by `torch.onnx.export` with a
@@ -11,7 +11,8 @@ that same file at batch 1 (and 8 for the zoo's CNNs and the full-size models) on
 thread count, in interleaved rounds (`timing.interleaved`); ratios are medians of per-round ratios to kiln. OpenVINO
 runs where `import openvino` works, on its CPU plugin with `INFERENCE_PRECISION_HINT=f32`, so that it computes in
 f32 as the others do. Compiles start from an empty cache. A model kiln cannot import or build yet is listed with the
-reason and the others still run. `--only` picks models by row name (`resnet`, `light/squeezenet`).
+reason and the others still run. `--only` picks models by row name (`resnet`, `light/squeezenet`). `--static` adds
+`kiln static`, a build per batch with the batch fixed (what a dynamic batch costs, in the same rounds).
 """
 
 from __future__ import annotations
@@ -78,8 +79,17 @@ def light_model(name: str) -> Prepared:
     return Prepared(path, list(feeds), {1: list(feeds.values())}, case.rtol, case.atol)
 
 
-def bench_model(name: str, prepared: Prepared, rounds: int, threads: int) -> tuple[list[str], str | None]:
-    """The table rows of one model, and why it was skipped (None when it ran)."""
+def static_build(imported: kiln.Module, batch: int) -> Callable[..., object]:
+    """A build of `imported` whose inputs' dynamic first dims are `batch`: the static-batch baseline."""
+    args = imported.graph.functions["forward"].args
+    return kiln.compile(imported, *(((batch if a.type.shape[0] is None else a.type.shape[0], *a.type.shape[1:]),
+                                    a.type.dtype) for a in args))
+
+
+def bench_model(name: str, prepared: Prepared, rounds: int, threads: int, static: bool = False
+                ) -> tuple[list[str], str | None]:
+    """The table rows of one model, and why it was skipped (None when it ran); with `static`, a static-batch kiln
+    build beside the dynamic one."""
     path = prepared.path
     start = time.perf_counter()
     try:
@@ -99,6 +109,9 @@ def bench_model(name: str, prepared: Prepared, rounds: int, threads: int) -> tup
         feeds = dict(zip(prepared.names, xs))
         runners: dict[str, Runner] = {"kiln": lambda xs=xs: exe(*xs),
                                       "onnxruntime": onnxruntime_runner(path, feeds, threads)}
+        if static:
+            fixed = static_build(imported, batch)
+            runners["kiln static"] = lambda xs=xs, fixed=fixed: fixed(*xs)
         ov_run = openvino_runner(path, feeds, threads)
         if ov_run is not None:
             runners["openvino"] = ov_run
@@ -119,6 +132,7 @@ def main() -> None:
     parser.add_argument("--markdown", help="also write the table to this markdown file")
     models = [*torch_zoo.zoo(), *torch_zoo.full_size(), *(f"light/{n}" for n in backend_suites.LIGHT_MODELS)]
     parser.add_argument("--only", action="append", choices=models, help="run this model only (repeatable)")
+    parser.add_argument("--static", action="store_true", help="also time a static-batch kiln build per batch")
     args = parser.parse_args()
     os.environ[compile_cache.CACHE_ENV] = tempfile.mkdtemp(prefix="kiln-bench-cache-")  # every build starts cold
     threads = cpu_count()
@@ -136,7 +150,7 @@ def main() -> None:
             print(f"{name}:", flush=True)
             prepared = light_model(name.removeprefix("light/")) if name.startswith("light/") else \
                 zoo_model(name, args.opset, Path(tmp))
-            rows, why = bench_model(name, prepared, args.rounds, threads)
+            rows, why = bench_model(name, prepared, args.rounds, threads, args.static)
             lines += rows
             if why is not None:
                 skipped.append(f"Note: {name} not benchmarked: {why}")

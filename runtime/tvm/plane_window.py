@@ -20,7 +20,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
 from .cpu import cpu_model
-from .relax_rewrite import depthwise_conv, int_lists, rewrite_functions, static_f32_shape
+from .relax_rewrite import batched_f32_shape, depthwise_conv, int_lists, rewrite_functions
 
 PAD_BLOCK, ACC_BLOCK, OUT_BLOCK = "plane_window_pad", "plane_window_acc", "plane_window"
 _POOLS = {tvm.ir.Op.get(f"relax.nn.{kind}_pool2d"): kind for kind in ("max", "avg")}
@@ -46,7 +46,7 @@ def _plane(x: te.Tensor, kernel: tuple[int, int], strides: list[int], padding: l
            lanes: int, fill: tirx.Expr) -> tuple[Tap, int, int, int]:
     """(the window's tap `(b, c, i, j, ry, rx) -> x'[..]` of the padded, phase-split plane; out rows; out columns;
     columns rounded up to whole vectors). Outside the map the plane holds `fill`."""
-    _, c, h, width = (int(d) for d in x.shape)
+    c, h, width = (int(d) for d in x.shape[1:])
     (kh, kw), (sh, sw), (dh, dw), (top, left, bottom, right) = kernel, strides, dilation, padding
     oh, ow = _out_size(h, top, bottom, kh, sh, dh), _out_size(width, left, right, kw, sw, dw)
     owv = -(-ow // vector_width(ow, lanes)) * vector_width(ow, lanes)
@@ -108,22 +108,23 @@ def plane_pool(x: te.Tensor, kind: str, kernel: list[int], strides: list[int], p
         i, kh, sh, top, dh, h) * _inside(j, kw, sw, left, dw, width)))
 
 
-def _static_nchw(call: relax.Call) -> list[int] | None:
-    """The static, non-empty float32 shape of `call`'s first operand when it and the result are 4-D."""
-    x, out = static_f32_shape(call.args[0].ty), static_f32_shape(call.ty)
-    return x if x is not None and out is not None and len(x) == len(out) == 4 and min(x + out) > 0 else None
+def _nchw(call: relax.Call) -> list | None:
+    """The float32 shape of `call`'s first operand when it and the result are 4-D, non-empty and static but for the
+    batch (`batched_f32_shape`: a dynamic batch only bounds the kernel's parallel loop over images and channels)."""
+    x, out = batched_f32_shape(call.args[0].ty), batched_f32_shape(call.ty)
+    return x if x is not None and out is not None and len(x) == len(out) == 4 and min(x[1:] + out[1:]) > 0 else None
 
 
 def is_plane_depthwise(call: relax.Call) -> bool:
     """Whether `call` is a depthwise conv (`relax_rewrite.depthwise_conv`) of a non-empty map."""
-    return depthwise_conv(call) and _static_nchw(call) is not None
+    return depthwise_conv(call) and _nchw(call) is not None
 
 
 def is_plane_pool(call: relax.Call) -> bool:
-    """Whether `call` is a static, non-empty float32 NCHW max or average pool without `ceil_mode` whose windows
+    """Whether `call` is a non-empty float32 NCHW max or average pool (`_nchw`) without `ceil_mode` whose windows
     overlap or pad the map. Disjoint windows (2x2/2) read every element once: the plane's copy (a scalar loop for
     a stride's phases) is all it would add, and the 2x2/2 pool of 8x64x56² took 2.7x as long as TVM's."""
-    if call.op not in _POOLS or _static_nchw(call) is None:
+    if call.op not in _POOLS or _nchw(call) is None:
         return False
     a = call.attrs
     overlap = any(int(d) * (int(k) - 1) + 1 > int(s) for k, s, d in zip(a.pool_size, a.strides, a.dilation))

@@ -116,9 +116,9 @@ def test_a_dynamic_batch_export_compiles_to_the_blocked_and_packed_kernels():
 
 @pytest.mark.parametrize("name", ["resnet", "efficientnet"])
 def test_dynamic_batch_exports_build_and_match_onnxruntime(name: str):
-    """The zoo's CNNs with a lone stem pool or depthwise conv (NCHW plane kernels, static batch only) beside
-    blocked regions over a symbolic batch: they build, and match onnxruntime at batch 1 and 3 (a symbolic batch in
-    the plane kernels once broke both builds)."""
+    """The zoo's CNNs with a lone stem pool or depthwise conv (NCHW plane kernels) beside blocked regions over a
+    symbolic batch: they build, and match onnxruntime at batch 1 and 3 (a symbolic batch in the plane kernels once
+    broke both builds)."""
     data = _exported(name, 17)
     imported = kiln.import_onnx(onnx.load_from_string(data)).valid()
     exe = kiln.compile(imported, *(a.type for a in imported.graph.functions["forward"].args))

@@ -168,3 +168,33 @@ def test_row_tiles_fit_the_register_file_beside_the_weights(target: tvm.target.T
     assert tile + 9 + 3 <= model.vector_registers or tile == rows
     assert tile > 1 or rows > model.accumulators
 
+
+
+def _dynamic_batch_cases() -> list[tuple[kiln.ir.Graph, tuple[int, ...]]]:
+    """A depthwise conv with bias and SiLU (`y * sigmoid(y)` reads the bias add twice) and a relu then a 3x3/2 max
+    pool (the zoo ResNet's stem), each over a dynamic batch."""
+    rng = np.random.default_rng(3)
+    w, bias = rng.standard_normal((8, 1, 3, 3)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    b = Builder("DepthwiseSiLU")
+    x = b.input("x", ((None, 8, 16, 16), "f32"))
+    y = b.conv2d(x, b.param("w", w.shape, data=w), b.param("b", bias.shape, data=bias), padding=(1, 1), groups=8)
+    b.ret(b.mul(y, b.sigmoid(y)))
+    silu = b.build()
+    b = Builder("ReluPool")
+    x = b.input("x", ((None, 8, 16, 16), "f32"))
+    b.ret(b.max_pool2d(b.relu(x), kernel=(3, 3), stride=(2, 2), padding=(1, 1)))
+    return [(silu, (8, 16, 16)), (b.build(), (8, 16, 16))]
+
+
+@pytest.mark.parametrize("case", [0, 1], ids=["depthwise-silu", "relu-max-pool"])
+def test_a_dynamic_batch_gets_the_plane_kernel_and_matches_the_interpreter(case: int) -> None:
+    """Over a symbolic batch the plane rule schedules the kernel (the batch fused with the channels into the parallel
+    loop), and one build matches kiln's reference interpreter at batch 1 and 3. Both once failed to build: the
+    SiLU's twice-read add lost its buffer, and the pool's loop partition mixed int32 and int64 indices."""
+    graph, shape = _dynamic_batch_cases()[case]
+    kernels = [f for f in _kernels(lower(graph).module, TARGET) if OUT_BLOCK in f.script()]
+    assert len(kernels) == 1 and CPUPlaneWindow().apply(kernels[0], TARGET, False) is not None
+    exe = compile_graph(graph, target=TARGET, fast_math=False)
+    for n in (1, 3):
+        inputs = [np.random.default_rng(n).standard_normal((n, *shape)).astype(np.float32)]
+        np.testing.assert_allclose(exe(*inputs), kiln.ir.interpret(graph, inputs)[0], rtol=1e-5, atol=1e-5)

@@ -31,6 +31,18 @@ def row_tile(rows: int, weights: int, shifts: int, model: CPUModel) -> int:
 UNROLLED_PLANE = 1024
 
 
+def _fuse_epilogue(sch: s_tir.Schedule, epilogue: list[s_tir.schedule.SBlockRV]) -> None:
+    """Fuse the elementwise blocks after the kernel's store into it: each but the last inlined into its consumers,
+    then the last into the store. Reverse-inlining them one by one lost a value read twice (SiLU's `y * sigmoid(y)`
+    reads the bias add twice): over a symbolic batch the kernel then read the add's buffer, never allocated."""
+    if not epilogue:
+        return
+    *inner, last = epilogue
+    for block in inner:
+        sch.compute_inline(block)
+    sch.reverse_compute_inline(last)
+
+
 class CPUPlaneWindow(dl.ScheduleRule):
     """The kernels of `plane_depthwise` and `plane_pool` (their three blocks by name, then elementwise epilogues),
     else None."""
@@ -50,6 +62,7 @@ class CPUPlaneWindow(dl.ScheduleRule):
         rows, kernel = static_extent(sch.get(row).extent), [static_extent(sch.get(t).extent) for t in taps]
         if padded % vector or rows is None or None in kernel:
             return None
+        symbolic = static_extent(sch.get(batch).extent) is None
         channels = sch.fuse(batch, channel)
         stmt = sch.get(acc)
         operands = [r for r in stmt.reads if not r.source.same_as(stmt.writes[0].source)]
@@ -59,8 +72,8 @@ class CPUPlaneWindow(dl.ScheduleRule):
         sch.reorder(channels, row_o, column_o, *taps, row_i, column_i)
         tile = sch.cache_write(acc, 0, "local")
         sch.reverse_compute_at(tile, column_o, preserve_unit_loops=True)
-        for epilogue in [b for b in names.values() if not any(sch.get(b).same_as(sch.get(k)) for k in (pad, acc, out))]:
-            sch.reverse_compute_inline(epilogue)
+        own = (pad, acc, out)
+        _fuse_epilogue(sch, [b for b in names.values() if not any(sch.get(b).same_as(sch.get(k)) for k in own)])
         sch.reverse_compute_at(out, channels)
         sch.compute_at(pad, channels)
         sch.parallel(channels)
@@ -78,5 +91,6 @@ class CPUPlaneWindow(dl.ScheduleRule):
             sch.unroll(phase)
             if plane[0] * plane[1] * plane[2] <= UNROLLED_PLANE:
                 sch.unroll(pad_row)
-        sch.annotate(column, "pragma_loop_partition_hint", 1)
+        if not symbolic:  # over a symbolic batch, TVM's loop partition mixed int32 and int64 indices and failed
+            sch.annotate(column, "pragma_loop_partition_hint", 1)
         return sch
