@@ -7,9 +7,9 @@ an f32 C tile 16 x 16. The kernel keeps 2 x 2 C tiles (1 x 2 below 16 rows, with
 resident while it walks K, loading 2 A and 2 B tiles per step, and stores them once; each parallel task is a
 32-column panel whose thread configures its tiles once and walks the panel's M blocks, so the panel of B is read
 from memory once per call (A, M x K, is what the caches hold). B is packed into [N/16, K/2, 16, 2] (each B tile
-1 KiB contiguous), zero-padded to whole tiles: a bound weight once, by constant folding at build time, an
-activation per call by an elementwise kernel FuseOps joins to its producer; A's bf16 cast (and zero padding) is
-one elementwise kernel in front.
+1 KiB contiguous; written as uint32 pairs, so a pack stores whole vectors), zero-padded to whole tiles: a bound
+weight once, by constant folding at build time, an activation per call by an elementwise kernel FuseOps joins to
+its producer; A's bf16 cast (and zero padding) is one elementwise kernel in front.
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ def _intrin(name: str, *args: object) -> tirx.PrimExpr:
 
 def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_bytes: int) -> tirx.PrimFunc:
     """The AMX kernel over padded operands A [batch, Mp, kp] bf16, packed B [batch (1 if `shared_b`), np_/16, kp/2,
-    32] bf16 and C [batch, Mp, np_] f32 (kp, np_ whole tiles; Mp any multiple of 32, or `rows` < 16 itself: then
-    each tile is configured to `rows`). A shared B (a bound weight) is one matrix every batch multiplies by.
+    16] bf16 pairs (uint32, `_packed_pairs`) and C [batch, Mp, np_] f32 (kp, np_ whole tiles; Mp any multiple of
+    32, or `rows` < 16 itself: then each tile is configured to `rows`). A shared B (a bound weight) is one matrix
+    every batch multiplies by.
 
     Each parallel task is one 32-column panel of one batch over a chunk of M: the rows of A that fill half of
     `l2_bytes` (fewer where there are fewer panels than `cores`, so every core gets work). Its thread configures
@@ -81,7 +82,7 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         batch, mp, wbatch = T.int64(), T.int64(), T.int64()
         a = T.match_buffer(a_data, (batch, mp, kp), "bfloat16")
-        w = T.match_buffer(w_data, (wbatch, np_ // N_TILE, kp // PAIR, N_TILE * PAIR), "bfloat16")
+        w = T.match_buffer(w_data, (wbatch, np_ // N_TILE, kp // PAIR, N_TILE), "uint32")  # bf16 pairs
         c = T.match_buffer(c_data, (batch, mp, np_), "float32")
         mblocks = mp // (rows * mt)
         spread = T.if_then_else(batch * nblocks < cores, (mblocks * batch * nblocks + cores - 1) // cores, mblocks)
@@ -161,10 +162,10 @@ def _flattened(indices: tuple[tirx.PrimExpr, ...], dims: list[tirx.PrimExpr]) ->
 
 def _within(value: tirx.PrimExpr, index: tirx.PrimExpr, extent: tirx.PrimExpr, padded_extent: tirx.PrimExpr,
             ) -> tirx.PrimExpr:
-    """`value` where `index` < `extent`, else a bf16 zero; `value` alone where the padded extent is the extent."""
+    """`value` where `index` < `extent`, else a zero; `value` alone where the padded extent is the extent."""
     if tvm.sym.Analyzer().can_prove_equal(extent, padded_extent):
         return value
-    return tirx.if_then_else(index < extent, value, tirx.const(0, "bfloat16"))
+    return tirx.if_then_else(index < extent, value, tirx.const(0, value.ty.dtype))
 
 
 def _clamped(index: tirx.PrimExpr, extent: tirx.PrimExpr) -> tirx.PrimExpr:
@@ -187,18 +188,33 @@ def _padded_bf16(x: te.Tensor, outer: int, rows: tirx.PrimExpr, cols: int) -> te
     return te.compute((batch, rows, cols), element, name="amx_operand")
 
 
-def _packed_bf16(y: te.Tensor, kp: int, np_: int) -> te.Tensor:
-    """y [*batch, K, N] rounded to bf16, zero-padded to [kp, np_] and packed [prod(batch), np_/16, kp/2, 32]
-    (element (j, p, 2n + e) = y[2p + e, 16j + n]): B as the tiles read it, computed by y's producer where FuseOps
-    joins them."""
+def _bf16_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:
+    """The bits of f32 `value` rounded to nearest-even bf16, in the low half of a uint32 (a NaN stays a quiet NaN).
+    In integer arithmetic: TVM computes bf16 values in f32 and cannot bit cast one, and its f32 -> bf16 -> f32
+    round trip truncates instead of rounding."""
+    bits = tirx.reinterpret("uint32", value)
+    sixteen = tirx.const(16, "uint32")
+    rounded = (bits + tirx.const(0x7FFF, "uint32") + ((bits >> sixteen) & tirx.const(1, "uint32"))) >> sixteen
+    return tirx.Select(value != value, (bits >> sixteen) | tirx.const(0x40, "uint32"), rounded)
+
+
+def _packed_pairs(y: te.Tensor, kp: int, np_: int) -> te.Tensor:
+    """y [*batch, K, N] rounded to bf16, zero-padded to [kp, np_] and packed as the tiles read B, written as uint32
+    pairs [prod(batch), np_/16, kp/2, 16]: element (j, p, n) holds bf16(y[2p, 16j + n]) in its low half and
+    bf16(y[2p + 1, 16j + n]) in its high half, which in memory is AMX's [np_/16, kp/2, 16, 2] bf16 pair layout.
+    As pairs each store is one vector of 16 lanes from two contiguous runs of y (as 32 bf16 lanes, lane l read
+    y[2p + l % 2, 16j + l // 2]: a gather); y's producer computes it where FuseOps joins them."""
     *lead, k, n = y.shape
     batch = _product(lead)
 
-    def element(b: tirx.PrimExpr, j: tirx.PrimExpr, p: tirx.PrimExpr, e: tirx.PrimExpr) -> tirx.PrimExpr:
-        row, col = p * PAIR + e % PAIR, j * N_TILE + e // PAIR
-        value = y[(*_unflattened(b, lead), _clamped(row, k), _clamped(col, n))].astype("bfloat16")
-        return _within(_within(value, row, k, kp), col, n, np_)
-    return te.compute((batch, np_ // N_TILE, kp // PAIR, N_TILE * PAIR), element, name="amx_packed")
+    def half(b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr) -> tirx.PrimExpr:
+        value = y(*_unflattened(b, lead), _clamped(row, k), _clamped(col, n))
+        return _bf16_bits(_within(_within(value, row, k, kp), col, n, np_))
+
+    def element(b: tirx.PrimExpr, j: tirx.PrimExpr, p: tirx.PrimExpr, c: tirx.PrimExpr) -> tirx.PrimExpr:
+        col = j * N_TILE + c
+        return half(b, p * PAIR, col) | (half(b, p * PAIR + 1, col) << tirx.const(16, "uint32"))
+    return te.compute((batch, np_ // N_TILE, kp // PAIR, N_TILE), element, name="amx_packed")
 
 
 def _unpadded(c: te.Tensor, outer: int, shape: list[tirx.PrimExpr]) -> te.Tensor:
@@ -214,7 +230,7 @@ def _unpadded(c: te.Tensor, outer: int, shape: list[tirx.PrimExpr]) -> te.Tensor
 def _on_tiles(call: OpCall, b: relax.Expr, outer: int, batch: tirx.PrimExpr, m: tirx.PrimExpr, k: int, n: int,
               shared_b: bool, shape: list[tirx.PrimExpr]) -> relax.Expr:
     """A @ B in the product's shape `shape` on tiles, for A = call's first operand ([*batch, *m, k] f32, `outer`
-    batch dims) and B already packed [batch or 1, np_/16, kp/2, 32]: A's cast and padding in front, the kernel,
+    batch dims) and B already packed [batch or 1, np_/16, kp/2, 16] (pairs): A's cast and padding in front, the kernel,
     and the copy dropping the padding (FuseOps joins it to the consumer). Where A is whole tiles its cast is
     elementwise and keeps A's shape, so FuseOps can put it in A's producer's epilogue (softmax's, the FFN's);
     where C is, a reshape (a view) is left."""
@@ -244,11 +260,9 @@ def amx_matmul(call: OpCall) -> relax.Expr | None:
     k, n = int(k), int(call.types[1].shape[1])
     m = tvm.sym.Analyzer().simplify(_product(lead))
     _, kp, np_ = padded(m, k, n)
-    packed = R.nn.pad(R.astype(w, "bfloat16"), [0, kp - k, 0, np_ - n])
-    packed = R.reshape(R.permute_dims(R.reshape(packed, [kp // PAIR, PAIR, np_ // N_TILE, N_TILE]), [2, 0, 3, 1]),
-                       [1, np_ // N_TILE, kp // PAIR, N_TILE * PAIR])
+    packed = call.bb.call_te(_packed_pairs, w, kp, np_)  # a constant: folded at build time
     one = tirx.IntImm("int64", 1)
-    return _on_tiles(call, call.emit(packed), 0, one, m, k, n, True, [*lead, tirx.IntImm("int64", n)])
+    return _on_tiles(call, packed, 0, one, m, k, n, True, [*lead, tirx.IntImm("int64", n)])
 
 
 def amx_batched_matmul(call: OpCall) -> relax.Expr | None:
@@ -269,5 +283,5 @@ def amx_batched_matmul(call: OpCall) -> relax.Expr | None:
     k, n = int(k), int(n)
     batch = analyzer.simplify(_product(lead))
     _, kp, np_ = padded(m, k, n)
-    b = call.bb.call_te(_packed_bf16, call.args[1], kp, np_)
+    b = call.bb.call_te(_packed_pairs, call.args[1], kp, np_)
     return _on_tiles(call, b, len(lead), batch, m, k, n, False, [*lead, m, tirx.IntImm("int64", n)])
