@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import tvm
 from tvm import relax, te, tirx
 from tvm.relax import op as R
 from tvm.script import tirx as T
+from tvm.script.ir_builder import tirx as ib
 from tvm.target import Target
 
 from .cpu import cpu_model
@@ -36,6 +38,7 @@ N_TILE = TILE_BYTES // 4  # f32 columns of a C tile
 PAIR = 2  # K values per B tile element pair (tdpbf16ps multiplies pairs)
 TILE_CONFIG_BYTES = 64  # ldtilecfg's operand: palette, start row, 16 x u16 bytes per row, 16 x u8 rows
 C_ROWS, C_COLS = 2, 2  # resident C tiles: 4 C + 2 A + 2 B = the 8 tile registers
+TILE_PARAMS = "kiln.amx_tiles"  # the kernel's attribute: `tile_kernel`'s arguments (rows, kp, np_, shared_b, cores, l2)
 
 
 def has_tiles(target: Target | None) -> bool:
@@ -59,7 +62,37 @@ def _intrin(name: str, *args: object) -> tirx.PrimExpr:
     return T.call_llvm_intrin("void", f"llvm.x86.{name}", *args)
 
 
-def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_bytes: int) -> tirx.PrimFunc:
+@dataclass(frozen=True)
+class Epilogue:
+    """An elementwise consumer of the product, computed by the tile kernel as it stores each 32 x 32 block
+    (`amx_epilogue.py` finds them): `inputs` (its other operands) and `output` are the kernel's parameters after A
+    and B, and for the product's element (b, row, col) = c it stores `value(b, row, col, c)` at `at(b, row, col)`
+    of `output`. The product itself is never written."""
+
+    inputs: tuple[tirx.Buffer, ...]
+    output: tirx.Buffer
+    value: Callable[[tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr], tirx.PrimExpr]
+    at: Callable[[tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr], list[tirx.PrimExpr]]
+
+
+def _result(epilogue: Epilogue | None, batch: tirx.Var, mp: tirx.Var, np_: int) -> tirx.Buffer:
+    """Add the kernel's parameters after A and B (C [batch, mp, np_] f32, or an epilogue's inputs and output) to
+    the function being parsed; returns C, or the epilogue's output."""
+    if epilogue is None:
+        return ib.arg("c", tirx.decl_buffer((batch, mp, np_), "float32", name="c"))
+    for i, buffer in enumerate(epilogue.inputs):
+        ib.arg(f"in{i}", buffer)
+    return ib.arg("out", epilogue.output)
+
+
+def _store_block(epilogue: Epilogue, acc: tirx.Buffer, b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr,
+                 i: tirx.PrimExpr, j: tirx.PrimExpr) -> None:
+    """Emit the epilogue's store of the product's element (b, row, col), held at acc[i, j]."""
+    ib.buffer_store(epilogue.output, epilogue.value(b, row, col, acc[i, j]), epilogue.at(b, row, col))
+
+
+def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_bytes: int,
+                epilogue: Epilogue | None = None) -> tirx.PrimFunc:
     """The AMX kernel over padded operands A [batch, Mp, kp] bf16, packed B [batch (1 if `shared_b`), np_/16, kp/2,
     16] bf16 pairs (uint32, `_packed_pairs`) and C [batch, Mp, np_] f32 (kp, np_ whole tiles; Mp any multiple of
     32, or `rows` < 16 itself: then each tile is configured to `rows`). A shared B (a bound weight) is one matrix
@@ -69,7 +102,11 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
     `l2_bytes` (fewer where there are fewer panels than `cores`, so every core gets work). Its thread configures
     its tiles once (ldtilecfg and tilerelease cost about as much as a 256-deep block of products) and walks the
     chunk's M blocks with the panel of B cached; tasks run chunk by chunk, so a thread's consecutive panels reuse
-    its A chunk from L2 (M-long panels streamed all of A from L3 per panel: 1024 rows x K 3072 ran at 750 GFLOP/s)."""
+    its A chunk from L2 (M-long panels streamed all of A from L3 per panel: 1024 rows x K 3072 ran at 750 GFLOP/s).
+
+    With an `epilogue` each block's C tiles are stored to a 4 KiB local block (rows 128 bytes apart: C's own rows,
+    4 or 12 KiB apart at N = 1024 or 3072, share one L1 set) and the epilogue computes from it, 32 lanes at a time;
+    `TILE_PARAMS` records the geometry, so a pass can rebuild the kernel with one."""
     mt = 1 if rows < TILE_ROWS else C_ROWS
     nblocks, steps = np_ // (N_TILE * C_COLS), kp // K_STEP
     a_stride, c_stride = kp * 2, np_ * 4
@@ -77,13 +114,16 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
     b_step = 0 if shared_b else 1  # B's batch index per batch of A
     chunk = max(1, l2_bytes // 2 // (a_stride * rows * mt))  # M blocks of A in half of L2
 
+    block_rows, block_cols = rows * mt, N_TILE * C_COLS
+    geometry = [rows, kp, np_, int(shared_b), cores, l2_bytes]
+
     @T.prim_func(private=True)
-    def kernel(a_data: T.handle, w_data: T.handle, c_data: T.handle):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+    def kernel(a_data: T.handle, w_data: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, TILE_PARAMS: geometry})
         batch, mp, wbatch = T.int64(), T.int64(), T.int64()
         a = T.match_buffer(a_data, (batch, mp, kp), "bfloat16")
         w = T.match_buffer(w_data, (wbatch, np_ // N_TILE, kp // PAIR, N_TILE), "uint32")  # bf16 pairs
-        c = T.match_buffer(c_data, (batch, mp, np_), "float32")
+        c = _result(epilogue, batch, mp, np_)
         mblocks = mp // (rows * mt)
         spread = T.if_then_else(batch * nblocks < cores, (mblocks * batch * nblocks + cores - 1) // cores, mblocks)
         per_task = T.min(spread, chunk)
@@ -117,11 +157,20 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
                             for j in T.unroll(C_COLS):
                                 T.evaluate(_intrin("tdpbf16ps", T.uint8(i * C_COLS + j), T.uint8(a0 + i),
                                                    T.uint8(b0 + j)))
-                    for i in T.unroll(mt):
-                        for j in T.unroll(C_COLS):
-                            T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j),
-                                               T.address_of(c[bb, (mb * mt + i) * rows, (nb * C_COLS + j) * N_TILE]),
-                                               T.int64(c_stride)))
+                    if epilogue is None:
+                        for i in T.unroll(mt):
+                            for j in T.unroll(C_COLS):
+                                T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j), T.address_of(
+                                    c[bb, (mb * mt + i) * rows, (nb * C_COLS + j) * N_TILE]), T.int64(c_stride)))
+                    else:
+                        acc = T.decl_buffer((block_rows, block_cols), "float32", scope="local")
+                        for i in T.unroll(mt):
+                            for j in T.unroll(C_COLS):
+                                T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j),
+                                                   T.address_of(acc[i * rows, j * N_TILE]), T.int64(block_cols * 4)))
+                        for i in range(block_rows):
+                            for j in T.vectorized(block_cols):
+                                _store_block(epilogue, acc, bb, mb * block_rows + i, nb * block_cols + j, i, j)
             T.evaluate(_intrin("tilerelease"))
     return kernel
 
