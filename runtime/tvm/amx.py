@@ -9,7 +9,8 @@ resident while it walks K, loading 2 A and 2 B tiles per step, and stores them o
 from memory once per call (A, M x K, is what the caches hold). B is packed into [N/16, K/2, 16, 2] (each B tile
 1 KiB contiguous; written as uint32 pairs, so a pack stores whole vectors), zero-padded to whole tiles: a bound
 weight once, by constant folding at build time, an activation per call by an elementwise kernel FuseOps joins to
-its producer; A's bf16 cast (and zero padding) is one elementwise kernel in front.
+its producer; A's bf16 cast (and zero padding) is one elementwise kernel in front. A product's elementwise
+consumer can run in the kernel's store instead of reading C back (`Epilogue`, found by `amx_epilogue.py`).
 """
 
 from __future__ import annotations
