@@ -86,10 +86,9 @@ def _result(epilogue: Epilogue | None, batch: tirx.Var, mp: tirx.Var, np_: int) 
     return ib.arg("out", epilogue.output)
 
 
-def _store_block(epilogue: Epilogue, acc: tirx.Buffer, b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr,
-                 i: tirx.PrimExpr, j: tirx.PrimExpr) -> None:
-    """Emit the epilogue's store of the product's element (b, row, col), held at acc[i, j]."""
-    ib.buffer_store(epilogue.output, epilogue.value(b, row, col, acc[i, j]), epilogue.at(b, row, col))
+def _store(epilogue: Epilogue, b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr, c: tirx.PrimExpr) -> None:
+    """Emit the epilogue's store of the product's element (b, row, col) = c."""
+    ib.buffer_store(epilogue.output, epilogue.value(b, row, col, c), epilogue.at(b, row, col))
 
 
 def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_bytes: int,
@@ -106,8 +105,10 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
     its A chunk from L2 (M-long panels streamed all of A from L3 per panel: 1024 rows x K 3072 ran at 750 GFLOP/s).
 
     With an `epilogue` each block's C tiles are stored to a 4 KiB local block (rows 128 bytes apart: C's own rows,
-    4 or 12 KiB apart at N = 1024 or 3072, share one L1 set) and the epilogue computes from it, 32 lanes at a time;
-    `TILE_PARAMS` records the geometry, so a pass can rebuild the kernel with one."""
+    4 or 12 KiB apart at N = 1024 or 3072, share one L1 set) and the epilogue computes from it, 32 lanes at a time,
+    one block behind: a slice of the previous block's rows per K step of the next, so its vector work overlaps the
+    tile products (after them, a gelu epilogue added half the product's time), the task's last block after its own
+    products. `TILE_PARAMS` records the geometry, so a pass can rebuild the kernel with an epilogue."""
     mt = 1 if rows < TILE_ROWS else C_ROWS
     nblocks, steps = np_ // (N_TILE * C_COLS), kp // K_STEP
     a_stride, c_stride = kp * 2, np_ * 4
@@ -116,6 +117,8 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
     chunk = max(1, l2_bytes // 2 // (a_stride * rows * mt))  # M blocks of A in half of L2
 
     block_rows, block_cols = rows * mt, N_TILE * C_COLS
+    lag = 0 if epilogue is None else 1  # an epilogue runs one block behind the products
+    slice_rows = -(-block_rows // steps)  # rows of the previous block's epilogue per K step
     geometry = [rows, kp, np_, int(shared_b), cores, l2_bytes]
 
     @T.prim_func(private=True)
@@ -140,9 +143,12 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
             T.evaluate(_intrin("ldtilecfg", T.address_of(config[0])))
             nb = task % nblocks
             bb = task // nblocks % batch
-            for mi in range(per_task):
-                mb = task // (nblocks * batch) * per_task + mi
-                if mb < mblocks:
+            if epilogue is not None:
+                acc = T.decl_buffer((2, block_rows, block_cols), "float32", scope="local")  # two blocks in turn
+            first = task // (nblocks * batch) * per_task
+            for mi in range(per_task + lag):
+                mb = first + mi
+                if mi < per_task and mb < mblocks:
                     for t in T.unroll(a0):
                         T.evaluate(_intrin("tilezero", T.uint8(t)))
                     for kb in range(steps):
@@ -158,20 +164,29 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
                             for j in T.unroll(C_COLS):
                                 T.evaluate(_intrin("tdpbf16ps", T.uint8(i * C_COLS + j), T.uint8(a0 + i),
                                                    T.uint8(b0 + j)))
+                        if epilogue is not None:
+                            if mi > 0:  # a slice of the previous block's rows while the tiles multiply
+                                for r in range(slice_rows):
+                                    if kb * slice_rows + r < block_rows:
+                                        for j in T.vectorized(block_cols):
+                                            _store(epilogue, bb, (mb - 1) * block_rows + kb * slice_rows + r,
+                                                   nb * block_cols + j, acc[(mi - 1) % 2, kb * slice_rows + r, j])
                     if epilogue is None:
                         for i in T.unroll(mt):
                             for j in T.unroll(C_COLS):
                                 T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j), T.address_of(
                                     c[bb, (mb * mt + i) * rows, (nb * C_COLS + j) * N_TILE]), T.int64(c_stride)))
                     else:
-                        acc = T.decl_buffer((block_rows, block_cols), "float32", scope="local")
                         for i in T.unroll(mt):
                             for j in T.unroll(C_COLS):
-                                T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j),
-                                                   T.address_of(acc[i * rows, j * N_TILE]), T.int64(block_cols * 4)))
-                        for i in range(block_rows):
+                                T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j), T.address_of(
+                                    acc[mi % 2, i * rows, j * N_TILE]), T.int64(block_cols * 4)))
+                if epilogue is not None:
+                    if (mi == per_task or mb >= mblocks) and mi > 0 and mb - 1 < mblocks:  # the task's last block
+                        for r in range(block_rows):
                             for j in T.vectorized(block_cols):
-                                _store_block(epilogue, acc, bb, mb * block_rows + i, nb * block_cols + j, i, j)
+                                _store(epilogue, bb, (mb - 1) * block_rows + r, nb * block_cols + j,
+                                       acc[(mi - 1) % 2, r, j])
             T.evaluate(_intrin("tilerelease"))
     return kernel
 
