@@ -7,21 +7,24 @@ an f32 C tile 16 x 16. The kernel keeps 2 x 2 C tiles (1 x 2 below 16 rows, with
 resident while it walks K, loading 2 A and 2 B tiles per step, and stores them once; each parallel task is a
 32-column panel whose thread configures its tiles once and walks the panel's M blocks, so the panel of B is read
 from memory once per call (A, M x K, is what the caches hold). B is packed into [N/16, K/2, 16, 2] (each B tile
-1 KiB contiguous), zero-padded to whole tiles: a bound weight once, by constant folding at build time, an
-activation per call by an elementwise kernel FuseOps joins to its producer; A's bf16 cast (and zero padding) is
-one elementwise kernel in front.
+1 KiB contiguous; written as uint32 pairs, so a pack stores whole vectors), zero-padded to whole tiles: a bound
+weight once, by constant folding at build time, an activation per call by an elementwise kernel FuseOps joins to
+its producer; A's bf16 cast (and zero padding) is one elementwise kernel in front. A product's elementwise
+consumer can run in the kernel's store instead of reading C back (`Epilogue`, found by `amx_epilogue.py`).
 """
 
 from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import tvm
 from tvm import relax, te, tirx
 from tvm.relax import op as R
 from tvm.script import tirx as T
+from tvm.script.ir_builder import tirx as ib
 from tvm.target import Target
 
 from .cpu import cpu_model
@@ -36,6 +39,7 @@ N_TILE = TILE_BYTES // 4  # f32 columns of a C tile
 PAIR = 2  # K values per B tile element pair (tdpbf16ps multiplies pairs)
 TILE_CONFIG_BYTES = 64  # ldtilecfg's operand: palette, start row, 16 x u16 bytes per row, 16 x u8 rows
 C_ROWS, C_COLS = 2, 2  # resident C tiles: 4 C + 2 A + 2 B = the 8 tile registers
+TILE_PARAMS = "kiln.amx_tiles"  # the kernel's attribute: `tile_kernel`'s arguments (rows, kp, np_, shared_b, cores, l2)
 
 
 def has_tiles(target: Target | None) -> bool:
@@ -59,16 +63,52 @@ def _intrin(name: str, *args: object) -> tirx.PrimExpr:
     return T.call_llvm_intrin("void", f"llvm.x86.{name}", *args)
 
 
-def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_bytes: int) -> tirx.PrimFunc:
+@dataclass(frozen=True)
+class Epilogue:
+    """An elementwise consumer of the product, computed by the tile kernel as it stores each 32 x 32 block
+    (`amx_epilogue.py` finds them): `inputs` (its other operands) and `output` are the kernel's parameters after A
+    and B, and for the product's element (b, row, col) = c it stores `value(b, row, col, c)` at `at(b, row, col)`
+    of `output`. The product itself is never written."""
+
+    inputs: tuple[tirx.Buffer, ...]
+    output: tirx.Buffer
+    value: Callable[[tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr], tirx.PrimExpr]
+    at: Callable[[tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr], list[tirx.PrimExpr]]
+
+
+def _result(epilogue: Epilogue | None, batch: tirx.Var, mp: tirx.Var, np_: int) -> tirx.Buffer:
+    """Add the kernel's parameters after A and B (C [batch, mp, np_] f32, or an epilogue's inputs and output) to
+    the function being parsed; returns C, or the epilogue's output."""
+    if epilogue is None:
+        return ib.arg("c", tirx.decl_buffer((batch, mp, np_), "float32", name="c"))
+    for i, buffer in enumerate(epilogue.inputs):
+        ib.arg(f"in{i}", buffer)
+    return ib.arg("out", epilogue.output)
+
+
+def _store(epilogue: Epilogue, b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr, c: tirx.PrimExpr) -> None:
+    """Emit the epilogue's store of the product's element (b, row, col) = c."""
+    ib.buffer_store(epilogue.output, epilogue.value(b, row, col, c), epilogue.at(b, row, col))
+
+
+def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_bytes: int,
+                epilogue: Epilogue | None = None) -> tirx.PrimFunc:
     """The AMX kernel over padded operands A [batch, Mp, kp] bf16, packed B [batch (1 if `shared_b`), np_/16, kp/2,
-    32] bf16 and C [batch, Mp, np_] f32 (kp, np_ whole tiles; Mp any multiple of 32, or `rows` < 16 itself: then
-    each tile is configured to `rows`). A shared B (a bound weight) is one matrix every batch multiplies by.
+    16] bf16 pairs (uint32, `_packed_pairs`) and C [batch, Mp, np_] f32 (kp, np_ whole tiles; Mp any multiple of
+    32, or `rows` < 16 itself: then each tile is configured to `rows`). A shared B (a bound weight) is one matrix
+    every batch multiplies by.
 
     Each parallel task is one 32-column panel of one batch over a chunk of M: the rows of A that fill half of
     `l2_bytes` (fewer where there are fewer panels than `cores`, so every core gets work). Its thread configures
     its tiles once (ldtilecfg and tilerelease cost about as much as a 256-deep block of products) and walks the
     chunk's M blocks with the panel of B cached; tasks run chunk by chunk, so a thread's consecutive panels reuse
-    its A chunk from L2 (M-long panels streamed all of A from L3 per panel: 1024 rows x K 3072 ran at 750 GFLOP/s)."""
+    its A chunk from L2 (M-long panels streamed all of A from L3 per panel: 1024 rows x K 3072 ran at 750 GFLOP/s).
+
+    With an `epilogue` each block's C tiles are stored to a 4 KiB local block (rows 128 bytes apart: C's own rows,
+    4 or 12 KiB apart at N = 1024 or 3072, share one L1 set) and the epilogue computes from it, 32 lanes at a time,
+    one block behind: a slice of the previous block's rows per K step of the next, so its vector work overlaps the
+    tile products (after them, a gelu epilogue added half the product's time), the task's last block after its own
+    products. `TILE_PARAMS` records the geometry, so a pass can rebuild the kernel with an epilogue."""
     mt = 1 if rows < TILE_ROWS else C_ROWS
     nblocks, steps = np_ // (N_TILE * C_COLS), kp // K_STEP
     a_stride, c_stride = kp * 2, np_ * 4
@@ -76,13 +116,18 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
     b_step = 0 if shared_b else 1  # B's batch index per batch of A
     chunk = max(1, l2_bytes // 2 // (a_stride * rows * mt))  # M blocks of A in half of L2
 
+    block_rows, block_cols = rows * mt, N_TILE * C_COLS
+    lag = 0 if epilogue is None else 1  # an epilogue runs one block behind the products
+    slice_rows = -(-block_rows // steps)  # rows of the previous block's epilogue per K step
+    geometry = [rows, kp, np_, int(shared_b), cores, l2_bytes]
+
     @T.prim_func(private=True)
-    def kernel(a_data: T.handle, w_data: T.handle, c_data: T.handle):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+    def kernel(a_data: T.handle, w_data: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, TILE_PARAMS: geometry})
         batch, mp, wbatch = T.int64(), T.int64(), T.int64()
         a = T.match_buffer(a_data, (batch, mp, kp), "bfloat16")
-        w = T.match_buffer(w_data, (wbatch, np_ // N_TILE, kp // PAIR, N_TILE * PAIR), "bfloat16")
-        c = T.match_buffer(c_data, (batch, mp, np_), "float32")
+        w = T.match_buffer(w_data, (wbatch, np_ // N_TILE, kp // PAIR, N_TILE), "uint32")  # bf16 pairs
+        c = _result(epilogue, batch, mp, np_)
         mblocks = mp // (rows * mt)
         spread = T.if_then_else(batch * nblocks < cores, (mblocks * batch * nblocks + cores - 1) // cores, mblocks)
         per_task = T.min(spread, chunk)
@@ -98,9 +143,12 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
             T.evaluate(_intrin("ldtilecfg", T.address_of(config[0])))
             nb = task % nblocks
             bb = task // nblocks % batch
-            for mi in range(per_task):
-                mb = task // (nblocks * batch) * per_task + mi
-                if mb < mblocks:
+            if epilogue is not None:
+                acc = T.decl_buffer((2, block_rows, block_cols), "float32", scope="local")  # two blocks in turn
+            first = task // (nblocks * batch) * per_task
+            for mi in range(per_task + lag):
+                mb = first + mi
+                if mi < per_task and mb < mblocks:
                     for t in T.unroll(a0):
                         T.evaluate(_intrin("tilezero", T.uint8(t)))
                     for kb in range(steps):
@@ -116,11 +164,29 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
                             for j in T.unroll(C_COLS):
                                 T.evaluate(_intrin("tdpbf16ps", T.uint8(i * C_COLS + j), T.uint8(a0 + i),
                                                    T.uint8(b0 + j)))
-                    for i in T.unroll(mt):
-                        for j in T.unroll(C_COLS):
-                            T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j),
-                                               T.address_of(c[bb, (mb * mt + i) * rows, (nb * C_COLS + j) * N_TILE]),
-                                               T.int64(c_stride)))
+                        if epilogue is not None:
+                            if mi > 0:  # a slice of the previous block's rows while the tiles multiply
+                                for r in range(slice_rows):
+                                    if kb * slice_rows + r < block_rows:
+                                        for j in T.vectorized(block_cols):
+                                            _store(epilogue, bb, (mb - 1) * block_rows + kb * slice_rows + r,
+                                                   nb * block_cols + j, acc[(mi - 1) % 2, kb * slice_rows + r, j])
+                    if epilogue is None:
+                        for i in T.unroll(mt):
+                            for j in T.unroll(C_COLS):
+                                T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j), T.address_of(
+                                    c[bb, (mb * mt + i) * rows, (nb * C_COLS + j) * N_TILE]), T.int64(c_stride)))
+                    else:
+                        for i in T.unroll(mt):
+                            for j in T.unroll(C_COLS):
+                                T.evaluate(_intrin("tilestored64", T.uint8(i * C_COLS + j), T.address_of(
+                                    acc[mi % 2, i * rows, j * N_TILE]), T.int64(block_cols * 4)))
+                if epilogue is not None:
+                    if (mi == per_task or mb >= mblocks) and mi > 0 and mb - 1 < mblocks:  # the task's last block
+                        for r in range(block_rows):
+                            for j in T.vectorized(block_cols):
+                                _store(epilogue, bb, (mb - 1) * block_rows + r, nb * block_cols + j,
+                                       acc[(mi - 1) % 2, r, j])
             T.evaluate(_intrin("tilerelease"))
     return kernel
 
@@ -161,10 +227,10 @@ def _flattened(indices: tuple[tirx.PrimExpr, ...], dims: list[tirx.PrimExpr]) ->
 
 def _within(value: tirx.PrimExpr, index: tirx.PrimExpr, extent: tirx.PrimExpr, padded_extent: tirx.PrimExpr,
             ) -> tirx.PrimExpr:
-    """`value` where `index` < `extent`, else a bf16 zero; `value` alone where the padded extent is the extent."""
+    """`value` where `index` < `extent`, else a zero; `value` alone where the padded extent is the extent."""
     if tvm.sym.Analyzer().can_prove_equal(extent, padded_extent):
         return value
-    return tirx.if_then_else(index < extent, value, tirx.const(0, "bfloat16"))
+    return tirx.if_then_else(index < extent, value, tirx.const(0, value.ty.dtype))
 
 
 def _clamped(index: tirx.PrimExpr, extent: tirx.PrimExpr) -> tirx.PrimExpr:
@@ -187,18 +253,33 @@ def _padded_bf16(x: te.Tensor, outer: int, rows: tirx.PrimExpr, cols: int) -> te
     return te.compute((batch, rows, cols), element, name="amx_operand")
 
 
-def _packed_bf16(y: te.Tensor, kp: int, np_: int) -> te.Tensor:
-    """y [*batch, K, N] rounded to bf16, zero-padded to [kp, np_] and packed [prod(batch), np_/16, kp/2, 32]
-    (element (j, p, 2n + e) = y[2p + e, 16j + n]): B as the tiles read it, computed by y's producer where FuseOps
-    joins them."""
+def _bf16_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:
+    """The bits of f32 `value` rounded to nearest-even bf16, in the low half of a uint32 (a NaN stays a quiet NaN).
+    In integer arithmetic: TVM computes bf16 values in f32 and cannot bit cast one, and its f32 -> bf16 -> f32
+    round trip truncates instead of rounding."""
+    bits = tirx.reinterpret("uint32", value)
+    sixteen = tirx.const(16, "uint32")
+    rounded = (bits + tirx.const(0x7FFF, "uint32") + ((bits >> sixteen) & tirx.const(1, "uint32"))) >> sixteen
+    return tirx.Select(value != value, (bits >> sixteen) | tirx.const(0x40, "uint32"), rounded)
+
+
+def _packed_pairs(y: te.Tensor, kp: int, np_: int) -> te.Tensor:
+    """y [*batch, K, N] rounded to bf16, zero-padded to [kp, np_] and packed as the tiles read B, written as uint32
+    pairs [prod(batch), np_/16, kp/2, 16]: element (j, p, n) holds bf16(y[2p, 16j + n]) in its low half and
+    bf16(y[2p + 1, 16j + n]) in its high half, which in memory is AMX's [np_/16, kp/2, 16, 2] bf16 pair layout.
+    As pairs each store is one vector of 16 lanes from two contiguous runs of y (as 32 bf16 lanes, lane l read
+    y[2p + l % 2, 16j + l // 2]: a gather); y's producer computes it where FuseOps joins them."""
     *lead, k, n = y.shape
     batch = _product(lead)
 
-    def element(b: tirx.PrimExpr, j: tirx.PrimExpr, p: tirx.PrimExpr, e: tirx.PrimExpr) -> tirx.PrimExpr:
-        row, col = p * PAIR + e % PAIR, j * N_TILE + e // PAIR
-        value = y[(*_unflattened(b, lead), _clamped(row, k), _clamped(col, n))].astype("bfloat16")
-        return _within(_within(value, row, k, kp), col, n, np_)
-    return te.compute((batch, np_ // N_TILE, kp // PAIR, N_TILE * PAIR), element, name="amx_packed")
+    def half(b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr) -> tirx.PrimExpr:
+        value = y(*_unflattened(b, lead), _clamped(row, k), _clamped(col, n))
+        return _bf16_bits(_within(_within(value, row, k, kp), col, n, np_))
+
+    def element(b: tirx.PrimExpr, j: tirx.PrimExpr, p: tirx.PrimExpr, c: tirx.PrimExpr) -> tirx.PrimExpr:
+        col = j * N_TILE + c
+        return half(b, p * PAIR, col) | (half(b, p * PAIR + 1, col) << tirx.const(16, "uint32"))
+    return te.compute((batch, np_ // N_TILE, kp // PAIR, N_TILE), element, name="amx_packed")
 
 
 def _unpadded(c: te.Tensor, outer: int, shape: list[tirx.PrimExpr]) -> te.Tensor:
@@ -214,7 +295,7 @@ def _unpadded(c: te.Tensor, outer: int, shape: list[tirx.PrimExpr]) -> te.Tensor
 def _on_tiles(call: OpCall, b: relax.Expr, outer: int, batch: tirx.PrimExpr, m: tirx.PrimExpr, k: int, n: int,
               shared_b: bool, shape: list[tirx.PrimExpr]) -> relax.Expr:
     """A @ B in the product's shape `shape` on tiles, for A = call's first operand ([*batch, *m, k] f32, `outer`
-    batch dims) and B already packed [batch or 1, np_/16, kp/2, 32]: A's cast and padding in front, the kernel,
+    batch dims) and B already packed [batch or 1, np_/16, kp/2, 16] (pairs): A's cast and padding in front, the kernel,
     and the copy dropping the padding (FuseOps joins it to the consumer). Where A is whole tiles its cast is
     elementwise and keeps A's shape, so FuseOps can put it in A's producer's epilogue (softmax's, the FFN's);
     where C is, a reshape (a view) is left."""
@@ -244,11 +325,9 @@ def amx_matmul(call: OpCall) -> relax.Expr | None:
     k, n = int(k), int(call.types[1].shape[1])
     m = tvm.sym.Analyzer().simplify(_product(lead))
     _, kp, np_ = padded(m, k, n)
-    packed = R.nn.pad(R.astype(w, "bfloat16"), [0, kp - k, 0, np_ - n])
-    packed = R.reshape(R.permute_dims(R.reshape(packed, [kp // PAIR, PAIR, np_ // N_TILE, N_TILE]), [2, 0, 3, 1]),
-                       [1, np_ // N_TILE, kp // PAIR, N_TILE * PAIR])
+    packed = call.bb.call_te(_packed_pairs, w, kp, np_)  # a constant: folded at build time
     one = tirx.IntImm("int64", 1)
-    return _on_tiles(call, call.emit(packed), 0, one, m, k, n, True, [*lead, tirx.IntImm("int64", n)])
+    return _on_tiles(call, packed, 0, one, m, k, n, True, [*lead, tirx.IntImm("int64", n)])
 
 
 def amx_batched_matmul(call: OpCall) -> relax.Expr | None:
@@ -269,5 +348,5 @@ def amx_batched_matmul(call: OpCall) -> relax.Expr | None:
     k, n = int(k), int(n)
     batch = analyzer.simplify(_product(lead))
     _, kp, np_ = padded(m, k, n)
-    b = call.bb.call_te(_packed_bf16, call.args[1], kp, np_)
+    b = call.bb.call_te(_packed_pairs, call.args[1], kp, np_)
     return _on_tiles(call, b, len(lead), batch, m, k, n, False, [*lead, m, tirx.IntImm("int64", n)])

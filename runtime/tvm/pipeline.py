@@ -25,6 +25,7 @@ from tvm.target import Target
 
 from kiln.runtime.tvm.schedules.fastmath import fast_math_passes
 
+from .amx_epilogue import amx_epilogues
 from .const_fold import fold_constant_kernels
 from .conv_regions import block_conv_regions
 from .donation import donate_inputs
@@ -74,7 +75,8 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
             plane_windows(target),  # the NCHW depthwise convs and pools left, plane by plane
             pack_matmul_weights(target),  # 2-D matmul weights in the panel order of the register tile
             vnni_int8_matmuls(target),  # int8 products of bound Q8 codes as vpdpbusd kernels where the CPU has VNNI
-            *_with_output_fusion(cpu_passes.legalize_passes(target))]
+            *_with_output_fusion(cpu_passes.legalize_passes(target)),
+            amx_epilogues(target)]  # a tile product's bias, activation, residual and cast in the kernel's store
 
 
 def _with_output_fusion(passes: list[tvm.transform.Pass]) -> list[tvm.transform.Pass]:

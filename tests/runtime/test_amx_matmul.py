@@ -8,12 +8,13 @@ import re
 
 import numpy as np
 import pytest
+import tvm
 from test_precision import bf16_bound  # the documented bound, one place
-from tvm import tirx
+from tvm import te, tirx
 from tvm.target import Target
 
 from kiln.ir import Builder, Graph, verify
-from kiln.runtime.tvm.amx import KERNEL_NAME, has_tiles, runs_tiles, tile_kernel
+from kiln.runtime.tvm.amx import KERNEL_NAME, _packed_pairs, has_tiles, runs_tiles, tile_kernel
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.target import cpu_target
@@ -185,3 +186,24 @@ def test_each_task_configures_its_tiles_once() -> None:
     assert _loops_around(kernel.body, "tilerelease") == [task]
     products = _loops_around(kernel.body, "tdpbf16ps")
     assert products and all(p[:3] == (*task, tirx.ForKind.SERIAL, tirx.ForKind.SERIAL) for p in products)
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to nearest-even bf16, as their 16 bits (uint32)."""
+    bits = x.astype(np.float32).view(np.uint32)
+    return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+
+
+def test_packed_pairs_hold_amx_pair_layout() -> None:
+    """An activation's pack, built alone, holds bf16(y[2p + e, 16j + n]) as half e of uint32 (j, p, n): AMX's
+    [N/16, K/2, 16, 2] pair layout, rounded to nearest even and zero past K = 37 and N = 21 (padded to 64 x 32)."""
+    y = np.random.default_rng(3).standard_normal((2, 37, 21)).astype(np.float32)
+    placeholder = te.placeholder(y.shape, "float32", name="y")
+    packed = _packed_pairs(placeholder, 64, 32)
+    build = tvm.compile(te.create_prim_func([placeholder, packed]), target=cpu_target())
+    out = tvm.runtime.empty(tuple(int(d) for d in packed.shape), "uint32")
+    build(tvm.runtime.tensor(y), out)
+    wide = np.zeros((2, 64, 32), np.uint32)
+    wide[:, :37, :21] = _bf16_bits(y)
+    expected = wide.reshape(2, 32, 2, 2, 16).transpose(0, 3, 1, 4, 2)  # [b, j, p, n, e]
+    np.testing.assert_array_equal(out.numpy(), expected[..., 0] | (expected[..., 1] << 16))

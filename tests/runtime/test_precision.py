@@ -228,9 +228,9 @@ def test_the_weight_of_a_bf16_build_is_cast_once(weight: np.ndarray) -> None:
     scripts = {name: f.script() for name, f in kernels.items()}
     shape = f"(T.int64({K}), T.int64({N}))"
     read = f'{shape}, "bfloat16"'
-    if has_tiles(cpu_target()):  # packed for the tiles at build time: [Np / 16, Kp / 2, 32]
+    if has_tiles(cpu_target()):  # packed for the tiles at build time: [Np / 16, Kp / 2, 16] bf16 pairs
         _, kp, np_ = padded(tirx.IntImm("int64", 1), K, N)
-        read = f'{np_ // 16}, {kp // 2}, 32), "bfloat16"'
+        read = f'{np_ // 16}, {kp // 2}, 16), "uint32"'
     assert any(read in s and "matmul" in name for name, s in scripts.items())
     assert not any(f'{shape}, "float32"' in s for s in scripts.values())
 

@@ -579,6 +579,20 @@ def test_fast_softmax_divides_once_a_row(target: tvm.target.Target) -> None:
     check(run(mod, x, fast_math=True), softmax_ref(x), FAST)
 
 
+@pytest.mark.parametrize(("scale", "kernels"), [(0.125, 1), (-0.5, 2)], ids=["positive", "negative"])
+def test_fast_softmax_takes_in_a_positive_score_scale(scale: float, kernels: int) -> None:
+    """softmax(x * s) for a positive scalar s (attention's 1/sqrt(d_head)) is one kernel that scales inside the
+    exp, not a multiply kernel writing the scores back first (FuseOps leaves an elementwise producer of a row
+    reduction on its own); a negative s (max(s x) is not s max(x)) keeps the multiply. Values against float64."""
+    def body(x: relax.Expr) -> relax.Expr:
+        return relax.op.nn.softmax(relax.op.multiply(x, relax.const(scale, "float32")), axis=-1)
+
+    mod = relax_module([(3, 4, 128)], body)
+    assert len(fused_prim_funcs(mod, True)) == kernels
+    x = rand(3, 4, 128) * 4
+    check(run(mod, x, fast_math=True), softmax_ref(x * scale), FAST)
+
+
 def test_row_lanes_follow_the_target() -> None:
     """A 16-wide row is one AVX-512 vector (kept whole) but two AVX2 vectors (split into 8 partial sums)."""
     mod = relax_module([(3, 16)], lambda x: relax.op.nn.softmax(x, axis=-1))

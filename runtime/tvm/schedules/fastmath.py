@@ -17,6 +17,7 @@ Both are inside the 3e-3 relative tolerance kiln's tests allow for fast-math ker
 import math
 
 import tvm
+import tvm_ffi
 from tvm import relax, topi
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -27,26 +28,51 @@ def _fast_gelu(x: tvm.te.Tensor) -> tvm.te.Tensor:
     return x * (0.5 + 0.5 * topi.fast_erf(x * _INV_SQRT2))
 
 
-def _fast_softmax(x: tvm.te.Tensor, axis: int) -> tvm.te.Tensor:
-    """softmax with `topi.fast_exp`, scaled by the reciprocal of each row's sum: one division a row, not one an
-    element (a vector division takes about as long as 5-10 FMAs; topi's `fast_softmax` divides every element)."""
-    shifted = topi.fast_exp(x - topi.max(x, axis=axis, keepdims=True))
+def _fast_softmax(x: tvm.te.Tensor, axis: int, scale: float = 1.0) -> tvm.te.Tensor:
+    """softmax(scale * x) for a positive `scale` with `topi.fast_exp`, scaled by the reciprocal of each row's sum:
+    one division a row, not one an element (a vector division takes about as long as 5-10 FMAs; topi's
+    `fast_softmax` divides every element). max(scale * x) = scale * max(x), so the scale multiplies inside the exp
+    and x is read as it is."""
+    shifted = x - topi.max(x, axis=axis, keepdims=True)
+    shifted = topi.fast_exp(shifted if scale == 1.0 else shifted * tvm.tirx.const(scale, x.dtype))
     return shifted * topi.divide(tvm.tirx.const(1, x.dtype), topi.sum(shifted, axis=axis, keepdims=True))
+
+
+def _positive_scalar(expr: relax.Expr) -> float | None:
+    """The value of a one-element float constant above zero, else None."""
+    if not isinstance(expr, tvm.ir.Constant):
+        return None
+    value = expr.value.numpy()
+    return float(value.reshape(())) if value.size == 1 and value.dtype.kind == "f" and value > 0 else None
 
 
 @relax.expr_functor.mutator
 class _FastRewriter(relax.PyExprMutator):
     """Replace each `relax.nn.gelu` call by a TE kernel using `topi.fast_erf`, and each float32 `relax.nn.softmax`
-    by `_fast_softmax`."""
+    by `_fast_softmax`, taking in a positive scalar multiply of its input (attention's score scale)."""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
         if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.gelu":
             return self.builder_.call_te(_fast_gelu, call.args[0], primfunc_name_hint="fast_gelu")
         if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.softmax" and call.ty.dtype == "float32":
-            return self.builder_.call_te(_fast_softmax, call.args[0], int(call.attrs.axis),
+            x, scale = self._scaled(call.args[0])
+            return self.builder_.call_te(_fast_softmax, x, int(call.attrs.axis), scale,
                                          primfunc_name_hint="fast_softmax")
         return call
+
+    def _scaled(self, x: relax.Expr) -> tuple[relax.Expr, float]:
+        """(y, s) where `x` is bound to y * s for a positive scalar constant s (then the softmax reads y and the
+        multiply, left unused, is dead: an elementwise kernel before a row reduction is one FuseOps does not
+        join to it), else (x, 1)."""
+        bound = self.lookup_binding(x) if isinstance(x, relax.Var) else None
+        if isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op) and bound.op.name == "relax.multiply":
+            for value, factor in (bound.args, reversed(bound.args)):
+                scale = _positive_scalar(factor)
+                if scale is not None and value.ty.dtype == "float32" and \
+                        tvm_ffi.structural_equal(value.ty.shape, x.ty.shape):
+                    return value, scale
+        return x, 1.0
 
 
 @tvm.transform.module_pass(opt_level=0, name="FastGeluSoftmax")
@@ -59,7 +85,7 @@ class FastGeluSoftmax:
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())  # a scale the softmax took in
 
 
 def fast_math_passes() -> list[tvm.transform.Pass]:
