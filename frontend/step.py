@@ -14,6 +14,7 @@ module whose state differs (train/valid, freeze, require-grad, reparameterizatio
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -71,12 +72,13 @@ class StepProgram:
     n_outputs: int  # loss_fn's results (the loss first)
     elsewhere: frozenset[int] = frozenset()  # trained indices whose optimizer state another rank keeps (ZeRO-1)
 
-    @property
-    def donated(self) -> tuple[int, ...]:
+    @functools.cached_property
+    def donated(self) -> frozenset[int]:
         """The arguments each step replaces with its results (trained parameters, optimizer state, updated
-        buffers): the caller gives them up, so a backend may write the results into them."""
+        buffers): the caller gives them up, so a backend may write the results into them. Computed once: every
+        step passes it."""
         n_states = sum(len(names) for names in self.state_names)
-        return (*sorted({*self.trained, *self.buffers}), *range(len(self.param_ids), len(self.param_ids) + n_states))
+        return frozenset((*self.trained, *self.buffers, *range(len(self.param_ids), len(self.param_ids) + n_states)))
 
 
 def build_step(model: Module, loss_fn: LossFn, optimizer: Optimizer, input_types: Sequence[TensorType],

@@ -36,7 +36,7 @@ class TVMBackend:
             self._recent.move_to_end(key)
             return hit[1]
         args = graph.functions[function].args
-        donated = {function: [args[i].name for i in donate]} if donate else None
+        donated = {function: [args[i].name for i in sorted(donate)]} if donate else None
         exe = compile_graph(graph, target=self.target, params="inputs", fast_math=self.fast_math,
                             functions=(function,), donate=donated)
         self._recent[key] = (graph, exe)  # holding the graph keeps its id from being reused

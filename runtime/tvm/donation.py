@@ -38,12 +38,12 @@ def _point(region: tvm.ir.TensorRegion) -> bool:
     return all(isinstance(r.extent, tirx.IntImm) and r.extent.value == 1 for r in region.region)
 
 
-def _in_place_safe(func: tirx.PrimFunc, source: tirx.Var, result: tirx.Var) -> bool:
-    """Whether `result` can be written into `source`'s buffer: same type; one spatial block writes `result`, element
-    by element; and that block alone reads `source`, only at the element it writes."""
+def _in_place_safe(blocks: list[s_tir.SBlock], source: tirx.Var, result: tirx.Var) -> bool:
+    """Whether `result` can be written into `source`'s buffer, given a kernel's `_blocks`: same type; one
+    spatial block writes `result`, element by element; and that block alone reads `source`, only at the element it
+    writes."""
     if not tvm_ffi.structural_equal(source.ty, result.ty):
         return False
-    blocks = _blocks(func)
     writers = [b for b in blocks if any(w.source.same_as(result) for w in b.writes)]
     readers = [b for b in blocks if any(r.source.same_as(source) for r in b.reads)]
     if len(writers) != 1 or any(not b.same_as(writers[0]) for b in readers):
@@ -98,12 +98,13 @@ class _Donation:
         out_ty = call.ty_args[0]
         outputs = out_ty.fields if isinstance(out_ty, relax.TupleType) else [out_ty]
         into: dict[int, int] = {}
+        blocks = _blocks(kernel)  # one walk of the kernel for every (input, output) pair
         for index, arg in enumerate(args):
             if not any(arg.same_as(p) for p in dead) or sum(a.same_as(arg) for a in args) != 1:
                 continue
             for o in range(len(outputs)):
                 out = len(args) + o
-                if out not in into and _in_place_safe(kernel, kernel.params[index], kernel.params[out]):
+                if out not in into and _in_place_safe(blocks, kernel.params[index], kernel.params[out]):
                     into[out] = index
                     break
         if not into:

@@ -14,7 +14,7 @@ from kiln.ir import Builder, KilnError, interpret
 from kiln.runtime.backend import using_backend
 from kiln.runtime.tvm.backend import TVMBackend
 from kiln.runtime.tvm.compile import compile_graph
-from kiln.runtime.tvm.donation import _in_place_safe
+from kiln.runtime.tvm.donation import _blocks, _in_place_safe
 from kiln.runtime.tvm.executable import Executable
 
 
@@ -169,4 +169,4 @@ def _row_sums(a: T.Buffer((8, 8), "float32"), s: T.Buffer((8, 8), "float32")):
     (_row_sums, 0, 1, False),  # a reduction writes each element many times
 ], ids=["pointwise", "transposed", "other-block", "reduction"])
 def test_in_place_safe_reads_the_blocks(kernel: tirx.PrimFunc, source: int, result: int, safe: bool) -> None:
-    assert _in_place_safe(kernel, kernel.params[source], kernel.params[result]) is safe
+    assert _in_place_safe(_blocks(kernel), kernel.params[source], kernel.params[result]) is safe
