@@ -78,37 +78,39 @@ def data_parallel_graph(engine: TorchEngine, overlap: bool = True) -> tuple[np.n
     return x, y, slice(engine.rank * BATCH, (engine.rank + 1) * BATCH), model, graph
 
 
-class _Done:
-    """A finished future as torch's work handle: wait() returns once it is done."""
+class _Timed:
+    """A future as torch's work handle: wait() returns once it is done; the engine learns when the first wait came."""
 
-    def __init__(self, future: Any) -> None:
-        self.future = future
+    def __init__(self, future: Any, engine: SlowFirstBucket) -> None:
+        self.future, self.engine = future, engine
 
     def wait(self) -> None:
+        self.engine.waited()
         self.future.result()
 
 
 class SlowFirstBucket(TorchEngine):
-    """A slow network for the first collective after `reset()`: it takes DELAY seconds more, synchronous or started
-    in the background (one worker thread, so the ranks' collectives keep their order)."""
-
-    DELAY = 0.15
+    """A slow network for the first collective after `reset()`: it takes `delay` seconds more, synchronous or started
+    in the background (one worker thread, so the ranks' collectives keep their order). It also measures `window`:
+    how long the backward went on between starting the first bucket and the first wait on any."""
 
     def __init__(self) -> None:
         super().__init__(timeout_s=60)
         self.pool = ThreadPoolExecutor(1)
+        self.delay = 0.0
         self.reset()
 
     def reset(self) -> None:
-        self.collectives = 0
+        self.collectives, self.started, self.window = 0, 0.0, 0.0
 
-    def _slow(self) -> None:
-        self.collectives += 1
-        if self.collectives == 1:
-            time.sleep(self.DELAY)
+    def waited(self) -> None:
+        if not self.window:
+            self.window = time.perf_counter() - self.started
 
     def all_reduce(self, arrays, op, group):  # type: ignore[no-untyped-def]
-        self._slow()
+        self.collectives += 1
+        if self.collectives == 1:
+            time.sleep(self.delay)
         return super().all_reduce(arrays, op, group)
 
     def launch(self, flat: np.ndarray) -> Any:
@@ -116,7 +118,9 @@ class SlowFirstBucket(TorchEngine):
             time.sleep(delay)
             self.dist.all_reduce(self.tensor(flat), op=self.dist.ReduceOp.SUM)
         self.collectives += 1
-        return _Done(self.pool.submit(run, self.DELAY if self.collectives == 1 else 0.0))
+        if self.collectives == 1:
+            self.started = time.perf_counter()
+        return _Timed(self.pool.submit(run, self.delay if self.collectives == 1 else 0.0), self)
 
 
 class Wide(kiln.Module):
@@ -133,30 +137,40 @@ class Wide(kiln.Module):
         return self.head(relu(self.fc3(relu(self.fc2(relu(self.fc1(x)))))))
 
 
-def overlap_times(engine: SlowFirstBucket) -> dict[str, np.ndarray]:
-    """Wall time of forward_backward with the first bucket's all_reduce DELAY s slow, started and waited on apart
-    (overlap) and in one op, and with no delay; and the overlapped run's averaged gradients against the other's."""
+def overlap_times(engine: SlowFirstBucket, rows: int = 1024) -> dict[str, np.ndarray]:
+    """Wall time of forward_backward with the first bucket's all_reduce slow, started and waited on apart (overlap)
+    and in one op; and the overlapped run's averaged gradients against the other's. The delay is the backward's
+    window measured without one (the slowest rank's), so all of it can hide on any CPU, fast or slow."""
     kiln.seed(1)
     model = Wide()
-    types = (TensorType((512, 768), DType.f32), TensorType((512, 4), DType.f32))
+    types = (TensorType((rows, 768), DType.f32), TensorType((rows, 4), DType.f32))
     traced, _ = trace_function(model, lambda a, b: mse(model, a, b), *types)
     rng = np.random.default_rng(engine.rank)
-    x, y = rng.standard_normal((512, 768)).astype(np.float32), rng.standard_normal((512, 4)).astype(np.float32)
+    x, y = rng.standard_normal((rows, 768)).astype(np.float32), rng.standard_normal((rows, 4)).astype(np.float32)
+    interpreters = {how: Interpreter(DataParallel(bucket_bytes=4 * 768 * 4, overlap=how == "overlap")
+                                     .apply(differentiate(traced))) for how in ("overlap", "sync")}
+
+    def fastest(how: str) -> tuple[float, list[np.ndarray]]:
+        times = []
+        for _ in range(3):
+            engine.barrier()
+            engine.reset()
+            start = time.perf_counter()
+            grads = interpreters[how].run([x, y], "forward_backward")[1:]
+            times.append(time.perf_counter() - start)
+        return min(times), grads
+
     out: dict[str, np.ndarray] = {}
-    for overlap in (True, False):
-        interpreter = Interpreter(DataParallel(bucket_bytes=4 * 768 * 4, overlap=overlap).apply(differentiate(traced)))
-        with communicating(engine):
-            interpreter.run([x, y], "forward_backward")  # warm
-            times = []
-            for _ in range(2):
-                engine.barrier()
-                engine.reset()
-                start = time.perf_counter()
-                grads = interpreter.run([x, y], "forward_backward")[1:]
-                times.append(time.perf_counter() - start)
-        how = "overlap" if overlap else "sync"
-        out[f"slow.{how}.time"] = np.asarray(min(times))
-        out.update({f"slow.{how}.grad{i}": g for i, g in enumerate(grads)})
+    with communicating(engine):
+        engine.delay = 0.0
+        out["slow.base.time"] = np.asarray(fastest("overlap")[0])
+        out["slow.window"] = np.asarray(engine.window)
+        engine.delay = max(engine.all_gather_object(engine.window))
+        out["slow.delay"] = np.asarray(engine.delay)
+        for how in ("overlap", "sync"):
+            took, grads = fastest(how)
+            out[f"slow.{how}.time"] = np.asarray(took)
+            out.update({f"slow.{how}.grad{i}": g for i, g in enumerate(grads)})
     return out
 
 
