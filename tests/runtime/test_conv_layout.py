@@ -80,6 +80,7 @@ def _prim_names(mod: tvm.IRModule) -> list[str]:
     ((1, 7, 15, 15), (16, 7, 3, 3), dict(padding=0), False, False),
     ((2, 6, 17, 17), (16, 6, 3, 3), dict(padding=2, dilation=2), False, True),
     ((1, 40, 10, 10), (16, 40, 3, 3), dict(padding=1), True, False),
+    ((2, 40, 24, 24), (64, 40, 3, 3), dict(padding=1), True, True),
     ((2, 13, 5, 9), (21, 13, 1, 1), dict(padding=0), True, True),
     ((1, 300, 7, 7), (27, 300, 1, 1), dict(padding=0), True, True),
     ((3, 201, 7, 7), (96, 201, 1, 1), dict(padding=0), False, False)],
@@ -87,13 +88,15 @@ def _prim_names(mod: tvm.IRModule) -> list[str]:
          "3x3-7-wide-batch-8-odd-channels", "1x1-7-wide-inputs", "3x3-s2-to-7-wide-bound",
          "3x3-14-wide-rows-in-one-tile-bias-relu", "3x3-13-wide-unpadded-odd-channels-inputs",
          "dilated-17-wide-batch-2", "3x3-40-channels-in-chunks-bias-relu-inputs",
+         "3x3-40-channels-in-chunks-split-by-rows-batch-2-bias-relu",
          "1x1-5x9-batch-2-odd-channels-bias-relu", "1x1-7-wide-deep-two-lines-odd-channels-bias-relu",
          "1x1-7-wide-deep-batch-3-inputs"])
 def test_blocked_conv_matches_torch(x_shape: tuple[int, ...], w_shape: tuple[int, ...], kw: dict, epilogue: bool,
                                     bound: bool) -> None:
     """Blocked convs (a 77-channel tail, 1x1, strided, dilated, with a fused bias and relu; 18-20 wide, so blocked on
     AVX2 and AVX-512 hosts alike; 7-wide maps at batch 1 and 8, whose 7 columns are one register tile; odd 13-17 wide
-    maps, unpadded or dilated; a 14-wide map whose tile spans output rows; 40 input channels summed in chunks;
+    maps, unpadded or dilated; a 14-wide map whose tile spans output rows; 40 input channels summed in chunks (a
+    24-wide input that outweighs its weight, so its threads split the output rows);
     a 5x9 1x1 at batch 2 as one row of pixels; 7² 1x1s 201-300 deep at batch 1 and 3, whose tile takes lines past
     L1 to hide the FMA latency) equal torch's; a bound weight is packed at build time (no packing kernel), a weight
     passed as input is packed by a kernel of the program."""
@@ -180,6 +183,34 @@ def test_a_3x3_blocked_conv_sums_its_input_channels_in_chunks_whose_weights_fit_
     assert 4 <= chunk < 64 and 64 % chunk == 0
     assert chunk * lines * lanes * 9 * 4 <= model.caches.l1d // 4
     tvm.compile(sch.mod, target=target)
+
+def _first_thread_rows(text: str) -> set[int]:
+    """The output rows a scheduled blocked conv's update block writes in the first half of its parallel loop's
+    iterations (the first of two threads' share under a static split), its other loops at 0."""
+    fused, extent = re.search(r"for (\w+) in T\.parallel\((\d+)\)", text).groups()
+    update = text[text.index('"conv_blocked_update"'):]
+    row = re.search(r"T\.writes\(conv_blocked_local\[([^\]]*)\]\)", update).group(1).split(", ")[2]
+    binding = re.search(rf"{row} = T\.axis\.spatial\(\d+, ([^\n]*)\)", update).group(1)
+    names = set(re.findall(r"[A-Za-z_]\w*", binding)) - {fused}
+    return {eval(binding, {}, {fused: i, **dict.fromkeys(names, 0)}) for i in range(int(extent) // 2)}
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+@pytest.mark.parametrize(("batch", "channels", "width", "by_rows"), [
+    (1, 64, 56, True), (2, 64, 56, False), (1, 128, 28, False), (1, 256, 14, False)])
+def test_a_3x3_blocked_conv_splits_its_threads_over_the_larger_operand(
+        target: tvm.target.Target, batch: int, channels: int, width: int, by_rows: bool) -> None:
+    """Where the input outweighs the weight (64x56²: 861 KB padded, 147 KB of weight) the threads' static split of
+    the parallel loop divides the output rows, so each reads half of the input, not all of it for half of the
+    weight (2 threads on an Emerald Rapids VM: 0.69 -> 0.63 ms); where the weight is the larger (128x28², 256x14²)
+    it divides the output channels. A batch of 2 is split by images either way."""
+    lanes = cpu_model(target).lanes()
+    x = te.placeholder((batch, channels // 8, width + 2, width + 2, 8), name="x")
+    wp = te.placeholder((channels // lanes, channels, 3, 3, lanes), name="w")
+    func = te.create_prim_func([x, wp, blocked_conv(x, wp, channels, [1, 1], [0, 0, 0, 0], [1, 1])])
+    rows = _first_thread_rows(CPUMatmul().apply(func, target, False).mod["main"].script())
+    assert (max(rows) < width // 2) is by_rows, sorted(rows)
+
 
 def _blocked_output_shapes(mod: tvm.IRModule) -> list[list[int]]:
     with TARGET:

@@ -210,6 +210,37 @@ def _split_phases(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, roles: _Co
     return True
 
 
+def _operand_bytes(stmt: s_tir.SBlock, vector_var: tirx.Var) -> tuple[int, int] | None:
+    """Bytes of a contraction's (vector operand, other operand) buffers: of the block's two reads beside the
+    accumulator, the one indexed by `vector_var` first; None where there are others or a shape is symbolic."""
+    result = stmt.writes[0].source
+    factors = [r for r in stmt.reads if not r.source.same_as(result)]
+    if len(factors) != 2:
+        return None
+    if not any(uses_var(rg.min, vector_var) for rg in factors[0].region):
+        factors.reverse()
+    sizes = [[static_extent(d) for d in r.source.shape] for r in factors]
+    if any(None in size for size in sizes):
+        return None
+    vector, other = (math.prod(size) * r.source.dtype.bits // 8 for size, r in zip(sizes, factors, strict=True))
+    return vector, other
+
+
+def _lines_inside(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, roles: _Contraction,
+                  spatial: list[s_tir.schedule.LoopRV], line: s_tir.schedule.LoopRV | None
+                  ) -> list[s_tir.schedule.LoopRV]:
+    """`spatial` (the parallel loops of a window conv) with the `line` loop (output channels) innermost where the
+    other operand (the input) outweighs the vector operand (the weight): the threads' static split then divides
+    the output rows, and each thread reads its rows of the input and all of the small weight, rather than all of
+    the input for its share of the weight. On an Emerald Rapids VM at 2 threads the 3x3 64x56² conv (861 KB of
+    padded input, 147 KB of weight) went from 0.69 to 0.63 ms; the 128x28² conv, whose weight is the larger, ran
+    level or slower split by rows."""
+    sizes = _operand_bytes(sch.get(main), roles.vector_var)
+    if line is None or sizes is None or sizes[1] <= sizes[0]:
+        return spatial
+    return [loop for loop in spatial if loop is not line] + [line]
+
+
 def _is_padding(stmt: s_tir.SBlock) -> bool:
     """Whether the block stores a guarded load, `if_then_else(inside, x[..], 0)`: a conv's zero padding."""
     value = stmt.body.value if isinstance(stmt.body, tirx.BufferStore) else None
@@ -445,6 +476,7 @@ class CPUMatmul(dl.ScheduleRule):
             row_o, row_i = sch.split(roles.row, [None, rows])
             row_tile, row_inner = [row_o], [row_i]
         spatial, line_inner = roles.spatial, []
+        line_o = None
         if lines > 1:
             line_o, line_i = sch.split(roles.line, [None, lines])
             spatial, line_inner = [line_o if loop is roles.line else loop for loop in roles.spatial], [line_i]
@@ -459,6 +491,7 @@ class CPUMatmul(dl.ScheduleRule):
         chunk: list[s_tir.schedule.LoopRV] = []
         if chunked is not None:
             chunk, red_outer = [chunked[0]], [chunked[1], *red_outer[1:]]
+            spatial = _lines_inside(sch, main, roles, spatial, line_o if lines > 1 else roles.line)
         sch.reorder(*panel, *spatial, *chunk, *row_tile, vec_o, *red_outer, k_o, k_i, *row_inner, *line_inner, vec_i)
 
         store = sch.cache_write(main, 0, "local")
