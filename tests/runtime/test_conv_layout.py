@@ -196,17 +196,18 @@ def _first_thread_rows(text: str) -> set[int]:
 
 
 @pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
-@pytest.mark.parametrize(("batch", "channels", "width", "by_rows"), [
-    (1, 64, 56, True), (2, 64, 56, False), (1, 128, 28, False), (1, 256, 14, False)])
-def test_a_3x3_blocked_conv_splits_its_threads_over_the_larger_operand(
-        target: tvm.target.Target, batch: int, channels: int, width: int, by_rows: bool) -> None:
-    """Where the input outweighs the weight (64x56²: 861 KB padded, 147 KB of weight) the threads' static split of
-    the parallel loop divides the output rows, so each reads half of the input, not all of it for half of the
-    weight (2 threads on an Emerald Rapids VM: 0.69 -> 0.63 ms); where the weight is the larger (128x28², 256x14²)
-    it divides the output channels. A batch of 2 is split by images either way."""
+@pytest.mark.parametrize(("batch", "channels", "width", "size", "by_rows"), [
+    (1, 64, 56, 3, True), (2, 64, 56, 3, False), (1, 128, 28, 3, False), (1, 256, 14, 3, False), (1, 64, 56, 1, True),
+    (1, 512, 7, 1, False)])
+def test_a_blocked_conv_splits_its_threads_over_the_larger_operand(
+        target: tvm.target.Target, batch: int, channels: int, width: int, size: int, by_rows: bool) -> None:
+    """Where the input outweighs the weight (3x3 64x56²: 861 KB padded, 147 KB of weight; 1x1 64x56²) the threads'
+    static split of the parallel loop divides the output rows, so each reads half of the input, not all of it for
+    half of the weight (3x3 64x56², 2 threads on an Emerald Rapids VM: 0.69 -> 0.63 ms); where the weight is the
+    larger (3x3 128x28² and 256x14², 1x1 512x7²) it divides the output channels. A batch of 2 is split by images."""
     lanes = cpu_model(target).lanes()
-    x = te.placeholder((batch, channels // 8, width + 2, width + 2, 8), name="x")
-    wp = te.placeholder((channels // lanes, channels, 3, 3, lanes), name="w")
+    x = te.placeholder((batch, channels // 8, width + size - 1, width + size - 1, 8), name="x")
+    wp = te.placeholder((channels // lanes, channels, size, size, lanes), name="w")
     func = te.create_prim_func([x, wp, blocked_conv(x, wp, channels, [1, 1], [0, 0, 0, 0], [1, 1])])
     rows = _first_thread_rows(CPUMatmul().apply(func, target, False).mod["main"].script())
     assert (max(rows) < width // 2) is by_rows, sorted(rows)

@@ -226,19 +226,16 @@ def _operand_bytes(stmt: s_tir.SBlock, vector_var: tirx.Var) -> tuple[int, int] 
     return vector, other
 
 
-def _lines_inside(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, roles: _Contraction,
-                  spatial: list[s_tir.schedule.LoopRV], line: s_tir.schedule.LoopRV | None
-                  ) -> list[s_tir.schedule.LoopRV]:
-    """`spatial` (the parallel loops of a window conv) with the `line` loop (output channels) innermost where the
-    other operand (the input) outweighs the vector operand (the weight): the threads' static split then divides
-    the output rows, and each thread reads its rows of the input and all of the small weight, rather than all of
-    the input for its share of the weight. On an Emerald Rapids VM at 2 threads the 3x3 64x56² conv (861 KB of
-    padded input, 147 KB of weight) went from 0.69 to 0.63 ms; the 128x28² conv, whose weight is the larger, ran
-    level or slower split by rows."""
+def _input_outweighs(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, roles: _Contraction) -> bool:
+    """Whether a conv's threads should split its output pixels rather than its lines (output-channel vectors): so
+    where the other operand (the input) outweighs the vector operand (the weight). Split by lines, each thread
+    reads all of the input for its share of the weight; by pixels, its share of the input and all of the weight.
+    2 threads on an Emerald Rapids VM, by lines / by pixels, best of 7-12 interleaved blocks: 3x3 64x56² 0.69-0.70 /
+    0.63 ms (861 KB of padded input, 147 KB of weight); 1x1 64x56² and 128x28², 3x3/2 64x56² level. Split by pixels
+    regardless, the weight-heavy convs lost: 3x3/2 256x14² (2.4 MB of weight) 0.150 -> 0.219 ms, 512x7² 0.33 ->
+    0.47."""
     sizes = _operand_bytes(sch.get(main), roles.vector_var)
-    if line is None or sizes is None or sizes[1] <= sizes[0]:
-        return spatial
-    return [loop for loop in spatial if loop is not line] + [line]
+    return sizes is not None and sizes[1] > sizes[0]
 
 
 def _is_padding(stmt: s_tir.SBlock) -> bool:
@@ -491,7 +488,12 @@ class CPUMatmul(dl.ScheduleRule):
         chunk: list[s_tir.schedule.LoopRV] = []
         if chunked is not None:
             chunk, red_outer = [chunked[0]], [chunked[1], *red_outer[1:]]
-            spatial = _lines_inside(sch, main, roles, spatial, line_o if lines > 1 else roles.line)
+        line = line_o if lines > 1 else roles.line
+        if line is not None and _input_outweighs(sch, main, roles):
+            # the line loop innermost of the parallel loops: last of `spatial` where a task computes a chunked
+            # conv's row of tiles, else after the row tiles
+            spatial = [loop for loop in spatial if loop is not line]
+            spatial, row_tile = ([*spatial, line], row_tile) if chunk else (spatial, [*row_tile, line])
         sch.reorder(*panel, *spatial, *chunk, *row_tile, vec_o, *red_outer, k_o, k_i, *row_inner, *line_inner, vec_i)
 
         store = sch.cache_write(main, 0, "local")
