@@ -28,19 +28,20 @@ __all__ = [
 
 
 def default_cpu_rules(target: Target | None = None, tile: dict[str, int] | None = None) -> list[dl.ScheduleRule]:
-    """NCHW depthwise convs' and pools' plane kernels (by block name), matmul/conv, pooling windows, row reductions
-    (kiln's, then dlight's stock rule), injective, then the reduction fallback. Every rule takes its sizes from
-    the CPU model of the target it is applied for; the matmul/conv tile is `tile` if given (calibration's
-    candidates), else the stored calibration of `target`'s CPU, if any.
-    kiln's column reductions (bias gradients) are tried before dlight's stock rule."""
+    """NCHW depthwise convs' and pools' plane kernels (by block name), matmul/conv, pooling windows, column
+    reductions (bias gradients, pools over a blocked map's H and W), row reductions (kiln's, then dlight's stock
+    rule), injective, then the reduction fallback. Every rule takes its sizes from the CPU model of the target it is
+    applied for; the matmul/conv tile is `tile` if given (calibration's candidates), else the stored calibration of
+    `target`'s CPU, if any. The column rule goes before the row rule, which would take a column reduction with an
+    epilogue (a mean) lane by lane."""
     if tile is None and target is not None and target.kind.name == "llvm":
         tile = stored_tile(cpu_model(target))
     return [
         Safe(CPUPlaneWindow()),
         Safe(CPUMatmul(**(tile or {}))),
         Safe(CPUWindowReduction()),
-        Safe(CPURowReduction()),
         Safe(CPUColumnReduction()),
+        Safe(CPURowReduction()),
         Safe(dl.cpu.Reduction()),
         Safe(CPUInjective()),
         Safe(CPUReductionFallback()),

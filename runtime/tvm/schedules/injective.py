@@ -79,7 +79,7 @@ def unit_stride(expr: tirx.Expr, var: tirx.Var) -> bool:
     return stride(expr, var) == 1
 
 
-def _worth_parallel(sch: s_tir.Schedule, loops: list[s_tir.schedule.LoopRV]) -> bool:
+def worth_parallel(sch: s_tir.Schedule, loops: list[s_tir.schedule.LoopRV]) -> bool:
     """Whether the loop nest does enough work for the thread pool (symbolic extents count as big)."""
     total = 1
     for loop in loops:
@@ -107,7 +107,7 @@ def schedule_elementwise(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, la
     loops = sch.get_loops(block)
     if not loops:
         return
-    parallel = _worth_parallel(sch, loops)
+    parallel = worth_parallel(sch, loops)
     outer = vectorize_inner(sch, block, lanes)
     if outer and parallel:
         sch.parallel(sch.fuse(*outer))
@@ -152,7 +152,7 @@ def schedule_transpose(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, axis
     3.8 ms, 1024x1024 2.7 -> 1.8, 256x1024 0.35 -> 0.13 (one Zen 3 core, CPU time, best of 7, load 6).
     """
     loops = sch.get_loops(block)
-    parallel = _worth_parallel(sch, loops)
+    parallel = worth_parallel(sch, loops)
     row, col = loops[axis], loops[-1]
     others = [lp for i, lp in enumerate(loops[:-1]) if i != axis]
     row_o, row_i = sch.split(row, [None, split_factor(loop_extent(sch, row), rows, minimum=4)])
@@ -182,7 +182,7 @@ def _nest_outputs(sch: s_tir.Schedule, infos: list[dl.SBlockInfo], lanes: int) -
     if None in extents[0] or any(e != extents[0] for e in extents) or _transposed_axis(sch, infos[-1].block_rv, lanes):
         return False
     loops = [sch.fuse(*sch.get_loops(i.block_rv)) for i in infos]
-    parallel = _worth_parallel(sch, loops[-1:])
+    parallel = worth_parallel(sch, loops[-1:])
     sch.merge(*loops)
     vectorize_inner_all(sch, infos, lanes, parallel)
     return True
