@@ -849,25 +849,29 @@ def test_column_sums_run_down_vectors_of_columns(shape: tuple[int, ...], axes: l
     assert "range(" in loops[-2] or "T.grid(" in loops[-2], loops  # the reduction, outside the vector
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic-batch"])
 @pytest.mark.parametrize("shape", [(1, 8, 28, 28, 16), (1, 5, 28, 28, 16), (2, 3, 7, 7, 16), (1, 42, 7, 7, 16)],
                          ids=["8-blocks", "5-blocks", "batch-2", "42-blocks-7x7"])
-def test_a_pool_over_a_blocked_maps_rows_and_columns_runs_down_its_lanes(shape: tuple[int, ...]) -> None:
+def test_a_pool_over_a_blocked_maps_rows_and_columns_runs_down_its_lanes(shape: tuple[int, ...], dynamic: bool
+                                                                         ) -> None:
     """Issue 13 (MobileNetV3's squeeze-excite pools): a mean over H and W of an NCHW[16]c map is a column reduction
     with an epilogue (the division), taken by CPUColumnReduction ahead of the row rule, which summed it lane by lane
     with scalar loads 64 bytes apart (1x8x28x28x16: 25 -> 3.8 us, 2 threads, Emerald Rapids VM). Each task sums
     whole lane vectors of a few channel blocks, one per core at least, and divides its own sums: tasks whose sums
     were not a rectangle of blocks x lanes divided sums another task had not finished (5 blocks gave wrong means).
-    The oracle is numpy's f64 mean."""
-    mod = relax_module([shape], lambda x: relax.op.mean(x, axis=[2, 3], keepdims=True))
+    A symbolic batch sizes the tasks within one image. The oracle is numpy's f64 mean."""
+    batch = tirx.Var("n", "int64") if dynamic else shape[0]
+    mod = relax_module([(batch, *shape[1:])], lambda x: relax.op.mean(x, axis=[2, 3], keepdims=True))
     x = rand(*shape)
     check(run(mod, x), f64(x)[0].mean((2, 3), keepdims=True), EXACT)
     (func,) = fused_prim_funcs(mod)
     rule = next(r.rule for r in default_cpu_rules(TARGET) if r.rule.apply(func, TARGET, False) is not None)
     assert isinstance(rule, CPUColumnReduction)
     text = rule.apply(func, TARGET, False).mod["main"].script()
-    tasks, lanes = (int(re.search(rf"T\.{kind}\((?:T\.int64\()?(\d+)", text).group(1))
-                    for kind in ("parallel", "vectorized"))
-    assert tasks >= cpu_model(TARGET).cores and lanes == shape[-1], text
+    lanes = int(re.search(r"T\.vectorized\((?:T\.int64\()?(\d+)", text).group(1))
+    tasks = re.search(r"T\.parallel\((?:T\.int64\()?(n \* T\.int64\()?(\d+)", text)
+    assert lanes == shape[-1] and tasks is not None, text
+    assert dynamic is bool(tasks.group(1)) and (dynamic or int(tasks.group(2)) >= cpu_model(TARGET).cores), text
 
 
 def test_row_reductions_are_not_column_reductions() -> None:

@@ -12,6 +12,8 @@ took 25 us as scalar lanes under the row rule, 400 KB at 16 GB/s.
 
 from __future__ import annotations
 
+import math
+
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
@@ -78,13 +80,14 @@ class CPUColumnReduction(dl.ScheduleRule):
             return None  # the reduced axes are the contiguous ones: a row reduction
         model = cpu_model(target)
         *leading, last = loops[:spatial]
-        rows = sch.fuse(*leading) if len(leading) > 1 else next(iter(leading), None)
-        extents = [static_extent(loop_extent(sch, lp)) for lp in (last, *([rows] if rows is not None else []))]
-        if None in extents:
+        columns = static_extent(loop_extent(sch, last))
+        if columns is None:
             return None
+        # a symbolic batch: tasks are sized within one image's rows, which every batch's multiple of them divides
+        rows_n = math.prod(n for lp in leading if (n := static_extent(loop_extent(sch, lp))) is not None)
+        rows = sch.fuse(*leading) if len(leading) > 1 else next(iter(leading), None)
         parallel = worth_parallel(sch, sch.get_loops(block))
-        height, width = _task_shape(extents[1] if rows is not None else 1, extents[0], model.lanes(), model.cores,
-                                    parallel)
+        height, width = _task_shape(rows_n, columns, model.lanes(), model.cores, parallel)
         columns_o, columns_i = sch.split(last, [None, width])
         if rows is None:
             tasks, inner = columns_o, [columns_i]
