@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.ir import Graph, KilnError, TrainingStateWarning
 from kiln.runtime.progress import stage
+from kiln.runtime.tvm.memory_plan import DEFAULT_MAX_BATCH
 
 from .module import Module
 from .trace import InputSpec, as_type, trace
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm", params: str = "bound",
             fast_math: bool = True, functions: Sequence[str] | None = None, tune: int = 0,
-            precision: str = "f32") -> Executable:
+            precision: str = "f32", max_batch: int | None = DEFAULT_MAX_BATCH) -> Executable:
     """Compile a module traced on `input_specs` (`None` dims stay dynamic), or a graph as it is.
 
     `params="bound"` bakes the weights in (deployment); `params="inputs"` passes them at run time. A graph's
@@ -29,6 +30,8 @@ def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm"
     (dropout, batch norm) builds as it is, with a `TrainingStateWarning`: compile `model.valid()` for inference.
     Each stage is logged with its seconds on the `kiln.compile` logger (INFO). `precision` ("f32", "bf16",
     "bf16!" for emulated bf16, "int8") chooses how matmuls and convolutions lower (docs/precision.md).
+    A dynamic batch (`None` as the first dim) shares memory between intermediates for batches up to `max_batch`;
+    a larger batch runs a second build made on first need (`max_batch=None`: that build only).
     """
     from kiln.runtime.tvm.compile import compile_graph
 
@@ -47,7 +50,7 @@ def compile(model: Module | Graph, *input_specs: InputSpec, target: Any = "llvm"
         if not was_tuned(graph, tgt, params, fast_math):
             tune_graph(graph, target=tgt, trials=tune, fast_math=fast_math, params=params)
     return compile_graph(graph, target=target, params=params, fast_math=fast_math, functions=functions,
-                         precision=precision)
+                         precision=precision, max_batch=max_batch)
 
 
 def _warn_training_flags(graph: Graph) -> None:

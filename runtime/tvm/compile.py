@@ -36,6 +36,7 @@ from .cpu import cpu_model
 from .executable import Executable
 from .lower import LOWERING_VERSION, PARAM_MODES, lower, used_params
 from .lowp import resolve_precision
+from .memory_plan import DEFAULT_MAX_BATCH, batch_dims
 from .op_map import build_map, describe
 from .pipeline import cpu_pipeline, cuda_pipeline
 from .target import TargetLike, resolve_target
@@ -47,10 +48,11 @@ def _device(target: Target) -> str:
 
 
 def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool,
-              tuning: str | None = None, precision: str = "f32", donated: Mapping[str, tuple[int, ...]] | None = None
-              ) -> str:
+              tuning: str | None = None, precision: str = "f32", donated: Mapping[str, tuple[int, ...]] | None = None,
+              max_batch: int | None = DEFAULT_MAX_BATCH) -> str:
     """The compile-cache key of one build; `tuning` is the digest of the tuning database it applies, if any,
-    `precision` the resolved precision mode (`lowp.resolve_precision`) and `donated` the donated inputs."""
+    `precision` the resolved precision mode (`lowp.resolve_precision`), `donated` the donated inputs and
+    `max_batch` the dynamic batch its memory plan covers."""
     h = hashlib.blake2b(digest_size=20)
     model = cpu_model(target)  # the schedules' sizes: sysfs caches and a calibration are not in str(target)
     parts = [structural_hash(graph, include_data=params == "bound"), tuple(functions), str(target), params,
@@ -64,6 +66,8 @@ def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: st
         parts.append(("precision", precision))
     if donated:
         parts.append(("donated", sorted(donated.items())))
+    if max_batch != DEFAULT_MAX_BATCH:  # the default is left out, as the other options' defaults are
+        parts.append(("max_batch", max_batch))
     h.update(repr(parts).encode())
     return h.hexdigest()
 
@@ -89,11 +93,19 @@ def donated_positions(graph: Graph, functions: Sequence[str], donate: Mapping[st
     return {f: p for f, p in positions.items() if p}
 
 
+def _batch_bounds(module: tvm.IRModule, names: Sequence[str], max_batch: int | None) -> dict[str, dict[str, int]]:
+    """Per function of `names`, its batch vars (`memory_plan.batch_dims`) bounded at `max_batch` (none if None)."""
+    if max_batch is None:
+        return {}
+    return {n: {var: max_batch for var in batch_dims(module[n])} for n in names}
+
+
 def build(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool,
-          tuning_dir: Path | None = None, precision: str = "f32", donated: Mapping[str, tuple[int, ...]] | None = None
-          ) -> Program:
+          tuning_dir: Path | None = None, precision: str = "f32", donated: Mapping[str, tuple[int, ...]] | None = None,
+          max_batch: int | None = None) -> Program:
     """Lower and build without the cache, applying the tuning database in `tuning_dir` (CPU only) if given, in a
-    resolved `precision` mode; `donated` (`donated_positions`) lets CPU kernels write into those inputs."""
+    resolved `precision` mode; `donated` (`donated_positions`) lets CPU kernels write into those inputs; a CPU
+    build plans memory for dynamic batches up to `max_batch`."""
     with stage(f"lowering @{graph.name} to Relax"):
         lowered = lower(lowering_input(graph), params, functions, precision, target)
     signatures = lowered.signatures
@@ -101,8 +113,12 @@ def build(graph: Graph, functions: Sequence[str], target: Target, params: str, f
         pipeline = cuda_pipeline(target)
     else:
         extra = (apply_database_pass(tuning_dir, target),) if tuning_dir is not None else ()
-        pipeline = cpu_pipeline(target, fast_math, extra_schedule_passes=extra, donated=donated)
-        signatures = {n: dataclasses.replace(sig, donated=(donated or {}).get(n, ())) for n, sig in signatures.items()}
+        bounds = _batch_bounds(lowered.module, list(signatures), max_batch)
+        pipeline = cpu_pipeline(target, fast_math, extra_schedule_passes=extra, donated=donated, batch_bounds=bounds)
+        positions = {n: batch_dims(lowered.module[n]) for n in bounds}
+        signatures = {n: dataclasses.replace(sig, donated=(donated or {}).get(n, ()), bounds=tuple(
+            (i, axis, limit) for var, limit in bounds.get(n, {}).items() for i, axis in positions[n][var]))
+            for n, sig in signatures.items()}
     try:
         with stage(f"building @{graph.name} for {target.kind.name}"):
             library = tvm.compile(lowered.module, target=target, relax_pipeline=pipeline)
@@ -115,7 +131,8 @@ def build(graph: Graph, functions: Sequence[str], target: Target, params: str, f
 
 def compile_graph(graph: Graph, *, target: TargetLike = "llvm", params: str = "bound", fast_math: bool = True,
                   functions: Sequence[str] | None = None, cache: bool = True, precision: str = "f32",
-                  donate: Mapping[str, Collection[str]] | None = None) -> Executable:
+                  donate: Mapping[str, Collection[str]] | None = None,
+                  max_batch: int | None = DEFAULT_MAX_BATCH) -> Executable:
     """Compile `functions` (default: all) of `graph`; a cached build (memory, then disk) is reused.
 
     `params="bound"` bakes the parameters in as constants (deployment); `params="inputs"` passes them at run time
@@ -123,10 +140,14 @@ def compile_graph(graph: Graph, *, target: TargetLike = "llvm", params: str = "b
     `lowp.PRECISIONS` (f32, bf16, bf16! for emulated bf16, int8: docs/precision.md). `donate` names, per function,
     inputs the caller gives up on each call (a training step's parameters and optimizer state): a CPU build writes
     results into them where a kernel can, and the executable copies an array passed there first unless it is one
-    of the function's own last `run(copy=False)` outputs, so a caller's arrays are never written.
+    of the function's own last `run(copy=False)` outputs, so a caller's arrays are never written. A CPU build
+    shares storage between intermediates over a dynamic batch up to `max_batch` (`memory_plan.py`); a call with a
+    larger batch runs a build without that bound, made on first need (`max_batch=None` builds only that one).
     """
     if params not in PARAM_MODES:
         raise KilnError(f"params must be one of {', '.join(PARAM_MODES)}, not {params!r}")
+    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
+        raise KilnError(f"max_batch must be a positive int or None, not {max_batch!r}")
     names = tuple(functions) if functions is not None else tuple(graph.functions)
     donated = donated_positions(graph, names, donate)
     tgt = resolve_target(target)
@@ -134,19 +155,23 @@ def compile_graph(graph: Graph, *, target: TargetLike = "llvm", params: str = "b
     mode = resolve_precision(precision, tgt)
     tuned = find_database(graph, tgt, params, fast_math)
     key = cache_key(graph, names, tgt, params, fast_math, database_digest(tuned) if tuned is not None else None, mode,
-                    donated)
+                    donated, max_batch)
     hit = compile_cache.lookup(key) if cache else None
     if cache:
         log.info("compile cache %s for @%s (%s)", "hit" if hit is not None else "miss", graph.name, key[:12])
     if hit is not None:
         program, path = hit
     else:
-        program, path = build(graph, names, tgt, params, fast_math, tuned, mode, donated), None
+        program, path = build(graph, names, tgt, params, fast_math, tuned, mode, donated, max_batch), None
         if cache:
             with stage(f"storing @{graph.name} in the compile cache"):
                 program, path = compile_cache.store(key, program, program.library.export_library)
     values = None
     if params == "inputs":
         values = {p.name: param_value(p) for name in names for p in used_params(graph, name)}
+    bounded = any(sig.bounds for sig in program.signatures.values())
     return Executable(program, values, library_path=path,
-                      ops=lambda: {n: describe(f) for n, f in lowering_input(graph).functions.items()})
+                      ops=lambda: {n: describe(f) for n, f in lowering_input(graph).functions.items()},
+                      unbounded=(lambda: compile_graph(graph, target=target, params=params, fast_math=fast_math,
+                                                       functions=functions, cache=cache, precision=precision,
+                                                       donate=donate, max_batch=None)) if bounded else None)

@@ -13,6 +13,7 @@ from tvm import relax
 
 from kiln.ir import KilnError, ShapeError, TensorType
 from kiln.ir.types import check_named_dims
+from kiln.runtime.progress import log
 
 from .aligned import ALIGNMENT
 from .amx import runs_tiles
@@ -62,13 +63,13 @@ class _Plan:
     and how a copying call reads each output back (`_reader`)."""
 
     __slots__ = ("entry", "device", "cpu", "inputs", "params", "seeded", "outputs", "readers", "named", "handed",
-                 "donated")
+                 "donated", "bounds")
 
     def __init__(self, entry: Any, device: tvm.runtime.Device, cpu: bool, inputs: tuple[_InputSpec, ...],
                  params: tuple[tuple[str, TensorType], ...], seeded: bool, outputs: tuple[Any, ...],
-                 owned: tuple[bool, ...], donated: tuple[int, ...] = ()):
+                 owned: tuple[bool, ...], donated: tuple[int, ...] = (), bounds: tuple[tuple[int, int, int], ...] = ()):
         self.entry, self.device, self.cpu, self.inputs, self.params = entry, device, cpu, inputs, params
-        self.seeded, self.outputs, self.donated = seeded, outputs, donated
+        self.seeded, self.outputs, self.donated, self.bounds = seeded, outputs, donated, bounds
         self.readers = tuple(_reader(t, mine) for t, mine in zip(outputs, owned))
         self.named = any(spec.type.names for spec in inputs)  # some inputs name their dims: check they agree
         # the last `copy=False` call's views, by id, with the VM tensors they show: fed back (a training step's
@@ -171,11 +172,15 @@ class Executable:
     With `params="inputs"` builds, the stored parameters' values travel with the executable (taken from the
     graph it was compiled from) and `params={name: array}` overrides them per call. `ops` gives each function's
     op descriptions (`op_map.describe`), read only when a call fails, so its error names the ops at fault.
+    A function whose memory plan covers a dynamic batch up to a bound (`FunctionSignature.bounds`) runs a larger
+    batch through `unbounded()`'s executable, or refuses it with a `ShapeError` when there is none (a loaded file).
     """
 
     def __init__(self, program: Program, param_values: Mapping[str, np.ndarray] | None = None,
-                 library_path: str | None = None, ops: Callable[[], Mapping[str, list[str]]] | None = None):
+                 library_path: str | None = None, ops: Callable[[], Mapping[str, list[str]]] | None = None,
+                 unbounded: Callable[[], Executable] | None = None):
         self.program = program
+        self._unbounded, self._wide = unbounded, None  # the build for batches past the memory plan's, made on need
         self._ops = ops
         self._params = {name: np.asarray(v) for name, v in (param_values or {}).items()}
         self._library_path = library_path  # the file the library was loaded from, if any
@@ -232,6 +237,10 @@ class Executable:
         Python beside its kernels, so this path avoids every lookup and wrapper it can)."""
         if len(inputs) != len(plan.inputs):
             raise KilnError(f"@{function} takes {len(plan.inputs)} inputs, got {len(inputs)}")
+        for i, axis, limit in plan.bounds:
+            if np.shape(inputs[i])[axis] > limit:
+                return self._beyond_plan(plan, function, inputs, i, axis, limit)._run_function(
+                    function, inputs, params, seed, copy)
         convert = _input if plan.handed else _device_input  # no view of a `copy=False` call to recognize
         try:
             args = [convert(function, spec, x, plan) for spec, x in zip(plan.inputs, inputs)]
@@ -256,6 +265,26 @@ class Executable:
         plan.handed = {id(r): (r, o) for r, o, t in zip(results, host, plan.outputs) if t is None}
         return results
 
+    def _run_function(self, function: str, inputs: tuple[Any, ...], params: Mapping[str, np.ndarray] | None,
+                      seed: int, copy: bool) -> tuple[np.ndarray, ...]:
+        return self._run(self._plans.get(function) or self._plan(function), function, inputs, params, seed, copy)
+
+    def _beyond_plan(self, plan: _Plan, function: str, inputs: tuple[Any, ...], i: int, axis: int, limit: int
+                     ) -> Executable:
+        """The executable that runs a batch past `limit`, the memory plan's bound: the unbounded build, with this
+        one's stored parameters; a `ShapeError` where there is none."""
+        if self._wide is None:
+            size = np.shape(inputs[i])[axis]
+            if self._unbounded is None:
+                raise ShapeError(f"@{function} input %{plan.inputs[i].name} has {size} on axis {axis}, past the "
+                                 f"{limit} this build planned its memory for: compile it with max_batch={size} or "
+                                 "more (max_batch=None plans none)")
+            log.info("@%s: a batch of %d is past the memory plan's %d; building without that bound", function,
+                     size, limit)
+            self._wide = self._unbounded()
+            self._wide._params = self._params
+        return self._wide
+
     def _plan(self, function: str) -> _Plan:
         """What every call of `function` needs, looked up once: its VM entry point and per-input checks."""
         sig = self.signatures.get(function)
@@ -270,7 +299,7 @@ class Executable:
                         else t.dtype for t in sig.outputs)
         owned = fresh_outputs(self._bytecode(), function, len(outputs)) if cpu else (False,) * len(outputs)
         plan = self._plans[function] = _Plan(entry, device, cpu, inputs, tuple(sig.params), sig.seeded, outputs,
-                                             owned, sig.donated)
+                                             owned, sig.donated, sig.bounds)
         return plan
 
     def _bytecode(self) -> str:

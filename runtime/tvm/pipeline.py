@@ -30,6 +30,7 @@ from .const_fold import fold_constant_kernels
 from .conv_regions import block_conv_regions
 from .donation import donate_inputs
 from .matmul_layout import pack_matmul_weights
+from .memory_plan import bound_batches
 from .output_fusion import fuse_output_producers
 from .plane_window import plane_windows
 from .schedules import Safe, default_cpu_rules
@@ -98,13 +99,15 @@ def cpu_pipeline(
     extra_schedule_passes: Sequence[tvm.transform.Pass] = (),
     block_convs: bool = True,
     donated: Mapping[str, Collection[int]] | None = None,
+    batch_bounds: Mapping[str, Mapping[str, int]] | None = None,
 ) -> tvm.transform.Pass:
     """The relax pipeline for an LLVM target; also sizes TVM's thread pool to all cores.
 
     `extra_schedule_passes` run after fusion and before kiln's rules, so whatever they schedule (for
     example `relax.transform.MetaScheduleApplyDatabase`, which must be built inside `with target:`) wins
     and the rules cover the rest. `donated` names, per function, the inputs (by position) its caller gives up: the
-    kernels may write their results into them (`donation.py`).
+    kernels may write their results into them (`donation.py`). `batch_bounds` gives, per function, its batch vars'
+    largest values, for which the static memory plan sizes shared storage (`memory_plan.py`).
     """
     configure_threads()
     passes = [
@@ -112,6 +115,7 @@ def cpu_pipeline(
         *extra_schedule_passes,
         dl.ApplyDefaultSchedule(*default_cpu_rules(target)),
         *([donate_inputs(donated)] if donated else []),  # results written into the inputs a caller gives up
+        *([bound_batches(batch_bounds)] if batch_bounds else []),  # storage shared over a bounded dynamic batch
         *cpu_passes.dataflow_lower_passes(target),
         *cpu_passes.finalize_passes(target),
         _noalias_shape_funcs,

@@ -22,7 +22,8 @@ class FunctionSignature:
 
     `params` lists the stored parameters the function takes as inputs (only when compiled with
     `params="inputs"`); `seeded` says a trailing int64 run seed follows (active dropout); `donated` gives the
-    positions of the inputs its kernels may overwrite (`compile_graph(donate=...)`).
+    positions of the inputs its kernels may overwrite (`compile_graph(donate=...)`); `bounds` the (input, axis,
+    largest size) of each dynamic batch dim its memory plan was sized for (`memory_plan.py`).
     """
 
     name: str
@@ -31,16 +32,18 @@ class FunctionSignature:
     outputs: tuple[TensorType, ...]
     seeded: bool
     donated: tuple[int, ...] = ()
+    bounds: tuple[tuple[int, int, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "inputs": [[n, type_to_json(t)] for n, t in self.inputs],
                 "params": [[n, type_to_json(t)] for n, t in self.params],
                 "outputs": [type_to_json(t) for t in self.outputs], "seeded": self.seeded,
-                "donated": list(self.donated)}
+                "donated": list(self.donated), "bounds": [list(b) for b in self.bounds]}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> FunctionSignature:
         return FunctionSignature(d["name"], tuple((n, type_from_json(t)) for n, t in d["inputs"]),
                                  tuple((n, type_from_json(t)) for n, t in d["params"]),
                                  tuple(type_from_json(t) for t in d["outputs"]), bool(d["seeded"]),
-                                 tuple(int(i) for i in d.get("donated", ())))
+                                 tuple(int(i) for i in d.get("donated", ())),
+                                 tuple((int(i), int(a), int(n)) for i, a, n in d.get("bounds", ())))
