@@ -158,7 +158,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             with stage("passes: valid"):
                 graph = PassManager.parse("valid").run(graph)
         exe = compile_graph(graph, target=args.target, params=args.params, fast_math=not args.no_fast_math,
-                            functions=args.function, precision=args.precision)
+                            functions=args.function, precision=args.precision, max_batch=args.max_batch)
         with stage(f"writing {args.output}"):
             exe.export_library(args.output)
     return EXIT_OK
@@ -416,6 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--precision", default="f32",
                       help="f32 (default), bf16 (f32 on CPUs without bf16 dot products), bf16! (emulated bf16) or "
                            "int8 (Q8-quantized weights): docs/precision.md")
+    comp.add_argument("--max-batch", type=int, default=None, metavar="N",
+                      help="share memory between intermediates for a dynamic batch of at most N; the library then "
+                           "refuses larger batches (default: no bound, any batch)")
     comp.add_argument("--train-state", action="store_true",
                       help="keep the module's state as the file gives it (flags on: dropout drops and batch "
                            "norm uses batch statistics) instead of the default valid state")

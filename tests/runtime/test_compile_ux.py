@@ -18,7 +18,7 @@ from terminal import stderr_terminal
 import kiln
 from kiln import nn
 from kiln.cli import main as cli_main
-from kiln.ir import Builder, Graph, TrainingStateWarning, print_graph
+from kiln.ir import Builder, Graph, ShapeError, TrainingStateWarning, print_graph
 from kiln.runtime import progress
 from kiln.runtime.tvm.executable import Executable, load_executable
 
@@ -169,3 +169,18 @@ def test_a_module_with_dropout_retraces_to_the_same_graph_and_hits_the_cache(
         kept = out != 0
         np.testing.assert_allclose(out[kept], dense[kept] / 0.5, rtol=1e-5)
     assert (a != b).any()
+
+
+def test_kiln_compile_plans_a_dynamic_batch_only_when_asked(tmp_path: Path) -> None:
+    """A library serves any batch by default; `--max-batch N` plans its memory for batches up to N, and it then
+    refuses a larger one with a ShapeError naming the bound (a loaded library has no unbounded build to fall back
+    to). The oracle is valid-state dropout, the identity."""
+    x = np.ones((200, 300), np.float32)
+    assert compile_cli(tmp_path).signatures["forward"].bounds == ()
+    np.testing.assert_array_equal(compile_cli(tmp_path).run(x)[0], x)
+    bounded = compile_cli(tmp_path, "--max-batch", "256")
+    assert bounded.signatures["forward"].bounds == ((0, 0, 256),)
+    np.testing.assert_array_equal(bounded.run(x)[0], x)
+    small = compile_cli(tmp_path, "--max-batch", "8", "-v")
+    with pytest.raises(ShapeError, match="has 200 on axis 0, past the 8 this build planned its memory for"):
+        small.run(x)
