@@ -130,10 +130,11 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {"mlp": mlp, "transformer": lambd
 def run_kiln(w: Workload, backend: Backend) -> Callable[[], float]:
     specs = [(x.shape, kiln.ir.DType.from_numpy(x.dtype)) for x in w.inputs]
     step = kiln.compile_step(w.model, w.loss_fn, optim.Adam(), *specs)
+    inputs = [kiln.aligned(x) for x in w.inputs]  # as the Learner's DataLoader gathers its batches
 
     def run() -> float:
         with using_backend(backend):  # the step asks for the default backend on each call
-            return step(LR, *w.inputs)
+            return step(LR, *inputs)
     return run
 
 

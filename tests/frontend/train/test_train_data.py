@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln.runtime.tvm.aligned import is_aligned
 from kiln.train import ArrayDataset, DataLoader
 
 X = np.arange(10, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)
@@ -53,6 +54,21 @@ def test_a_dataset_with_a_transform_is_collated_per_field():
     batches = list(loader)
     assert [b[0].shape for b in batches] == [(2, 2), (2, 2), (1, 2)]
     np.testing.assert_array_equal(batches[1][0], [[20, 40], [30, 90]])
+
+
+def test_gathered_batches_are_aligned_so_a_compiled_step_takes_them_without_a_copy():
+    """Array and indexable datasets batch into 64-byte aligned arrays (`kiln.aligned`'s test) of numpy's values and
+    dtypes; a field of strings is stacked as numpy stacks it."""
+    x = np.random.default_rng(0).standard_normal((9, 3, 5)).astype(np.float32)
+    for loader in (DataLoader((x, Y[:9]), 4, shuffle=True, seed=3, prefetch=0), DataLoader(Squares(), 2, prefetch=0)):
+        for batch in loader:
+            assert all(is_aligned(b) for b in batch), [b.ctypes.data % 64 for b in batch]
+    order = DataLoader((x, Y[:9]), 4, shuffle=True, seed=3).order(0)[:4]
+    first = next(iter(DataLoader((x, Y[:9]), 4, shuffle=True, seed=3)))
+    np.testing.assert_array_equal(first[0], x[order])
+    assert first[0].dtype == np.float32 and first[1].dtype == Y.dtype
+    words = DataLoader((np.array(list("abcdef")), Y[:6]), 3)
+    assert next(iter(words))[0].tolist() == ["a", "b", "c"]
 
 
 def test_an_iterable_of_batches_is_taken_as_it_comes():
