@@ -93,13 +93,6 @@ def donated_positions(graph: Graph, functions: Sequence[str], donate: Mapping[st
     return {f: p for f, p in positions.items() if p}
 
 
-def _batch_bounds(module: tvm.IRModule, names: Sequence[str], max_batch: int | None) -> dict[str, dict[str, int]]:
-    """Per function of `names`, its batch vars (`memory_plan.batch_dims`) bounded at `max_batch` (none if None)."""
-    if max_batch is None:
-        return {}
-    return {n: {var: max_batch for var in batch_dims(module[n])} for n in names}
-
-
 def build(graph: Graph, functions: Sequence[str], target: Target, params: str, fast_math: bool,
           tuning_dir: Path | None = None, precision: str = "f32", donated: Mapping[str, tuple[int, ...]] | None = None,
           max_batch: int | None = None) -> Program:
@@ -113,11 +106,11 @@ def build(graph: Graph, functions: Sequence[str], target: Target, params: str, f
         pipeline = cuda_pipeline(target)
     else:
         extra = (apply_database_pass(tuning_dir, target),) if tuning_dir is not None else ()
-        bounds = _batch_bounds(lowered.module, list(signatures), max_batch)
-        pipeline = cpu_pipeline(target, fast_math, extra_schedule_passes=extra, donated=donated, batch_bounds=bounds)
-        positions = {n: batch_dims(lowered.module[n]) for n in bounds}
+        batches = {n: batch_dims(lowered.module[n]) for n in signatures} if max_batch is not None else {}
+        pipeline = cpu_pipeline(target, fast_math, extra_schedule_passes=extra, donated=donated,
+                                batch_bounds={n: dict.fromkeys(dims, max_batch) for n, dims in batches.items()})
         signatures = {n: dataclasses.replace(sig, donated=(donated or {}).get(n, ()), bounds=tuple(
-            (i, axis, limit) for var, limit in bounds.get(n, {}).items() for i, axis in positions[n][var]))
+            (i, axis, max_batch) for at in batches.get(n, {}).values() for i, axis in at))
             for n, sig in signatures.items()}
     try:
         with stage(f"building @{graph.name} for {target.kind.name}"):

@@ -2,7 +2,7 @@
 are known, so a build whose batch is symbolic allocated every intermediate on its own (39 storages in
 MobileNetV3-Large against 8 static) and its kernels read and wrote cold memory. Bounding the batch (`max_batch`)
 lets the plan size shared storages for the largest batch: MobileNetV3-Large at batch 8 ran 1.18x its static build
-unplanned and 1.05x planned (2 threads, Emerald Rapids VM). A call past the bound runs an unbounded build instead.
+unplanned and 1.03-1.05x planned (2 threads, Emerald Rapids VM). A call past the bound runs an unbounded build instead.
 
 A batch dim is a symbolic dim that is the leading axis of every input it occurs in; dims elsewhere (a sequence
 length) keep no bound, as no bound for them can be guessed.

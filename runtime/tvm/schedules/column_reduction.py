@@ -32,7 +32,7 @@ from .injective import (
 VECTORS_PER_TASK = 8  # registers of adjacent columns one parallel task accumulates (64 f32 on AVX2: 4 cache lines)
 
 
-def walks_columns(stmt: tirx.SBlock, spatial: int) -> bool:
+def _walks_columns(stmt: tirx.SBlock, spatial: int) -> bool:
     """Whether the reduction block `stmt` (its first `spatial` iter vars spatial, the rest reduced) reads every
     operand along its last spatial axis with the reduced axes outside the contiguous one: a column reduction."""
     column = stmt.iter_vars[spatial - 1].var
@@ -76,7 +76,7 @@ class CPUColumnReduction(dl.ScheduleRule):
         loops = sch.get_loops(block)
         if spatial == 0 or kinds[spatial:].strip("R") or len(loops) != len(kinds):
             return None
-        if not walks_columns(sch.get(block), spatial):
+        if not _walks_columns(sch.get(block), spatial):
             return None  # the reduced axes are the contiguous ones: a row reduction
         model = cpu_model(target)
         *leading, last = loops[:spatial]
