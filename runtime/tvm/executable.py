@@ -239,8 +239,8 @@ class Executable:
             raise KilnError(f"@{function} takes {len(plan.inputs)} inputs, got {len(inputs)}")
         for i, axis, limit in plan.bounds:
             if np.shape(inputs[i])[axis] > limit:
-                return self._beyond_plan(plan, function, inputs, i, axis, limit)._run_function(
-                    function, inputs, params, seed, copy)
+                return self._beyond_plan(plan, function, inputs, i, axis, limit).run(
+                    *inputs, function=function, params=params, seed=seed, copy=copy)
         convert = _input if plan.handed else _device_input  # no view of a `copy=False` call to recognize
         try:
             args = [convert(function, spec, x, plan) for spec, x in zip(plan.inputs, inputs)]
@@ -264,10 +264,6 @@ class Executable:
                         for o, t in zip(host, plan.outputs))
         plan.handed = {id(r): (r, o) for r, o, t in zip(results, host, plan.outputs) if t is None}
         return results
-
-    def _run_function(self, function: str, inputs: tuple[Any, ...], params: Mapping[str, np.ndarray] | None,
-                      seed: int, copy: bool) -> tuple[np.ndarray, ...]:
-        return self._run(self._plans.get(function) or self._plan(function), function, inputs, params, seed, copy)
 
     def _beyond_plan(self, plan: _Plan, function: str, inputs: tuple[Any, ...], i: int, axis: int, limit: int
                      ) -> Executable:
