@@ -186,8 +186,9 @@ def test_a_3x3_blocked_conv_sums_its_input_channels_in_chunks_whose_weights_fit_
 
 def _first_thread_rows(text: str) -> set[int]:
     """The output rows a scheduled blocked conv's update block writes in the first half of its parallel loop's
-    iterations (the first of two threads' share under a static split), its other loops at 0."""
-    fused, extent = re.search(r"for (\w+) in T\.parallel\((\d+)\)", text).groups()
+    iterations (the first of two threads' share under a static split), its other loops at 0; a padding stage's
+    parallel loop before it is skipped."""
+    fused, extent = re.findall(r"for (\w+) in T\.parallel\((\d+)\)", text[:text.index('"conv_blocked_update"')])[-1]
     update = text[text.index('"conv_blocked_update"'):]
     row = re.search(r"T\.writes\(conv_blocked_local\[([^\]]*)\]\)", update).group(1).split(", ")[2]
     binding = re.search(rf"{row} = T\.axis\.spatial\(\d+, ([^\n]*)\)", update).group(1)
@@ -204,13 +205,33 @@ def test_a_blocked_conv_splits_its_threads_over_the_larger_operand(
     """Where the input outweighs the weight (3x3 64x56²: 861 KB padded, 147 KB of weight; 1x1 64x56²) the threads'
     static split of the parallel loop divides the output rows, so each reads half of the input, not all of it for
     half of the weight (3x3 64x56², 2 threads on an Emerald Rapids VM: 0.69 -> 0.63 ms); where the weight is the
-    larger (3x3 128x28² and 256x14², 1x1 512x7²) it divides the output channels. A batch of 2 is split by images."""
+    larger (3x3 128x28² and 256x14², 1x1 512x7²) it divides the output channels. A batch of 2 is split by images.
+    These inputs come padded already: the kernels have no padding stage."""
+    assert _rows_first(target, batch, channels, width, size, 0) is by_rows
+
+
+def _rows_first(target: tvm.target.Target, batch: int, channels: int, width: int, size: int, padding: int) -> bool:
+    """Whether the first of two threads computes only the top half of a blocked conv's output rows."""
     lanes = cpu_model(target).lanes()
-    x = te.placeholder((batch, channels // 8, width + size - 1, width + size - 1, 8), name="x")
+    side = width + size - 1 - 2 * padding
+    x = te.placeholder((batch, channels // 8, side, side, 8), name="x")
     wp = te.placeholder((channels // lanes, channels, size, size, lanes), name="w")
-    func = te.create_prim_func([x, wp, blocked_conv(x, wp, channels, [1, 1], [0, 0, 0, 0], [1, 1])])
+    func = te.create_prim_func([x, wp, blocked_conv(x, wp, channels, [1, 1], [padding] * 4, [1, 1])])
     rows = _first_thread_rows(CPUMatmul().apply(func, target, False).mod["main"].script())
-    assert (max(rows) < width // 2) is by_rows, sorted(rows)
+    return max(rows) < width // 2
+
+
+@pytest.mark.parametrize(("channels", "width", "cores", "by_rows"), [
+    (96, 14, 2, True), (96, 14, 1, False), (256, 14, 2, False)])
+def test_a_padded_conv_whose_weight_fits_l2_splits_its_rows(channels: int, width: int, cores: int, by_rows: bool
+                                                             ) -> None:
+    """A conv that pads its input in its own kernel splits its rows across more than one core where the whole weight
+    fits in half of L2 (3x3 128x28², 590 KB: its threads read the padded copy they have just written, and split by
+    output channels each read all of it: 2 threads 0.89-0.96x the time by rows); not on one core (7% slower by
+    rows there), nor where the weight is larger (3x3 256x14², 2.4 MB, stays split by channels). 96 channels at 14²
+    (332 KB of weight, 98 KB of padded input) fit half of the 1 MiB L2 this AVX-512 cross target assumes."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": cores})
+    assert _rows_first(target, 1, channels, width, 3, 1) is by_rows
 
 
 def _blocked_output_shapes(mod: tvm.IRModule) -> list[list[int]]:

@@ -226,18 +226,6 @@ def _operand_bytes(stmt: s_tir.SBlock, vector_var: tirx.Var) -> tuple[int, int] 
     return vector, other
 
 
-def _input_outweighs(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, roles: _Contraction) -> bool:
-    """Whether a conv's threads should split its output pixels rather than its lines (output-channel vectors): so
-    where the other operand (the input) outweighs the vector operand (the weight). Split by lines, each thread
-    reads all of the input for its share of the weight; by pixels, its share of the input and all of the weight.
-    2 threads on an Emerald Rapids VM, by lines / by pixels, best of 7-12 interleaved blocks: 3x3 64x56² 0.69-0.70 /
-    0.63 ms (861 KB of padded input, 147 KB of weight); 1x1 64x56² and 128x28², 3x3/2 64x56² level. Split by pixels
-    regardless, the weight-heavy convs lost: 3x3/2 256x14² (2.4 MB of weight) 0.150 -> 0.219 ms, 512x7² 0.33 ->
-    0.47."""
-    sizes = _operand_bytes(sch.get(main), roles.vector_var)
-    return sizes is not None and sizes[1] > sizes[0]
-
-
 def _is_padding(stmt: s_tir.SBlock) -> bool:
     """Whether the block stores a guarded load, `if_then_else(inside, x[..], 0)`: a conv's zero padding."""
     value = stmt.body.value if isinstance(stmt.body, tirx.BufferStore) else None
@@ -299,10 +287,11 @@ class CPUMatmul(dl.ScheduleRule):
 
     def __init__(self, mr: int | None = None, nr: int | None = None, k_unroll: int = 4,
                  panel_bytes: int | None = None, accumulators: int | None = None, lanes: int | None = None,
-                 registers: int | None = None, l1_bytes: int | None = None, latency_sums: int | None = None) -> None:
+                 registers: int | None = None, l1_bytes: int | None = None, latency_sums: int | None = None,
+                 l2_bytes: int | None = None, cores: int | None = None) -> None:
         self.mr, self.nr, self.k_unroll, self.panel_bytes = mr, nr, k_unroll, panel_bytes
         self.accumulators, self.lanes, self.registers, self.l1_bytes = accumulators, lanes, registers, l1_bytes
-        self.latency_sums = latency_sums
+        self.latency_sums, self.l2_bytes, self.cores = latency_sums, l2_bytes, cores
 
     def for_cpu(self, model: CPUModel) -> "CPUMatmul":
         """This rule with every parameter it leaves None taken from `model`: `TILE_VECTORS` vectors wide, as many
@@ -311,11 +300,12 @@ class CPUMatmul(dl.ScheduleRule):
         return CPUMatmul(self.mr or max(1, accumulators // TILE_VECTORS), self.nr or TILE_VECTORS * model.lanes(),
                          self.k_unroll, self.panel_bytes or model.caches.l2 // PANEL_SHARE, accumulators,
                          self.lanes or model.lanes(), self.registers or model.vector_registers,
-                         self.l1_bytes or model.caches.l1d, self.latency_sums or model.latency_sums)
+                         self.l1_bytes or model.caches.l1d, self.latency_sums or model.latency_sums,
+                         self.l2_bytes or model.caches.l2, self.cores or model.cores)
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         if None in (self.mr, self.nr, self.panel_bytes, self.accumulators, self.lanes, self.registers, self.l1_bytes,
-                    self.latency_sums):
+                    self.latency_sums, self.l2_bytes, self.cores):
             return self.for_cpu(cpu_model(target)).apply(func, target, tunable)
         sch, infos = cpu_blocks(func, target)
         if infos is None:
@@ -489,7 +479,7 @@ class CPUMatmul(dl.ScheduleRule):
         if chunked is not None:
             chunk, red_outer = [chunked[0]], [chunked[1], *red_outer[1:]]
         line = line_o if lines > 1 else roles.line
-        if line is not None and _input_outweighs(sch, main, roles):
+        if line is not None and self._split_pixels(sch, main, roles):
             # the line loop innermost of the parallel loops: last of `spatial` where a task computes a chunked
             # conv's row of tiles, else after the row tiles
             spatial = [loop for loop in spatial if loop is not line]
@@ -520,6 +510,28 @@ class CPUMatmul(dl.ScheduleRule):
         sch.vectorize(sch.get_loops(store)[-1])
         init = sch.decompose_reduction(main, chunk[0] if chunk else red_outer[0] if red_outer else k_o)
         sch.vectorize(sch.get_loops(init)[-1])
+
+    def _split_pixels(self, sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, roles: _Contraction) -> bool:
+        """Whether a conv's threads should split its output pixels rather than its lines (output-channel vectors).
+        Split by lines, each thread reads all of the input for its share of the weight; by pixels, its share of the
+        input and all of the weight. So by pixels where the input (the other operand) outweighs the weight (the
+        vector operand), and, on more than one core, where the kernel pads its input itself and every core can keep
+        the whole weight in half of its L2.
+
+        2 threads on an Emerald Rapids VM, by lines / by pixels: 3x3 64x56² 0.69-0.70 / 0.63 ms (861 KB of padded
+        input, 147 KB of weight); 1x1 64x56² and 128x28², 3x3/2 64x56² level. Split by pixels regardless, the
+        weight-heavy convs lost: 3x3/2 256x14² (2.4 MB of weight) 0.150 -> 0.219 ms, 512x7² 0.33 -> 0.47. A padded
+        conv reads the padded copy its threads have just written (each thread half of it): by lines each thread
+        reads all of it, and 3x3 128x28² (590 KB of weight) took 0.66-0.75 ms where the same conv over a padded
+        input written once took 0.56-0.61; by pixels 0.89-0.96x the time, and 3x3/2 128x28², bimodal by lines
+        (0.20 or 0.26-0.30 ms), 0.68-0.91x. Unpadded 1x1 convs with 1 MB of weight lost 6% by pixels, and one thread
+        lost 7% on 3x3 128x28² (medians of 7 interleaved rounds, session 20)."""
+        sizes = _operand_bytes(sch.get(main), roles.vector_var)
+        if sizes is None:
+            return False
+        weight, image = sizes
+        pads = any(_is_padding(sch.get(block)) for block in sch.get_producers(main))
+        return image > weight or (self.cores > 1 and pads and weight <= self.l2_bytes // 2)
 
     def _tile_shape(self, sch: s_tir.Schedule, roles: _Contraction, width: int | None, panelled: bool = False
                     ) -> tuple[int, int, int]:
