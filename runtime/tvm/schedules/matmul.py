@@ -46,6 +46,10 @@ class _Contraction:
     vector_var: tirx.Var | None = None  # the block iterator of `vector`
     stride: int = 1  # of the vector operand along `vector`: above 1 in a strided conv
     panel: int | None = None  # the panel width of a packed vector operand read `B[j // w, .., j % w]` (`matmul_layout`)
+    # the vector operand walks no spatial loop but `line` and `vector`, and its vectors no reduction loop (a blocked
+    # conv's weight: the same vectors for every pixel and image), unlike an NCHW conv's input (`x[b, c, i + ky, j + kx]`
+    # walks the batch and its vectors the window)
+    weight_vectors: bool = False
 
 
 Indices = list[tirx.Expr]
@@ -169,6 +173,8 @@ def _match(sch: s_tir.Schedule, info: dl.SBlockInfo) -> _Contraction | None:
         vector_var=vec.var,
         stride=step,
         panel=panel,
+        weight_vectors=line is not None and not any(uses_var(vec_op[-1], r.var) for r in reduction)
+        and not any(uses_var(e, it.var) for e in vec_op for it in rest if it is not line),
     )
 
 
@@ -537,7 +543,8 @@ class CPUMatmul(dl.ScheduleRule):
                     ) -> tuple[int, int, int]:
         """(rows, lines, heights) of the register tile: `mr` rows of C (or `mr / 2`; fewer for short extents) by the
         vector tile, times a few output rows of the vector operand where it has a `line` loop (a conv's output rows);
-        a blocked stride-1 window conv takes `_window_tile`'s, which may span `heights` output rows.
+        a blocked conv (`weight_vectors`: 1x1, strided and window) with static extents takes `_window_tile`'s, which
+        for a stride-1 window conv may span `heights` output rows.
 
         A matmul whose vector operand streams from L2 in panels takes at least `PANEL_TILE_ROWS` rows: every row
         tile re-reads its panel, and with 16 vector registers (AVX2: `mr` 4) that traffic, not the FMAs, bounds
@@ -556,12 +563,9 @@ class CPUMatmul(dl.ScheduleRule):
         blocked conv on a 7-wide map tiled 2 + 2 + 2 + 1 columns kept the guarded column's sums in memory, and
         ran 1.7-2x slower than with all 7 columns in one tile (the 3x3 512x7² conv 9.5 -> 5.1 ms on a Zen 3 core).
 
-        Before loads per FMA come two rules: a tile of `latency_sums` sums (`CPUModel.latency_sums`) first, then
-        one whose weight slab stays in L1 (`_resident_lines`); the lines may outgrow that slab only as far as the
-        latency needs. A 1x1 conv on a 7² map deeper than 192 channels fits one line of 16 lanes in half of a 48 KiB
-        L1, 7 sums: 7 pixels x 2 lines ran 25-33% faster on an Emerald Rapids core (1 thread; 512x7² 201 -> 150 us,
-        2048x7² -> 512 852 -> 676, 256x7² 47.5 -> 37.3). On AVX2, 7 pixels get one line whatever the rule (8
-        accumulators), and 1024x14² -> 256 takes 2 pixels x 4 lines instead of 7 x 1: 1.43 -> 1.21 ms on that core.
+        Other line contractions (NCHW convs, symbolic extents) put two rules before loads per FMA: a tile of
+        `latency_sums` sums (`CPUModel.latency_sums`) first, then one whose vector slab stays in L1
+        (`_resident_lines`); the lines may outgrow that slab only as far as the latency needs.
         """
         def rows_of(mr: int) -> int:
             return 1 if roles.row is None else split_factor(loop_extent(sch, roles.row), mr, 4)
@@ -575,7 +579,7 @@ class CPUMatmul(dl.ScheduleRule):
                 rows = max(rows, rows_of(max(base, PANEL_TILE_ROWS)))  # 7 rows whole, not 4 + a guarded 3
             return rows, 1, 1
         vectors = -(-width // self.lanes)
-        if roles.height is not None and roles.row is not None:
+        if roles.row is not None and (roles.height is not None or roles.weight_vectors):
             window = self._window_tile(sch, roles, vectors)
             if window is not None:
                 return window
@@ -594,10 +598,11 @@ class CPUMatmul(dl.ScheduleRule):
         return rows, lines, 1
 
     def _window_tile(self, sch: s_tir.Schedule, roles: _Contraction, vectors: int) -> tuple[int, int, int] | None:
-        """(rows, lines, heights) of a blocked stride-1 window conv's register tile: output columns x output-channel
-        vectors x output rows, each a divisor of its extent (a tail's sums leave the registers), whose
-        `accumulators` sums keep the FMA units busiest, by the fewest cycles per FMA of one reduction step; ties go to
-        fewer weight loads per FMA, then to fewer broadcasts. None when an extent is symbolic.
+        """(rows, lines, heights) of a blocked conv's register tile: output columns (pixels) x output-channel
+        vectors x output rows (a stride-1 window conv's; 1 elsewhere), each a divisor of its extent (a tail's sums
+        leave the registers), whose `accumulators` sums keep the FMA units busiest, by the fewest cycles per FMA of
+        one reduction step; ties go to fewer weight loads per FMA, then to fewer broadcasts. None when an extent is
+        symbolic.
 
         A step (one input channel and window position) issues rows x heights x lines FMAs, rows x heights broadcasts
         of the input and lines weight vectors, and lasts at least `cpu.FMA_LATENCY` cycles (each sum is one dependent
@@ -605,9 +610,13 @@ class CPUMatmul(dl.ScheduleRule):
         `L2_VECTORS_PER_CYCLE`: the weight slab of a tile (lines x all input channels x the window) outgrows L1 and
         streams from L2, while the input is shared by every line. On a Zen 3 core (one thread) the 64x56² and 128x28²
         convs ran at 67-74 GFLOP/s with 2 columns x 4 lines and 77-82 with 4 x 2; 256x14² (no 4 divides 14) at
-        57-66 with 2 x 4 and 78-84 with 2 columns x 2 rows x 2 lines; 1 x 8 lines ran at 29-43 everywhere.
+        57-66 with 2 x 4 and 78-84 with 2 columns x 2 rows x 2 lines; 1 x 8 lines ran at 29-43 everywhere. The
+        model picks the 1x1 convs' tiles measured best as well: on AVX-512 7 pixels x 2 lines on a 7² map (512x7²
+        201 -> 150 us against 7 x 1, one Emerald Rapids core) and on 14² and 28² maps (0.70-0.83x the time of 14 or
+        16 x 1, whose broadcasts bound it); on AVX2 4 x 2 (the 256x14² conv 82 GFLOP/s against 56 in 2 x 4, Zen 3).
         """
-        extents = [static_extent(loop_extent(sch, loop)) for loop in (roles.row, roles.line, roles.height)]
+        extents = [static_extent(loop_extent(sch, loop)) if loop is not None else 1
+                   for loop in (roles.row, roles.line, roles.height)]
         if None in extents:
             return None
         limit = self.accumulators
@@ -654,8 +663,8 @@ class CPUMatmul(dl.ScheduleRule):
         return outer, inner
 
     def _resident_lines(self, sch: s_tir.Schedule, roles: _Contraction, width: int) -> int:
-        """The most lines of a register tile over a 1x1 conv (its one reduction is over the input channels, a
-        matmul over pixels) whose slab of the vector operand (a blocked conv's weight), `lines x width` float32
+        """The most lines of a register tile over a 1x1 conv that `_window_tile` leaves (its one reduction is over the
+        input channels, a matmul over pixels) whose slab of the vector operand, `lines x width` float32
         columns as deep as the channels, fits half of L1: every row tile re-reads it, and from L2 those loads bound
         the FMAs. The 1x1 256x14² conv (256 deep) ran
         at 56 GFLOP/s in 2 pixels x 4 lines (a 32 KiB slab, a Zen 3 core's whole L1) and 82 in 4 x 2. Convs with
