@@ -186,9 +186,10 @@ def test_a_3x3_blocked_conv_sums_its_input_channels_in_chunks_whose_weights_fit_
 
 def _first_thread_rows(text: str) -> set[int]:
     """The output rows a scheduled blocked conv's update block writes in the first half of its parallel loop's
-    iterations (the first of two threads' share under a static split), its other loops at 0; a padding stage's
-    parallel loop before it is skipped."""
-    fused, extent = re.findall(r"for (\w+) in T\.parallel\((\d+)\)", text[:text.index('"conv_blocked_update"')])[-1]
+    iterations (the first of two threads' share under a static split; a symbolic batch of 1), its other loops at 0;
+    a padding stage's parallel loop before it is skipped."""
+    fused, extent = re.findall(r"for (\w+) in T\.parallel\(([^)]+)\)", text[:text.index('"conv_blocked_update"')])[-1]
+    extent = eval(extent, {}, dict.fromkeys(re.findall(r"[A-Za-z_]\w*", extent), 1))  # a symbolic batch of 1
     update = text[text.index('"conv_blocked_update"'):]
     row = re.search(r"T\.writes\(conv_blocked_local\[([^\]]*)\]\)", update).group(1).split(", ")[2]
     binding = re.search(rf"{row} = T\.axis\.spatial\(\d+, ([^\n]*)\)", update).group(1)
@@ -199,22 +200,25 @@ def _first_thread_rows(text: str) -> set[int]:
 @pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
 @pytest.mark.parametrize(("batch", "channels", "width", "size", "by_rows"), [
     (1, 64, 56, 3, True), (2, 64, 56, 3, False), (1, 128, 28, 3, False), (1, 256, 14, 3, False), (1, 64, 56, 1, True),
-    (1, 512, 7, 1, False)])
+    (1, 512, 7, 1, False), (None, 64, 56, 3, True), (None, 256, 14, 3, False)])
 def test_a_blocked_conv_splits_its_threads_over_the_larger_operand(
-        target: tvm.target.Target, batch: int, channels: int, width: int, size: int, by_rows: bool) -> None:
+        target: tvm.target.Target, batch: int | None, channels: int, width: int, size: int, by_rows: bool) -> None:
     """Where the input outweighs the weight (3x3 64x56²: 861 KB padded, 147 KB of weight; 1x1 64x56²) the threads'
     static split of the parallel loop divides the output rows, so each reads half of the input, not all of it for
     half of the weight (3x3 64x56², 2 threads on an Emerald Rapids VM: 0.69 -> 0.63 ms); where the weight is the
-    larger (3x3 128x28² and 256x14², 1x1 512x7²) it divides the output channels. A batch of 2 is split by images.
-    These inputs come padded already: the kernels have no padding stage."""
+    larger (3x3 128x28² and 256x14², 1x1 512x7²) it divides the output channels. A batch of 2 is split by images; a
+    dynamic batch (None) is weighed per image, as batch 1 (with its sizes unknown, it was split by channels whatever
+    they were). These inputs come padded already: the kernels have no padding stage."""
     assert _rows_first(target, batch, channels, width, size, 0) is by_rows
 
 
-def _rows_first(target: tvm.target.Target, batch: int, channels: int, width: int, size: int, padding: int) -> bool:
-    """Whether the first of two threads computes only the top half of a blocked conv's output rows."""
+def _rows_first(target: tvm.target.Target, batch: int | None, channels: int, width: int, size: int, padding: int
+                ) -> bool:
+    """Whether the first of two threads computes only the top half of a blocked conv's output rows (a batch of None
+    is symbolic)."""
     lanes = cpu_model(target).lanes()
     side = width + size - 1 - 2 * padding
-    x = te.placeholder((batch, channels // 8, side, side, 8), name="x")
+    x = te.placeholder((te.var("n") if batch is None else batch, channels // 8, side, side, 8), name="x")
     wp = te.placeholder((channels // lanes, channels, size, size, lanes), name="w")
     func = te.create_prim_func([x, wp, blocked_conv(x, wp, channels, [1, 1], [padding] * 4, [1, 1])])
     rows = _first_thread_rows(CPUMatmul().apply(func, target, False).mod["main"].script())

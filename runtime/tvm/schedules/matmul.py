@@ -217,8 +217,9 @@ def _split_phases(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, roles: _Co
 
 
 def _operand_bytes(stmt: s_tir.SBlock, vector_var: tirx.Var) -> tuple[int, int] | None:
-    """Bytes of a contraction's (vector operand, other operand) buffers: of the block's two reads beside the
-    accumulator, the one indexed by `vector_var` first; None where there are others or a shape is symbolic."""
+    """Bytes of a contraction's (vector operand, other operand) buffers, per image: of the block's two reads beside
+    the accumulator, the one indexed by `vector_var` first, a symbolic leading dim (a dynamic batch) counted once;
+    None where there are other reads or another dim is symbolic."""
     result = stmt.writes[0].source
     factors = [r for r in stmt.reads if not r.source.same_as(result)]
     if len(factors) != 2:
@@ -226,6 +227,7 @@ def _operand_bytes(stmt: s_tir.SBlock, vector_var: tirx.Var) -> tuple[int, int] 
     if not any(uses_var(rg.min, vector_var) for rg in factors[0].region):
         factors.reverse()
     sizes = [[static_extent(d) for d in r.source.shape] for r in factors]
+    sizes = [[1 if i == 0 and n is None else n for i, n in enumerate(size)] for size in sizes]
     if any(None in size for size in sizes):
         return None
     vector, other = (math.prod(size) * r.source.dtype.bits // 8 for size, r in zip(sizes, factors, strict=True))
