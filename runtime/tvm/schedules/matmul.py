@@ -396,7 +396,7 @@ class CPUMatmul(dl.ScheduleRule):
         load instead left the dynamic-batch MLP 1.27x slower than the static build; the copy makes it 1.04x.
         """
         factors = {}
-        if _row_count(sch, roles) is None:
+        if _row_count(sch, roles) is None and roles.line is None:  # (a conv's batch rows take 1-row tiles instead)
             factors[roles.row] = self.mr
         batch = [static_extent(loop_extent(sch, loop)) for loop in roles.spatial]
         width = static_extent(loop_extent(sch, roles.vector))
@@ -581,7 +581,7 @@ class CPUMatmul(dl.ScheduleRule):
                 rows = max(rows, rows_of(max(base, PANEL_TILE_ROWS)))  # 7 rows whole, not 4 + a guarded 3
             return rows, 1, 1
         vectors = -(-width // self.lanes)
-        if roles.row is not None and (roles.height is not None or roles.weight_vectors):
+        if roles.height is not None or roles.weight_vectors:
             window = self._window_tile(sch, roles, vectors)
             if window is not None:
                 return window
@@ -603,8 +603,12 @@ class CPUMatmul(dl.ScheduleRule):
         """(rows, lines, heights) of a blocked conv's register tile: output columns (pixels) x output-channel
         vectors x output rows (a stride-1 window conv's; 1 elsewhere), each a divisor of its extent (a tail's sums
         leave the registers), whose `accumulators` sums keep the FMA units busiest, by the fewest cycles per FMA of
-        one reduction step; ties go to fewer weight loads per FMA, then to fewer broadcasts. None when an extent is
-        symbolic.
+        one reduction step; ties go to fewer weight loads per FMA, then to fewer broadcasts. Before all that, a tile
+        leaving every core a task (a dynamic batch counted once). Rows that are a dynamic batch alone (a
+        squeeze-excite conv on a 1x1 map) take 1-row tiles: more rows compute padding at batch 1, and a symbolic tail
+        guards every row of the tile (the 960 -> 240 conv at batch 1 took 82 us in 16 guarded rows, 18 in 1 row x 5
+        lines; at batch 64 316 and 235; 960 -> 1280 at 64 1.71 and 1.29 ms; 2 threads, Emerald Rapids). None when
+        another extent is symbolic.
 
         A step (one input channel and window position) issues rows x heights x lines FMAs, rows x heights broadcasts
         of the input and lines weight vectors, and lasts at least `cpu.FMA_LATENCY` cycles (each sum is one dependent
@@ -619,15 +623,21 @@ class CPUMatmul(dl.ScheduleRule):
         """
         extents = [static_extent(loop_extent(sch, loop)) if loop is not None else 1
                    for loop in (roles.row, roles.line, roles.height)]
-        if None in extents:
+        if None in extents[1:]:
             return None
         limit = self.accumulators
 
         def divisors(n: int) -> list[int]:
             return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
+        images = math.prod(static_extent(loop_extent(sch, loop)) or 1 for loop in roles.spatial
+                           if loop is not roles.line and loop is not roles.height)
+        if extents[0] is None:  # the rows are a dynamic batch alone (a 1x1 map), sized as one image
+            extents[0], row_choices = 1, [1]
+        else:
+            row_choices = divisors(extents[0])
         shapes = []
-        for rows in divisors(extents[0]):
+        for rows in row_choices:
             for lines in divisors(extents[1]):
                 for heights in divisors(extents[2]):
                     sums = rows * heights * lines * vectors
@@ -636,8 +646,10 @@ class CPUMatmul(dl.ScheduleRule):
                     spots, weights = rows * heights, lines * vectors
                     cycles = max(FMA_LATENCY, sums / FMA_UNITS, (spots + weights) / L1_LOADS_PER_CYCLE,
                                  weights / L2_VECTORS_PER_CYCLE)
-                    shapes.append((cycles / sums, weights / sums, spots / sums, heights, rows, lines))
-        _, _, _, heights, rows, lines = min(shapes)
+                    tasks = images * math.prod(e // t for e, t in zip(extents, (rows, lines, heights), strict=True))
+                    shapes.append((tasks < self.cores, cycles / sums, weights / sums, spots / sums, heights, rows,
+                                   lines))
+        *_, heights, rows, lines = min(shapes)
         return rows, lines, heights
 
     def _channel_chunk(self, sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV,
