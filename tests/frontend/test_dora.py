@@ -10,7 +10,7 @@ import torch
 
 import kiln
 from kiln import Dora, Module, ModuleRecord, Param, nn, optim
-from kiln.ir import PassError
+from kiln.ir import PassError, param_id
 
 AD = kiln.Device("cpu").autodiff()
 RNG = np.random.default_rng(11)
@@ -180,7 +180,9 @@ def training_run(model: Module, steps: int = 30) -> tuple[list[float], Module]:
     return [step(5e-2, XS, YS) for _ in range(steps)], step.model()
 
 
-def test_a_short_training_run_decreases_the_loss_and_keeps_the_base():
+def test_a_short_training_run_decreases_the_loss_and_keeps_the_base(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(param_id, "_seeded", None)  # the id generator as it was comes back after the test
+    kiln.seed(3)  # initial weights follow from their ParamIds: unseeded, about 1 draw in 20 or more missed the bar
     model = Net().apply_dora(Dora(rank=2, alpha=4.0))
     losses, trained = training_run(model)
     assert losses[-1] < 0.6 * losses[0]

@@ -396,7 +396,7 @@ class CPUMatmul(dl.ScheduleRule):
         load instead left the dynamic-batch MLP 1.27x slower than the static build; the copy makes it 1.04x.
         """
         factors = {}
-        if _row_count(sch, roles) is None and roles.line is None:  # (a conv's batch rows take 1-row tiles instead)
+        if _row_count(sch, roles) is None and not roles.weight_vectors:  # (a blocked conv's take 1-row tiles)
             factors[roles.row] = self.mr
         batch = [static_extent(loop_extent(sch, loop)) for loop in roles.spatial]
         width = static_extent(loop_extent(sch, roles.vector))
