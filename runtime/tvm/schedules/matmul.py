@@ -545,8 +545,8 @@ class CPUMatmul(dl.ScheduleRule):
                     ) -> tuple[int, int, int]:
         """(rows, lines, heights) of the register tile: `mr` rows of C (or `mr / 2`; fewer for short extents) by the
         vector tile, times a few output rows of the vector operand where it has a `line` loop (a conv's output rows);
-        a blocked conv (`weight_vectors`: 1x1, strided and window) with static extents takes `_window_tile`'s, which
-        for a stride-1 window conv may span `heights` output rows.
+        a blocked conv (`weight_vectors`: 1x1, strided and window) takes `_window_tile`'s where its line and height
+        extents are static, which for a stride-1 window conv may span `heights` output rows.
 
         A matmul whose vector operand streams from L2 in panels takes at least `PANEL_TILE_ROWS` rows: every row
         tile re-reads its panel, and with 16 vector registers (AVX2: `mr` 4) that traffic, not the FMAs, bounds
