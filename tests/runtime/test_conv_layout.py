@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from cross_targets import AVX2, AVX512
+from cross_targets import AVX2, AVX512, avx512
 from tvm import relax, te, tirx
 
 from kiln.ir import Builder
@@ -234,8 +234,7 @@ def test_a_padded_conv_whose_weight_fits_l2_splits_its_rows(channels: int, width
     output channels each read all of it: 2 threads 0.89-0.96x the time by rows); not on one core (7% slower by
     rows there), nor where the weight is larger (3x3 256x14², 2.4 MB, stays split by channels). 96 channels at 14²
     (332 KB of weight, 98 KB of padded input) fit half of the 1 MiB L2 this AVX-512 cross target assumes."""
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": cores})
-    assert _rows_first(target, 1, channels, width, 3, 1) is by_rows
+    assert _rows_first(avx512(cores), 1, channels, width, 3, 1) is by_rows
 
 
 def _blocked_output_shapes(mod: tvm.IRModule) -> list[list[int]]:
@@ -282,7 +281,7 @@ def test_a_1x1_conv_on_a_1x1_map_leaves_every_core_a_task(batch: int | None, cor
     task, so on 2 cores the tile takes 2 (on 1, all 4). Over a dynamic batch the rows are the batch alone: the tile
     takes 1 row, unguarded, rather than 16 rows guarded one by one (the 960 -> 240 conv at batch 1: 82 -> 18 us, and
     at batch 64 316 -> 235; 960 -> 1280 at 64 1.71 -> 1.29 ms; 2 threads, Emerald Rapids)."""
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": cores})
+    target = avx512(cores)
     x = te.placeholder((te.var("n") if batch is None else batch, 64, 1, 1, 16), name="x")
     wp = te.placeholder((4, 1024, 1, 1, 16), name="w")
     func = te.create_prim_func([x, wp, blocked_conv(x, wp, 1024, [1, 1], [0, 0, 0, 0], [1, 1])])
