@@ -11,23 +11,26 @@ from memory once per call (A, M x K, is what the caches hold). B is packed into 
 weight once, by constant folding at build time, an activation per call by an elementwise kernel FuseOps joins to
 its producer; A's bf16 cast (and zero padding) is one elementwise kernel in front. A product's elementwise
 consumer can run in the kernel's store instead of reading C back (`Epilogue`, found by `amx_epilogue.py`).
+
+The operands in front of the kernel and the copy behind it serve `dot_bf16.py`'s `vdpbf16ps` kernel as well, on
+CPUs with AVX512-BF16 but no tiles: `product_kernel` chooses between the two.
 """
 
 from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import tvm
 from tvm import relax, te, tirx
 from tvm.relax import op as R
 from tvm.script import tirx as T
-from tvm.script.ir_builder import tirx as ib
 from tvm.target import Target
 
+from .bf16_layout import N_TILE, PAIR, TILE_PARAMS, Epilogue, result_params, store_epilogue
 from .cpu import cpu_model
+from .dot_bf16 import DOT_KERNEL_NAME, dot_kernel, has_dot
 from .rule import OpCall
 
 AMX_BF16 = "amx-bf16"  # LLVM's feature name of AMX's bf16 tiles
@@ -35,11 +38,8 @@ KERNEL_NAME = "amx_bf16_matmul"  # the PrimFunc's name: an executable whose op m
 TILE_ROWS = 16  # rows of a tile register (palette 1)
 TILE_BYTES = 64  # bytes of a tile row
 K_STEP = TILE_BYTES // 2  # bf16 K values in an A tile row
-N_TILE = TILE_BYTES // 4  # f32 columns of a C tile
-PAIR = 2  # K values per B tile element pair (tdpbf16ps multiplies pairs)
 TILE_CONFIG_BYTES = 64  # ldtilecfg's operand: palette, start row, 16 x u16 bytes per row, 16 x u8 rows
 C_ROWS, C_COLS = 2, 2  # resident C tiles: 4 C + 2 A + 2 B = the 8 tile registers
-TILE_PARAMS = "kiln.amx_tiles"  # the kernel's attribute: `tile_kernel`'s arguments (rows, kp, np_, shared_b, cores, l2)
 
 
 def has_tiles(target: Target | None) -> bool:
@@ -55,40 +55,29 @@ def runs_tiles(target: str, op_map: Mapping[str, Mapping[str, object]]) -> bool:
         any(name.startswith(KERNEL_NAME) for names in op_map.values() for name in names)
 
 
+def bf16_products(target: Target | None) -> bool:
+    """Whether a bf16 build for `target` computes its products with a bf16 kernel: AMX tiles (`tile_kernel`) or
+    512-bit `vdpbf16ps` (`dot_bf16.dot_kernel`); elsewhere bf16 operands are widened to f32 FMAs."""
+    return has_tiles(target) or target is not None and target.kind.name == "llvm" and has_dot(cpu_model(target))
+
+
+def product_kernel(target: Target, rows: int, kp: int, np_: int, shared_b: bool, epilogue: Epilogue | None = None
+                   ) -> tuple[tirx.PrimFunc, str]:
+    """(kernel, name) of the bf16 product over the padded operands for `target`'s CPU (`bf16_products`): AMX tiles
+    where it has them, else `vdpbf16ps` register tiles; an `epilogue` is computed in the kernel's store."""
+    model = cpu_model(target)
+    if has_tiles(target):
+        return tile_kernel(rows, kp, np_, shared_b, model.cores, model.caches.l2, epilogue), KERNEL_NAME
+    return dot_kernel(rows, kp, np_, shared_b, model.cores, model.caches.l2, model.vector_registers,
+                      epilogue), DOT_KERNEL_NAME
+
+
 def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
 def _intrin(name: str, *args: object) -> tirx.PrimExpr:
     return T.call_llvm_intrin("void", f"llvm.x86.{name}", *args)
-
-
-@dataclass(frozen=True)
-class Epilogue:
-    """An elementwise consumer of the product, computed by the tile kernel as it stores each 32 x 32 block
-    (`amx_epilogue.py` finds them): `inputs` (its other operands) and `output` are the kernel's parameters after A
-    and B, and for the product's element (b, row, col) = c it stores `value(b, row, col, c)` at `at(b, row, col)`
-    of `output`. The product itself is never written."""
-
-    inputs: tuple[tirx.Buffer, ...]
-    output: tirx.Buffer
-    value: Callable[[tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr], tirx.PrimExpr]
-    at: Callable[[tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr], list[tirx.PrimExpr]]
-
-
-def _result(epilogue: Epilogue | None, batch: tirx.Var, mp: tirx.Var, np_: int) -> tirx.Buffer:
-    """Add the kernel's parameters after A and B (C [batch, mp, np_] f32, or an epilogue's inputs and output) to
-    the function being parsed; returns C, or the epilogue's output."""
-    if epilogue is None:
-        return ib.arg("c", tirx.decl_buffer((batch, mp, np_), "float32", name="c"))
-    for i, buffer in enumerate(epilogue.inputs):
-        ib.arg(f"in{i}", buffer)
-    return ib.arg("out", epilogue.output)
-
-
-def _store(epilogue: Epilogue, b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr, c: tirx.PrimExpr) -> None:
-    """Emit the epilogue's store of the product's element (b, row, col) = c."""
-    ib.buffer_store(epilogue.output, epilogue.value(b, row, col, c), epilogue.at(b, row, col))
 
 
 def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_bytes: int,
@@ -127,7 +116,7 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
         batch, mp, wbatch = T.int64(), T.int64(), T.int64()
         a = T.match_buffer(a_data, (batch, mp, kp), "bfloat16")
         w = T.match_buffer(w_data, (wbatch, np_ // N_TILE, kp // PAIR, N_TILE), "uint32")  # bf16 pairs
-        c = _result(epilogue, batch, mp, np_)
+        c = result_params(epilogue, batch, mp, np_)
         mblocks = mp // (rows * mt)
         spread = T.if_then_else(batch * nblocks < cores, (mblocks * batch * nblocks + cores - 1) // cores, mblocks)
         per_task = T.min(spread, chunk)
@@ -169,7 +158,7 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
                                 for r in range(slice_rows):
                                     if kb * slice_rows + r < block_rows:
                                         for j in T.vectorized(block_cols):
-                                            _store(epilogue, bb, (mb - 1) * block_rows + kb * slice_rows + r,
+                                            store_epilogue(epilogue, bb, (mb - 1) * block_rows + kb * slice_rows + r,
                                                    nb * block_cols + j, acc[(mi - 1) % 2, kb * slice_rows + r, j])
                     if epilogue is None:
                         for i in T.unroll(mt):
@@ -185,7 +174,7 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
                     if (mi == per_task or mb >= mblocks) and mi > 0 and mb - 1 < mblocks:  # the task's last block
                         for r in range(block_rows):
                             for j in T.vectorized(block_cols):
-                                _store(epilogue, bb, (mb - 1) * block_rows + r, nb * block_cols + j,
+                                store_epilogue(epilogue, bb, (mb - 1) * block_rows + r, nb * block_cols + j,
                                        acc[(mi - 1) % 2, r, j])
             T.evaluate(_intrin("tilerelease"))
     return kernel
@@ -305,8 +294,7 @@ def _on_tiles(call: OpCall, b: relax.Expr, outer: int, batch: tirx.PrimExpr, m: 
         a = call.emit(R.reshape(call.emit(R.astype(call.args[0], "bfloat16")), [batch, m, k]))
     else:
         a = call.bb.call_te(_padded_bf16, call.args[0], outer, mp, kp)
-    model = cpu_model(call.target)
-    kernel = call.bb.add_func(tile_kernel(tile_rows(m), kp, np_, shared_b, model.cores, model.caches.l2), KERNEL_NAME)
+    kernel = call.bb.add_func(*product_kernel(call.target, tile_rows(m), kp, np_, shared_b))
     out = call.emit(relax.call_tir(kernel, [a, b], relax.TensorType((batch, mp, np_), "float32")))
     return R.reshape(out, shape) if whole_rows and np_ == n else call.bb.call_te(_unpadded, out, outer, shape)
 

@@ -1,12 +1,13 @@
-"""Elementwise consumers of an AMX product computed in the tile kernel's store (after FuseTIR).
+"""Elementwise consumers of a bf16 product computed in its kernel's store (after FuseTIR): AMX tiles' or
+`vdpbf16ps`'s (`amx.product_kernel` rebuilds whichever the target gets).
 
 The tile kernel is opaque to FuseOps, so the bias, gelu and bf16 cast after the FFN's first product (and the bias
 and residual add after the others) were a kernel of their own that read the product's f32 result back from memory:
 at 1024 x 3072 that is 12 MiB written and read again. This pass finds each tile kernel call whose result has one
 user, an elementwise kernel that reads it element for element (same flat position, same last dim: a bias, a
 residual, an activation, a cast, reshapes between them), and rebuilds the tile kernel with that kernel's
-computation as its `amx.Epilogue`: each 32 x 32 block of C goes from the tiles to a local block and from there
-through the epilogue to the consumer's output. Anything else (a transpose, a reduction, padding, symbolic shapes
+computation as its `bf16_layout.Epilogue`: on tiles each 32 x 32 block of C goes to a local block and from there
+through the epilogue to the consumer's output; the dot kernel computes it from its register sums. Anything else (a transpose, a reduction, padding, symbolic shapes
 the consumer's indices cannot be proven to follow) is left as it is.
 """
 
@@ -20,7 +21,8 @@ from tvm.ir.expr import Call, TensorLoad
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .amx import KERNEL_NAME, TILE_PARAMS, Epilogue, _flattened, _unflattened, has_tiles, tile_kernel
+from .amx import _flattened, _unflattened, bf16_products, product_kernel
+from .bf16_layout import TILE_PARAMS, Epilogue
 from .schedules.injective import cpu_blocks
 
 _BINARY = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max,
@@ -166,8 +168,8 @@ def _fused_block(mod: tvm.IRModule, builder: relax.BlockBuilder, block: relax.Da
         epilogue = consumer_epilogue(func, at[0], target) if len(at) == 1 else None
         if epilogue is None:
             continue
-        kernel = builder.add_func(tile_kernel(*geometry[:3], bool(geometry[3]), *geometry[4:], epilogue=epilogue),
-                                  f"{KERNEL_NAME}_epilogue")
+        kernel, name = product_kernel(target, *geometry[:3], bool(geometry[3]), epilogue)
+        kernel = builder.add_func(kernel, f"{name}_epilogue")
         args = [*b.value.args[1].fields, *(f for j, f in enumerate(fields) if j != at[0])]
         dropped.add(i)
         replaced[bindings.index(consumer)] = relax.VarBinding(
@@ -184,7 +186,7 @@ def amx_epilogues(target: Target) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="KilnAmxEpilogues")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        if not has_tiles(target):
+        if not bf16_products(target):
             return mod
         builder = relax.BlockBuilder(mod)
         changed = False

@@ -19,7 +19,7 @@ from tvm.target import Target
 
 from kiln.ir import KilnError, PrecisionWarning
 
-from .amx import AMX_BF16, amx_batched_matmul, amx_matmul, has_tiles
+from .amx import AMX_BF16, amx_batched_matmul, amx_matmul, bf16_products
 from .cpu import cpu_model
 from .quant_matmul import decoded_weight
 from .rule import OpCall
@@ -121,7 +121,7 @@ def lowp_matmul(call: OpCall) -> relax.Expr | None:
     fused = int8_matmul(call)
     if fused is not None or call.precision != "bf16" or decoded_weight(call) is not None:
         return fused
-    if has_tiles(call.target):
+    if bf16_products(call.target):
         tiled = amx_matmul(call)
         tiled = amx_batched_matmul(call) if tiled is None else tiled
         if tiled is not None:

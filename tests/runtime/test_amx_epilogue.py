@@ -12,12 +12,14 @@ import tvm
 from test_amx_matmul import SAPPHIRE, needs_tiles
 from test_precision import bf16_bound  # the documented bound, one place
 from tvm import relax, tirx
+from tvm.target import Target
 
 from kiln.ir import Builder, Graph, verify
 from kiln.runtime.tvm.amx import KERNEL_NAME, Epilogue, tile_kernel
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.pipeline import cpu_fusion_passes
+from kiln.runtime.tvm.target import TargetLike
 
 pytestmark = pytest.mark.usefixtures("module_cache")
 GELU_SLOPE = 1.13  # max |gelu'(x)|: how far an error in gelu's argument moves its value
@@ -48,11 +50,11 @@ def consumer_graph(rows: int, w: np.ndarray, consumer: str) -> Graph:
     return verify(b.build())
 
 
-def _callees(graph: Graph) -> list[str]:
-    """The kernels a Sapphire Rapids bf16 build of `graph` calls after fusion, in order."""
-    module = lower(graph, "bound", None, "bf16", SAPPHIRE).module
-    with SAPPHIRE:
-        module = tvm.transform.Sequential(cpu_fusion_passes(SAPPHIRE))(module)
+def callees(graph: Graph, target: Target = SAPPHIRE) -> list[str]:
+    """The kernels a bf16 build of `graph` for `target` (Sapphire Rapids) calls after fusion, in order."""
+    module = lower(graph, "bound", None, "bf16", target).module
+    with target:
+        module = tvm.transform.Sequential(cpu_fusion_passes(target))(module)
     names: list[str] = []
     for _, func in module.functions_items():
         if isinstance(func, relax.Function):
@@ -66,13 +68,13 @@ def _callees(graph: Graph) -> list[str]:
 def test_bias_activation_and_residual_run_in_the_tile_store(consumer: str, rows: int, k: int) -> None:
     """The bias with gelu or with a residual add after a tile product is one tile kernel with that epilogue, after
     A's cast (and padding, at K = 77): no elementwise kernel reads the product back."""
-    names = _callees(consumer_graph(rows, _weight(k, 64), consumer))
+    names = callees(consumer_graph(rows, _weight(k, 64), consumer))
     assert len(names) == 2 and names[1] == f"{KERNEL_NAME}_epilogue"
 
 
 def test_a_transposing_consumer_stays_a_kernel_of_its_own() -> None:
     """A consumer that moves elements (a transpose) is not an epilogue: the plain tile kernel and the copy."""
-    names = _callees(consumer_graph(128, _weight(96, 64), "transpose"))
+    names = callees(consumer_graph(128, _weight(96, 64), "transpose"))
     assert KERNEL_NAME in names and not any(n.startswith(f"{KERNEL_NAME}_epilogue") for n in names)
 
 
@@ -80,26 +82,32 @@ def _gelu(y: np.ndarray) -> np.ndarray:
     return 0.5 * y * (1.0 + np.vectorize(math.erf)(y / math.sqrt(2.0)))
 
 
-@needs_tiles
-@pytest.mark.parametrize(("rows", "k", "n"), [(128, 96, 64), (7, 77, 64), (64, 1000, 96), (608, 1000, 96)])
-def test_epilogues_are_within_the_bf16_bound(rows: int, k: int, n: int) -> None:
-    """gelu(x W + b) and x W + b + r from the tile store against float64 numpy: the product within the bf16 bound
+def check_epilogues(rows: int, k: int, n: int, target: TargetLike = "llvm") -> None:
+    """gelu(x W + b) and x W + b + r built for `target` against float64 numpy: the product within the bf16 bound
     (plus an f32 rounding of the bias and residual adds), gelu moving it by at most its slope, plus fast-math
-    gelu's own error; 7 rows (tiles configured to 7 rows), K not a multiple of 32; 608 rows of K = 1000 (19 row
-    blocks in L2 chunks of at most 16: tasks whose last block is the matrix's, so their last epilogue runs alone)."""
+    gelu's own error."""
     w = _weight(k, n)
     rng = np.random.default_rng(rows)
     x, r = (rng.standard_normal(s).astype(np.float32) for s in ((rows, k), (rows, n)))
     exact = x.astype(np.float64) @ w + _bias(n)
     bound = bf16_bound(x.astype(np.float64), w.astype(np.float64)) + 2.0 ** -23 * (np.abs(exact) + np.abs(r))
-    gelu = compile_graph(consumer_graph(rows, w, "gelu"), precision="bf16")
+    gelu = compile_graph(consumer_graph(rows, w, "gelu"), target=target, precision="bf16")
     want = _gelu(exact)
     err = np.abs(np.asarray(gelu(x)) - want)
     assert np.all(err <= GELU_SLOPE * bound + FAST_GELU[0] * np.abs(want) + FAST_GELU[1])
-    residual = compile_graph(consumer_graph(rows, w, "residual"), precision="bf16")
+    residual = compile_graph(consumer_graph(rows, w, "residual"), target=target, precision="bf16")
     err = np.abs(np.asarray(residual(x, r)) - (exact + r))
     assert np.all(err <= bound)
     assert err.max() > 2.0 ** -16 * (np.abs(x) @ np.abs(w)).max()  # bf16's error: not an f32 build
+
+
+@needs_tiles
+@pytest.mark.parametrize(("rows", "k", "n"), [(128, 96, 64), (7, 77, 64), (64, 1000, 96), (608, 1000, 96)])
+def test_epilogues_are_within_the_bf16_bound(rows: int, k: int, n: int) -> None:
+    """`check_epilogues` from the tile store: 7 rows (tiles configured to 7 rows), K not a multiple of 32; 608 rows
+    of K = 1000 (19 row blocks in L2 chunks of at most 16: tasks whose last block is the matrix's, so their last
+    epilogue runs alone)."""
+    check_epilogues(rows, k, n)
 
 
 def _k_loops(stmt: tirx.Stmt) -> list[tirx.For]:

@@ -156,7 +156,7 @@ def test_attention_products_on_tiles_with_a_symbolic_batch_and_rows() -> None:
 
 def test_sapphire_rapids_attention_products_call_the_tile_kernel() -> None:
     """A Sapphire Rapids lowering of attention's products calls the tile kernel for both, with no f32 or widened
-    product left; a Zen 4 lowering (no AMX) keeps its bf16 matmuls."""
+    product left; a Zen 4 lowering (no AMX) calls no tile kernel (its `vdpbf16ps` kernel: test_dot_bf16.py)."""
     def kernels(target: Target) -> list[str]:
         module = lower(attention_graph((2,), 128, 64, 128), "bound", None, "bf16", target).module
         return sorted(gv.name_hint for gv in module.get_global_vars())

@@ -1,0 +1,44 @@
+"""What the bf16 product kernels (AMX tiles in `amx.py`, `vdpbf16ps` in `dot_bf16.py`) share with the code in front
+of and behind them: B's packed layout of (k, k+1) pairs, the attribute recording a kernel's arguments, and the
+elementwise epilogue a kernel computes as it stores C."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as ib
+
+N_TILE = 16  # f32 columns of a packed B row (a 64-byte AMX tile row; a 512-bit vector)
+PAIR = 2  # K values per packed element: both instructions multiply (k, k+1) pairs
+TILE_PARAMS = "kiln.amx_tiles"  # a kernel's attribute: its builder's arguments (rows, kp, np_, shared_b, ...)
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """An elementwise consumer of the product, computed by a product kernel as it stores C (`amx_epilogue.py`
+    finds them): `inputs` (its other operands) and `output` are the kernel's parameters after A and B, and for the
+    product's element (b, row, col) = c it stores `value(b, row, col, c)` at `at(b, row, col)` of `output`. The
+    product itself is never written."""
+
+    inputs: tuple[tirx.Buffer, ...]
+    output: tirx.Buffer
+    value: Callable[[tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr], tirx.PrimExpr]
+    at: Callable[[tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr], list[tirx.PrimExpr]]
+
+
+def result_params(epilogue: Epilogue | None, batch: tirx.Var, mp: tirx.Var, np_: int) -> tirx.Buffer:
+    """Add a kernel's parameters after A and B (C [batch, mp, np_] f32, or an epilogue's inputs and output) to
+    the function being parsed; returns C, or the epilogue's output."""
+    if epilogue is None:
+        return ib.arg("c", tirx.decl_buffer((batch, mp, np_), "float32", name="c"))
+    for i, buffer in enumerate(epilogue.inputs):
+        ib.arg(f"in{i}", buffer)
+    return ib.arg("out", epilogue.output)
+
+
+def store_epilogue(epilogue: Epilogue, b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr,
+                   c: tirx.PrimExpr) -> None:
+    """Emit the epilogue's store of the product's element (b, row, col) = c."""
+    ib.buffer_store(epilogue.output, epilogue.value(b, row, col, c), epilogue.at(b, row, col))

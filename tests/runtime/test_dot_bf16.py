@@ -1,0 +1,98 @@
+"""bf16 products with `vdpbf16ps` on AVX512-BF16 CPUs without AMX (issue 13, bf16 through AVX512-BF16): numbers
+against float64 numpy within docs/precision.md's bf16 bound where the host has AVX512-BF16 (a Zen 4 build runs on
+Zen 4 and on Sapphire/Emerald Rapids); on every x86 host, cross-builds show which kernel each CPU gets."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from test_amx_epilogue import callees, check_epilogues, consumer_graph
+from test_amx_matmul import SAPPHIRE, _check, _products, _weight, attention_graph, linear_graph
+from tvm.target import Target
+
+from kiln.ir import Graph
+from kiln.runtime.tvm.amx import KERNEL_NAME
+from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.cpu import cpu_model
+from kiln.runtime.tvm.dot_bf16 import DOT_KERNEL_NAME, dot_tile, has_dot
+from kiln.runtime.tvm.lower import lower
+from kiln.runtime.tvm.target import cpu_target
+
+ZEN4 = Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})  # AVX512-BF16, no AMX
+ZEN3 = Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})  # AVX2: bf16 widened to f32
+needs_dot = pytest.mark.skipif(not has_dot(cpu_model(cpu_target())),
+                               reason="the host CPU has no AVX512-BF16: a vdpbf16ps kernel cannot run")
+
+pytestmark = pytest.mark.usefixtures("module_cache")
+
+
+def _kernels(graph: Graph, target: Target) -> list[str]:
+    return sorted(gv.name_hint for gv in lower(graph, "bound", None, "bf16", target).module.get_global_vars())
+
+
+def test_each_cpu_gets_its_bf16_kernel() -> None:
+    """Zen 4 multiplies a bound weight and both of attention's products with `vdpbf16ps`, Sapphire Rapids on AMX
+    tiles (never the dot kernel), Zen 3 with neither."""
+    linear, attention = linear_graph(_weight(77, 77), None, bias=False), attention_graph((2,), 128, 64, 128)
+    assert sum(n.startswith(DOT_KERNEL_NAME) for n in _kernels(linear, ZEN4)) == 1
+    assert sum(n.startswith(DOT_KERNEL_NAME) for n in _kernels(attention, ZEN4)) == 2
+    assert not any(n.startswith((KERNEL_NAME, DOT_KERNEL_NAME)) for n in _kernels(linear, ZEN3))
+    sapphire = _kernels(linear, SAPPHIRE)
+    assert any(n.startswith(KERNEL_NAME) for n in sapphire) and not any(n.startswith(DOT_KERNEL_NAME) for n in sapphire)
+
+
+def test_a_zen4_build_inlines_vdpbf16ps() -> None:
+    """The LLVM IR linked into the kernel is inlined: the assembly has the instruction on zmm registers and no call
+    of the wrapper."""
+    program = compile_graph(linear_graph(_weight(77, 77), None, bias=True), target=ZEN4, precision="bf16",
+                            cache=False).program
+    asm = program.library.mod.imports[0].inspect_source("asm")
+    assert re.search(r"vdpbf16ps\s+%zmm\d+, %zmm\d+, %zmm\d+", asm)
+    assert "kiln_dpbf16ps" not in asm
+
+
+@pytest.mark.parametrize(("rows", "groups", "tile"), [(None, 48, (6, 4)), (None, 2, (14, 2)), (1, 32, (1, 8)),
+                                                      (3, 64, (3, 4))])
+def test_the_register_tile_has_the_fewest_loads_per_instruction(rows: int | None, groups: int,
+                                                                tile: tuple[int, int]) -> None:
+    """32 registers: 6 rows x 4 vectors (24 sums, 4 B vectors and a broadcast; 10 loads per 24 instructions); 2
+    column vectors leave 14 rows; a single row takes 8 vectors (9 loads per 8), 3 rows take 4 (7 loads per 12)."""
+    assert dot_tile(rows, groups, 32) == tile
+
+
+@needs_dot
+@pytest.mark.parametrize(("k", "n"), [(64, 1000), (77, 77), (1000, 64), (768, 768)])
+def test_dot_products_are_within_the_bf16_bound_at_any_batch(k: int, n: int) -> None:
+    """A symbolic batch at M = 1, 7, 65, 128 and 600: row tiles of 6 leave a clamped, unstored tail; 600 rows of K =
+    1000 outgrow half an L2, so M runs in chunks; N = 77 and 1000 are no multiple of a 4-vector panel."""
+    w = _weight(k, n)
+    program = compile_graph(linear_graph(w, None, bias=False), target=ZEN4, precision="bf16")
+    assert any(n.startswith(DOT_KERNEL_NAME) for f in program.program.op_map.values() for n in f)
+    for rows in (1, 7, 65, 128, 600):
+        _check(program, w, rows)
+
+
+@pytest.mark.parametrize("consumer", ["gelu", "residual"])
+def test_bias_activation_and_residual_run_in_the_dot_kernels_store(consumer: str) -> None:
+    """As on tiles: the bias with gelu or a residual add after a Zen 4 product is one dot kernel with that
+    epilogue, after A's cast and padding: no elementwise kernel reads the product back."""
+    names = callees(consumer_graph(7, _weight(77, 64), consumer), ZEN4)
+    assert len(names) == 2 and names[1] == f"{DOT_KERNEL_NAME}_epilogue"
+
+
+@needs_dot
+@pytest.mark.parametrize(("rows", "k", "n"), [(128, 96, 64), (7, 77, 64), (608, 1000, 96)])
+def test_dot_epilogues_are_within_the_bf16_bound(rows: int, k: int, n: int) -> None:
+    """`check_epilogues` from the dot kernel's store: 7 rows (one short row tile), 608 rows of K = 1000 (M in L2
+    chunks, the last row tile clamped)."""
+    check_epilogues(rows, k, n, ZEN4)
+
+
+@needs_dot
+@pytest.mark.parametrize(("lead", "m", "k", "n"), [((2, 3), 128, 64, 128), ((1,), 7, 77, 45), ((3,), 1, 33, 17)])
+def test_attention_products_with_vdpbf16ps_are_within_the_bf16_bound(lead: tuple[int, ...], m: int, k: int,
+                                                                     n: int) -> None:
+    """Both products (the right operand packed per call, one B per batch) at 128, 7 and 1 rows."""
+    program = compile_graph(attention_graph(lead, m, k, n), target=ZEN4, precision="bf16")
+    _products(program, lead, m, k, n)
