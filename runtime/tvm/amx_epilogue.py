@@ -7,8 +7,8 @@ at 1024 x 3072 that is 12 MiB written and read again. This pass finds each tile 
 user, an elementwise kernel that reads it element for element (same flat position, same last dim: a bias, a
 residual, an activation, a cast, reshapes between them), and rebuilds the tile kernel with that kernel's
 computation as its `bf16_layout.Epilogue`: on tiles each 32 x 32 block of C goes to a local block and from there
-through the epilogue to the consumer's output; the dot kernel computes it from its register sums. Anything else (a transpose, a reduction, padding, symbolic shapes
-the consumer's indices cannot be proven to follow) is left as it is.
+through the epilogue to the consumer's output; the dot kernel computes it from its register sums. Anything else (a
+transpose, a reduction, padding, symbolic shapes the consumer's indices cannot be proven to follow) is left as it is.
 """
 
 from __future__ import annotations
