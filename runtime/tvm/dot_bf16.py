@@ -92,14 +92,16 @@ def dot_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byte
                 first = task // (panels * batch) * per_task
                 sums = T.decl_buffer((tall * width * lanes,), "float32", scope="local")
                 for mi in range(per_task):
-                    mb = first + mi
-                    if mb < mblocks:
+                    if first + mi < mblocks:
+                        # the last tile moves back to end at row mp (its rows overlap the previous tile's and store
+                        # the same values again), so a tile's rows are consecutive and it needs no guard
+                        m0 = T.bind(T.min((first + mi) * tall, mp - tall))
                         for i in T.unroll(tall * width):
                             sums[T.ramp(i * lanes, 1, lanes)] = T.broadcast(T.float32(0), lanes)
                         for q in range(pairs):
                             for r in T.unroll(tall):
-                                pair = T.bind(T.reinterpret(T.broadcast(
-                                    a_pairs[bb, T.min(mb * tall + r, mp - 1), q], lanes), dtype="int32x16"))
+                                pair = T.bind(T.reinterpret(T.broadcast(a_pairs[bb, m0 + r, q], lanes),
+                                                            dtype="int32x16"))
                                 for g in T.unroll(width):
                                     at = T.bind((r * width + g) * lanes)
                                     sums[T.ramp(at, 1, lanes)] = T.call_pure_extern(
@@ -107,14 +109,12 @@ def dot_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byte
                                             w.vload([bb * b_step, nb * width + g, q, 0], "uint32x16"),
                                             dtype="int32x16"))
                         for r in T.unroll(tall):
-                            row = T.bind(mb * tall + r)
-                            if row < mp:
-                                for g in T.unroll(width):
-                                    at = T.bind((r * width + g) * lanes)
-                                    col = T.bind((nb * width + g) * lanes)
-                                    if epilogue is None:
-                                        c[bb, row, T.ramp(col, 1, lanes)] = sums[T.ramp(at, 1, lanes)]
-                                    else:
-                                        for j in T.vectorized(lanes):
-                                            store_epilogue(epilogue, bb, row, col + j, sums[at + j])
+                            for g in T.unroll(width):
+                                at = T.bind((r * width + g) * lanes)
+                                col = T.bind((nb * width + g) * lanes)
+                                if epilogue is None:
+                                    c[bb, m0 + r, T.ramp(col, 1, lanes)] = sums[T.ramp(at, 1, lanes)]
+                                else:
+                                    for j in T.vectorized(lanes):
+                                        store_epilogue(epilogue, bb, m0 + r, col + j, sums[at + j])
     return kernel
