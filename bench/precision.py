@@ -1,7 +1,8 @@
-"""Precision modes: kiln f32, bf16 (`precision="bf16"`: AMX tiles where the CPU has AMX-BF16, else emulated through
-`bf16!`) and int8 (`precision="int8"` over Q8 per-channel weights) against onnxruntime f32, onnxruntime's dynamic
-int8 (`quantize_dynamic`, per-channel QInt8 weights) and OpenVINO's default (its own precision choice: bf16 through
-AMX where the CPU has it), on the MLP of bench/inference.py and a 768-wide encoder layer at batch 1 x 128 tokens.
+"""Precision modes: kiln f32, bf16 (`precision="bf16"`: AMX tiles where the CPU has AMX-BF16, `vdpbf16ps` where it
+has AVX512-BF16 alone, else emulated through `bf16!`) and int8 (`precision="int8"` over Q8 per-channel weights)
+against onnxruntime f32, onnxruntime's dynamic int8 (`quantize_dynamic`, per-channel QInt8 weights) and OpenVINO's
+default (its own precision choice: bf16 through AMX or AVX512-BF16 where the CPU has it), on the MLP of
+bench/inference.py and a 768-wide encoder layer at batch 1 x 128 tokens.
 
     TVM_NUM_THREADS=$(nproc) OMP_NUM_THREADS=$(nproc) .venv/bin/python bench/precision.py [--rounds 3]
 
@@ -29,7 +30,7 @@ from kiln import nn
 from kiln.ir import Graph, interpret
 from kiln.passes.quantize_weights import QuantizeWeights
 from kiln.runtime.onnx.export import to_onnx
-from kiln.runtime.tvm.amx import has_tiles
+from kiln.runtime.tvm.amx import bf16_products, has_tiles
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.lowp import cpu_features
 from kiln.runtime.tvm.target import configure_threads, cpu_target
@@ -81,7 +82,8 @@ def main() -> None:
             ("encoder d768 h12 b1 s128", nn.TransformerEncoderLayer(768, 12, 3072), (1, 128, 768))]
     peak = peak_gflops(threads)
     features, tiles = cpu_features(cpu_target()), has_tiles(cpu_target())
-    bf16 = "kiln bf16 (AMX tiles)" if tiles else "kiln bf16 (emulated)"
+    bf16 = "kiln bf16 (AMX tiles)" if tiles else "kiln bf16 (vdpbf16ps)" if bf16_products(cpu_target()) \
+        else "kiln bf16 (emulated)"
     print(f"{cpu_model()}, {threads} threads, FMA peak {peak} GFLOP/s; AVX512-BF16: {'avx512bf16' in features}, "
           f"AMX-BF16: {tiles}, VNNI: {bool({'avx512vnni', 'avxvnni'} & features)}; load average "
           f"{os.getloadavg()[0]:.1f}\n")
