@@ -21,6 +21,7 @@ from kiln.ir import KilnError, PrecisionWarning
 
 from .amx import AMX_BF16, amx_batched_matmul, amx_matmul, bf16_products
 from .cpu import cpu_model
+from .dot_bf16 import DOT_BF16
 from .quant_matmul import decoded_weight
 from .rule import OpCall
 
@@ -40,7 +41,7 @@ def cpu_features(target: Target) -> frozenset[str]:
 
 def native_bf16(target: Target) -> bool:
     """Whether the target's CPU has bf16 dot products (AVX512-BF16's vdpbf16ps or AMX-BF16 tiles)."""
-    return bool({"avx512bf16", AMX_BF16} & cpu_features(target))
+    return bool({DOT_BF16, AMX_BF16} & cpu_features(target))
 
 
 def resolve_precision(precision: str, target: Target) -> str:
