@@ -94,7 +94,8 @@ def dot_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byte
                 for mi in range(per_task):
                     if first + mi < mblocks:
                         # the last tile moves back to end at row mp (its rows overlap the previous tile's and store
-                        # the same values again), so a tile's rows are consecutive and it needs no guard
+                        # the same values again: `donation.py` never aliases a result to an input of a kernel without
+                        # blocks), so a tile's rows are consecutive and it needs no guard
                         m0 = T.bind(T.min((first + mi) * tall, mp - tall))
                         for i in T.unroll(tall * width):
                             sums[T.ramp(i * lanes, 1, lanes)] = T.broadcast(T.float32(0), lanes)
