@@ -158,8 +158,9 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
                                 for r in range(slice_rows):
                                     if kb * slice_rows + r < block_rows:
                                         for j in T.vectorized(block_cols):
-                                            store_epilogue(epilogue, bb, (mb - 1) * block_rows + kb * slice_rows + r,
-                                                   nb * block_cols + j, acc[(mi - 1) % 2, kb * slice_rows + r, j])
+                                            store_epilogue(
+                                                epilogue, bb, (mb - 1) * block_rows + kb * slice_rows + r,
+                                                nb * block_cols + j, acc[(mi - 1) % 2, kb * slice_rows + r, j])
                     if epilogue is None:
                         for i in T.unroll(mt):
                             for j in T.unroll(C_COLS):
@@ -175,7 +176,7 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
                         for r in range(block_rows):
                             for j in T.vectorized(block_cols):
                                 store_epilogue(epilogue, bb, (mb - 1) * block_rows + r, nb * block_cols + j,
-                                       acc[(mi - 1) % 2, r, j])
+                                               acc[(mi - 1) % 2, r, j])
             T.evaluate(_intrin("tilerelease"))
     return kernel
 

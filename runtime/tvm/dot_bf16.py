@@ -5,14 +5,14 @@ f32 [batch, Mp, Np]), so the casts, packs, paddings and epilogues in front of an
 `vdpbf16ps` adds to each of 16 f32 sums the two products of one (k, k+1) pair: B's packed row of 16 pairs is one
 512-bit load, A's pair one 32-bit broadcast. A register tile of `rows` x `width` vectors of sums walks all of K
 (`dot_tile` takes the shape with the fewest loads per instruction that fits the register file beside the B vectors
-and the broadcast); each parallel task is one panel of `width` vectors over a chunk of M rows whose A fills half of
-L2, chunks outermost, so consecutive tasks of a thread reuse the chunk, and the panel's B (Kp x 128 bytes) streams
-from L2 for each row tile.
+and the broadcast); each parallel task is one panel of `width` vectors over one of M's even chunks, whose A fills at
+most half of L2, chunks outermost, so consecutive tasks of a thread reuse the chunk, and the panel's B (Kp x 128
+bytes) streams from L2 for each row tile.
 
 TVM 0.27 widens every bf16 expression to f32 (`BF16ComputeLegalize`) and its LLVM code generator has no bf16
 vector type, so the instruction cannot take bf16 operands from TIR: the kernel calls `kiln_dpbf16ps`, three lines of
 LLVM IR linked into the kernel's module (`pragma_import_llvm`) that bit cast int32 vectors to `<32 x bfloat>` and
-call the intrinsic; LLVM inlines it, and the B load folds into the instruction.
+call the intrinsic; LLVM inlines it.
 """
 
 from __future__ import annotations
