@@ -119,7 +119,7 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
         c = result_params(epilogue, batch, mp, np_)
         mblocks = mp // (rows * mt)
         spread = T.if_then_else(batch * nblocks < cores, (mblocks * batch * nblocks + cores - 1) // cores, mblocks)
-        per_task = T.min(spread, chunk)
+        per_task = T.max(1, T.min(spread, chunk))  # 1 where M is 0: no task, and no division by zero
         tasks = (mblocks + per_task - 1) // per_task
         for task in T.parallel(tasks * batch * nblocks):  # chunks outer: a thread's run of panels shares A's chunk
             config = T.decl_buffer((TILE_CONFIG_BYTES,), "uint8", scope="local")

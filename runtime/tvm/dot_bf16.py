@@ -81,10 +81,11 @@ def dot_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byte
         with T.attr(0, "pragma_import_llvm", _DOT_IR):
             a_pairs = T.decl_buffer((batch, mp, pairs), "uint32", data=a.data)  # A's (k, k+1) pairs as one word
             mblocks = (mp + tall - 1) // tall
-            # as many even chunks as half of L2 needs, and at least enough to give every core a task
-            chunks = T.min(mblocks, T.max((mblocks + chunk - 1) // chunk,
-                                          (cores + batch * panels - 1) // (batch * panels)))
-            per_task = (mblocks + chunks - 1) // chunks
+            # as many even chunks as half of L2 needs, and at least enough to give every core a task (never a
+            # division by zero: a batch or M of 0 makes no task)
+            chunks = T.max(1, T.min(mblocks, T.max((mblocks + chunk - 1) // chunk,
+                                                   (cores + batch * panels - 1) // T.max(1, batch * panels))))
+            per_task = T.max(1, (mblocks + chunks - 1) // chunks)
             tasks = (mblocks + per_task - 1) // per_task
             for task in T.parallel(tasks * batch * panels):  # chunks outer: a thread's run of panels shares A's chunk
                 nb = task % panels

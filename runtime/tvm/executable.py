@@ -113,7 +113,8 @@ def _device_input(function: str, spec: _InputSpec, x: Any, plan: _Plan) -> Any:
     if not (spec.dlpack and plan.cpu):
         return _fresh_input(spec, x, plan)
     flags = x.flags  # one flags object: each `x.flags` makes a new one
-    exportable = (x if flags.writeable else _writeable_base(x)) if flags.c_contiguous else None
+    # (an empty array's strides need not be the compact ones TVM checks for: it gets a buffer of its own)
+    exportable = (x if flags.writeable else _writeable_base(x)) if flags.c_contiguous and x.size else None
     if exportable is not None:
         view = tvm_ffi.from_dlpack(exportable)  # ~1 us; its data_ptr() is far cheaper to read than numpy's ctypes
         if view.data_ptr() % ALIGNMENT == 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 from test_amx_epilogue import callees, check_epilogues, consumer_graph
 from test_amx_matmul import SAPPHIRE, _check, _products, _weight, attention_graph, linear_graph
@@ -96,3 +97,16 @@ def test_attention_products_with_vdpbf16ps_are_within_the_bf16_bound(lead: tuple
     """Both products (the right operand packed per call, one B per batch) at 128, 7 and 1 rows."""
     program = compile_graph(attention_graph(lead, m, k, n), target=ZEN4, precision="bf16")
     _products(program, lead, m, k, n)
+
+
+@needs_dot
+def test_empty_batches_make_no_task() -> None:
+    """A symbolic batch or M of 0 gives empty results: the task count never divides by zero (it did, and the
+    process died of SIGFPE)."""
+    linear = compile_graph(linear_graph(_weight(77, 77), None, bias=False), target=ZEN4, precision="bf16")
+    assert linear(np.zeros((0, 77), np.float32)).shape == (0, 77)
+    attention = compile_graph(attention_graph((None,), None, 64, 50), target=ZEN4, precision="bf16")
+    for lead, m in (((0,), 5), ((2,), 0)):
+        q, keys, p, v = (np.zeros(s, np.float32) for s in ((*lead, m, 64), (*lead, 50, 64), (*lead, m, 50),
+                                                           (*lead, 50, 64)))
+        assert [y.shape for y in attention(q, keys, p, v)] == [(*lead, m, 50), (*lead, m, 64)]
