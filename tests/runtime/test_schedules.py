@@ -544,8 +544,9 @@ def test_blocked_layout_exit_is_tiled_as_a_transpose(target: tvm.target.Target) 
 
 
 @pytest.mark.parametrize(("fast_math", "rtol"), [(False, EXACT), (True, FAST)], ids=["exact", "fast-math"])
-@pytest.mark.parametrize(("rows", "width", "partial"), [(6, 128, True), (6, 100, False), (3, 16, False)],
-                         ids=["lanes-multiple", "odd-width", "one-vector"])
+@pytest.mark.parametrize(("rows", "width", "partial"), [(6, 128, True), (6, 100, True), (6, 77, False),
+                                                        (3, 16, False)],
+                         ids=["lanes-multiple", "four-lanes-multiple", "odd-width", "one-vector"])
 def test_softmax(fast_math: bool, rtol: float, rows: int, width: int, partial: bool) -> None:
     mod = relax_module([(rows, width)], lambda x: relax.op.nn.softmax(x, axis=-1))
     x = rand(rows, width) * 4
