@@ -39,6 +39,11 @@ def linear_graph(w: np.ndarray, rows: int | None, bias: bool) -> Graph:
     return verify(b.build())
 
 
+def kernel_names(graph: Graph, target: Target) -> list[str]:
+    """The names of the functions a bf16 lowering of `graph` for `target` has (its kernels among them), sorted."""
+    return sorted(gv.name_hint for gv in lower(graph, "bound", None, "bf16", target).module.get_global_vars())
+
+
 def _weight(k: int, n: int) -> np.ndarray:
     return np.random.default_rng(k * n).standard_normal((k, n)).astype(np.float32)
 
@@ -102,13 +107,9 @@ def test_the_tile_choice_follows_the_lowered_target_not_an_ambient_one() -> None
     """`lower(..., target=)` decides: a Sapphire Rapids lowering calls the tile kernel with no `with target:` around
     it, and a Zen 4 lowering inside `with SAPPHIRE:` does not (tuning and calibration lower outside any context)."""
     graph = linear_graph(_weight(77, 77), None, bias=False)
-
-    def kernels(target: Target) -> set[str]:
-        return {gv.name_hint for gv in lower(graph, "bound", None, "bf16", target).module.get_global_vars()}
-
-    assert KERNEL_NAME in kernels(SAPPHIRE)
+    assert KERNEL_NAME in kernel_names(graph, SAPPHIRE)
     with SAPPHIRE:
-        assert KERNEL_NAME not in kernels(NO_AMX["znver4"])
+        assert KERNEL_NAME not in kernel_names(graph, NO_AMX["znver4"])
 
 
 def attention_graph(lead: tuple[int | None, ...], m: int | None, k: int, n: int) -> Graph:
@@ -157,12 +158,9 @@ def test_attention_products_on_tiles_with_a_symbolic_batch_and_rows() -> None:
 def test_sapphire_rapids_attention_products_call_the_tile_kernel() -> None:
     """A Sapphire Rapids lowering of attention's products calls the tile kernel for both, with no f32 or widened
     product left; a Zen 4 lowering (no AMX) calls no tile kernel (its `vdpbf16ps` kernel: test_dot_bf16.py)."""
-    def kernels(target: Target) -> list[str]:
-        module = lower(attention_graph((2,), 128, 64, 128), "bound", None, "bf16", target).module
-        return sorted(gv.name_hint for gv in module.get_global_vars())
-
-    assert sum(name.startswith(KERNEL_NAME) for name in kernels(SAPPHIRE)) == 2
-    assert not any(name.startswith(KERNEL_NAME) for name in kernels(NO_AMX["znver4"]))
+    graph = attention_graph((2,), 128, 64, 128)
+    assert sum(name.startswith(KERNEL_NAME) for name in kernel_names(graph, SAPPHIRE)) == 2
+    assert not any(name.startswith(KERNEL_NAME) for name in kernel_names(graph, NO_AMX["znver4"]))
 
 
 def _loops_around(stmt: tirx.Stmt, name: str, loops: tuple[tirx.ForKind, ...] = ()) -> list[tuple[tirx.ForKind, ...]]:
