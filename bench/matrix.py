@@ -11,8 +11,8 @@ d = 256/512/768 at batch 1 x 128 and 8 x 128 tokens; conv 1x1, 3x3, depthwise 3x
 channels), 28² (128), 14² (256) and 7² (512), batch 1. onnxruntime and both OpenVINO columns run one ONNX file
 (`kiln.runtime.onnx.export`) with all graph optimizations; OpenVINO f32 is `INFERENCE_PRECISION_HINT=f32`,
 OpenVINO default lets it choose (bf16 through AMX where the CPU has it); kiln bf16 is `precision="bf16!"` (AMX
-tiles where the CPU has AMX-BF16, elsewhere bf16 operands widened to f32: docs/precision.md), on the MLP and encoder
-rows. Every output is checked against onnxruntime's (the bf16 engines within bf16's 3e-2). Each cell: ms (median of
+tiles or `vdpbf16ps` kernels where the CPU has them, elsewhere bf16 operands widened to f32: docs/precision.md), on
+every row. Every output is checked against onnxruntime's (the bf16 engines within bf16's 3e-2). Each cell: ms (median of
 per-round medians) / GFLOP/s / % peak; "kiln vs best f32" is kiln over the faster of onnxruntime and OpenVINO f32,
 "kiln bf16 vs OpenVINO default" kiln bf16 over OpenVINO default (medians of per-round ratios).
 """
@@ -49,7 +49,6 @@ from kiln import nn
 from kiln.runtime.onnx.export import to_onnx
 from kiln.runtime.tvm.target import configure_threads, cpu_count
 
-BF16_ROWS = ("mlp", "encoder")  # the rows with a kiln bf16 column (convolutions stay f32-only here)
 LOWP = ("openvino default", "kiln bf16")  # engines held to bf16's tolerance
 ENGINES = ("kiln f32", "onnxruntime", "openvino f32", "openvino default", "torch", "kiln bf16")
 F32_PEERS = ("onnxruntime", "openvino f32")
@@ -97,10 +96,9 @@ def runners(wl: Workload, folder: Path, threads: int) -> dict[str, Runner]:
     out: dict[str, Runner | None] = {
         "kiln f32": lambda: exe(x), "onnxruntime": onnxruntime_runner(path, feeds, threads),
         "openvino f32": openvino_runner(path, feeds, threads),
-        "openvino default": openvino_runner(path, feeds, threads, f32=False), "torch": torch_run}
-    if wl.name.startswith(BF16_ROWS):
-        bf16 = kiln.compile(graph, precision="bf16!")
-        out["kiln bf16"] = lambda: bf16(x)
+        "openvino default": openvino_runner(path, feeds, threads, f32=False), "torch": torch_run,
+        "kiln bf16": lambda: bf16(x)}
+    bf16 = kiln.compile(graph, precision="bf16!")
     ready = {name: run for name, run in out.items() if run is not None}
     want = ready["onnxruntime"]()[0]
 

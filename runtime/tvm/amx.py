@@ -28,7 +28,7 @@ from tvm.relax import op as R
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from .bf16_layout import N_TILE, PAIR, TILE_PARAMS, Epilogue, result_params, store_epilogue
+from .bf16_layout import N_TILE, PAIR, TILE_PARAMS, Epilogue, bf16_bits, result_params, store_epilogue
 from .cpu import cpu_model
 from .dot_bf16 import DOT_KERNEL_NAME, dot_kernel, has_dot
 from .rule import OpCall
@@ -243,16 +243,6 @@ def _padded_bf16(x: te.Tensor, outer: int, rows: tirx.PrimExpr, cols: int) -> te
     return te.compute((batch, rows, cols), element, name="amx_operand")
 
 
-def _bf16_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:
-    """The bits of f32 `value` rounded to nearest-even bf16, in the low half of a uint32 (a NaN stays a quiet NaN).
-    In integer arithmetic: TVM computes bf16 values in f32 and cannot bit cast one, and its f32 -> bf16 -> f32
-    round trip truncates instead of rounding."""
-    bits = tirx.reinterpret("uint32", value)
-    sixteen = tirx.const(16, "uint32")
-    rounded = (bits + tirx.const(0x7FFF, "uint32") + ((bits >> sixteen) & tirx.const(1, "uint32"))) >> sixteen
-    return tirx.Select(value != value, (bits >> sixteen) | tirx.const(0x40, "uint32"), rounded)
-
-
 def _packed_pairs(y: te.Tensor, kp: int, np_: int) -> te.Tensor:
     """y [*batch, K, N] rounded to bf16, zero-padded to [kp, np_] and packed as the tiles read B, written as uint32
     pairs [prod(batch), np_/16, kp/2, 16]: element (j, p, n) holds bf16(y[2p, 16j + n]) in its low half and
@@ -264,7 +254,7 @@ def _packed_pairs(y: te.Tensor, kp: int, np_: int) -> te.Tensor:
 
     def half(b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr) -> tirx.PrimExpr:
         value = y(*_unflattened(b, lead), _clamped(row, k), _clamped(col, n))
-        return _bf16_bits(_within(_within(value, row, k, kp), col, n, np_))
+        return bf16_bits(_within(_within(value, row, k, kp), col, n, np_))
 
     def element(b: tirx.PrimExpr, j: tirx.PrimExpr, p: tirx.PrimExpr, c: tirx.PrimExpr) -> tirx.PrimExpr:
         col = j * N_TILE + c

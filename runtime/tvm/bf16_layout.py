@@ -1,6 +1,6 @@
-"""What the bf16 product kernels (AMX tiles in `amx.py`, `vdpbf16ps` in `dot_bf16.py`) share with the code in front
-of and behind them: B's packed layout of (k, k+1) pairs, the attribute recording a kernel's arguments, and the
-elementwise epilogue a kernel computes as it stores C."""
+"""What the bf16 product kernels (AMX tiles in `amx.py`, `vdpbf16ps` in `dot_bf16.py` and `conv_bf16.py`) share
+with the code in front of and behind them: the f32 -> bf16 rounding, B's packed layout of (k, k+1) pairs, the
+attribute recording a kernel's arguments, and the elementwise epilogue a kernel computes as it stores C."""
 
 from __future__ import annotations
 
@@ -42,3 +42,13 @@ def store_epilogue(epilogue: Epilogue, b: tirx.PrimExpr, row: tirx.PrimExpr, col
                    c: tirx.PrimExpr) -> None:
     """Emit the epilogue's store of the product's element (b, row, col) = c."""
     ib.buffer_store(epilogue.output, epilogue.value(b, row, col, c), epilogue.at(b, row, col))
+
+
+def bf16_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:
+    """The bits of f32 `value` rounded to nearest-even bf16, in the low half of a uint32 (a NaN stays a quiet NaN).
+    In integer arithmetic: TVM computes bf16 values in f32 and cannot bit cast one, and its f32 -> bf16 -> f32
+    round trip truncates instead of rounding."""
+    bits = tirx.reinterpret("uint32", value)
+    sixteen = tirx.const(16, "uint32")
+    rounded = (bits + tirx.const(0x7FFF, "uint32") + ((bits >> sixteen) & tirx.const(1, "uint32"))) >> sixteen
+    return tirx.Select(value != value, (bits >> sixteen) | tirx.const(0x40, "uint32"), rounded)

@@ -108,7 +108,8 @@ def build(graph: Graph, functions: Sequence[str], target: Target, params: str, f
         extra = (apply_database_pass(tuning_dir, target),) if tuning_dir is not None else ()
         batches = {n: batch_dims(lowered.module[n]) for n in signatures} if max_batch is not None else {}
         pipeline = cpu_pipeline(target, fast_math, extra_schedule_passes=extra, donated=donated,
-                                batch_bounds={n: dict.fromkeys(dims, max_batch) for n, dims in batches.items()})
+                                batch_bounds={n: dict.fromkeys(dims, max_batch) for n, dims in batches.items()},
+                                precision=precision)
         signatures = {n: dataclasses.replace(sig, donated=(donated or {}).get(n, ()), bounds=tuple(
             (i, axis, max_batch) for at in batches.get(n, {}).values() for i, axis in at))
             for n, sig in signatures.items()}

@@ -21,6 +21,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
+from .conv_bf16 import CONV_KERNEL_NAME, bf16_convs, bf16_input, conv_kernel, pack_conv_weight, takes_conv
 from .conv_layout import (
     BLOCKED_NAME,
     DEPTHWISE_NAME,
@@ -33,7 +34,7 @@ from .conv_layout import (
     pixel_rows,
     to_blocked,
 )
-from .cpu import cpu_model
+from .cpu import CPUModel, cpu_model
 from .relax_rewrite import (
     CONV2D,
     Dims,
@@ -64,10 +65,11 @@ def _per_channel(shape: Dims, out: Dims) -> bool:
 
 @mutator
 class _Regions(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, rule: CPUMatmul) -> None:
+    def __init__(self, mod: tvm.IRModule, rule: CPUMatmul, model: CPUModel | None) -> None:
         super().__init__(mod)
         self.rule = rule
         self.block = rule.lanes or 1
+        self.bf16_model = model  # the CPU of a bf16 build whose dense convs run `conv_bf16.py`'s kernel, else None
         self.blocked: dict[relax.Var, relax.Expr] = {}  # an NCHW value of this dataflow block -> its NCHW[x]c form
         self.rows: dict[relax.Var, relax.Expr] = {}  # -> its `[N, C / b, 1, H * W, b]` form, where it was made so
 
@@ -132,11 +134,13 @@ class _Regions(PyExprMutator):
         # does a 1x1 conv, a matmul over the map's pixels: NCHW, it would convert its input and its result (the
         # 120 -> 40 channel convs of MobileNetV3's 28² blocks: 0.10 ms NCHW and 0.07 of conversion, blocked 0.05)
         inside = x in self.blocked
+        w = call.args[1]
+        if self.bf16_model is not None and isinstance(w, tvm.ir.Constant) and takes_conv(x_shape[1], int(a.groups)):
+            return self._bf16_conv(x, w, ints, out)
         depthwise = depthwise_conv(call) and out[1] > 1 and inside
         if not (depthwise or int(a.groups) == 1 and (blocks_output_channels(out[1], out[3], self.rule)
                                                      or inside and pixel_rows(w_shape, *ints))):
             return None
-        w = call.args[1]
         if isinstance(w, tvm.ir.Constant):
             wp: relax.Expr = relax.const(pack_weight(w.value.numpy(), self.block))
         else:
@@ -151,6 +155,21 @@ class _Regions(PyExprMutator):
         # a matmul over the map's pixels, in rows: its epilogue, computed on the rows too, fuses into its store
         return self.builder_.call_te(blocked_conv, self._rows_of(x), wp, x_shape[1], *ints,
                                      primfunc_name_hint=BLOCKED_NAME)
+
+    def _bf16_conv(self, x: relax.Expr, w: tvm.ir.Constant, ints: list[list[int]], out: Dims) -> relax.Expr:
+        """The conv on `vdpbf16ps` (`conv_bf16.py`): the input cast to bf16 pairs (NCHW at a region's start, else
+        blocked), the weight packed at build time, the result blocked f32."""
+        strides, padding, dilation = ints
+        weight = w.value.numpy()
+        a = self.builder_.emit(self.builder_.call_te(bf16_input, self.blocked.get(x, x), weight.shape[1], padding,
+                                                     primfunc_name_hint="bf16_conv_input"))
+        packed = pack_conv_weight(weight)
+        in_shape = [int(d) for d in a.ty.shape.values[2:4]]
+        kernel = conv_kernel(packed.shape[1], in_shape, weight.shape[2:], strides, dilation, out[2:], packed.shape[0],
+                             self.bf16_model)
+        gvar = self.builder_.add_func(kernel, CONV_KERNEL_NAME)
+        return relax.call_tir(gvar, [a, relax.const(packed)],
+                              relax.TensorType([out[0], packed.shape[0], *out[2:], self.block], "float32"))
 
     def _rows_of(self, x: relax.Expr, blocked: bool = False) -> relax.Expr:
         """`x` (NCHW, or its blocked form where it has one, or, with `blocked`, always blocked) with its map as one
@@ -203,13 +222,16 @@ class _Regions(PyExprMutator):
         return relax.Call(call.op, args, call.attrs, call.ty_args)
 
 
-def block_conv_regions(target: Target) -> tvm.transform.Pass:
+def block_conv_regions(target: Target, precision: str = "f32") -> tvm.transform.Pass:
     """The module pass computing the convs `blocks_output_channels` picks for `target`'s CPU in NCHW[x]c, with their
-    elementwise neighbours, converting only where a region meets NCHW code."""
-    rule = CPUMatmul().for_cpu(cpu_model(target))
+    elementwise neighbours, converting only where a region meets NCHW code; in a bf16 build for a CPU with
+    `vdpbf16ps` (`conv_bf16.bf16_convs`) every dense conv it takes runs its bf16 kernel."""
+    model = cpu_model(target)
+    rule = CPUMatmul().for_cpu(model)
+    bf16_model = model if precision == "bf16" and bf16_convs(target) else None
 
     @tvm.transform.module_pass(opt_level=0, name="KilnBlockConvRegions")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _Regions(mod, rule)))
+        return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _Regions(mod, rule, bf16_model)))
 
     return _pass

@@ -26,7 +26,8 @@ from .cpu import CPUModel
 DOT_KERNEL_NAME = "bf16_dot_matmul"
 DOT_BF16 = "avx512bf16"  # LLVM's feature name of vdpbf16ps
 _DOT = "kiln_dpbf16ps"
-_DOT_IR = f"""
+# linked into a kernel by `T.attr(0, "pragma_import_llvm", DOT_IR)` around its body
+DOT_IR = f"""
 define linkonce_odr <16 x float> @{_DOT}(<16 x float> %sums, <16 x i32> %a, <16 x i32> %b) alwaysinline {{
   %x = bitcast <16 x i32> %a to <32 x bfloat>
   %y = bitcast <16 x i32> %b to <32 x bfloat>
@@ -35,6 +36,12 @@ define linkonce_odr <16 x float> @{_DOT}(<16 x float> %sums, <16 x i32> %a, <16 
 }}
 declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
 """
+
+
+def dot_pairs(sums: tirx.PrimExpr, pair: tirx.PrimExpr, b: tirx.PrimExpr) -> tirx.PrimExpr:
+    """`vdpbf16ps`: 16 f32 `sums` plus the products of the broadcast bf16 `pair` (int32x16) and `b`'s 16 pairs
+    (uint32x16), for a kernel whose body is wrapped in `DOT_IR`'s import."""
+    return T.call_pure_extern("float32x16", _DOT, sums, pair, T.reinterpret(b, dtype="int32x16"))
 
 
 def has_dot(model: CPUModel) -> bool:
@@ -78,7 +85,7 @@ def dot_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byte
         a = T.match_buffer(a_data, (batch, mp, kp), "bfloat16")
         w = T.match_buffer(w_data, (wbatch, groups, pairs, lanes), "uint32")
         c = result_params(epilogue, batch, mp, np_)
-        with T.attr(0, "pragma_import_llvm", _DOT_IR):
+        with T.attr(0, "pragma_import_llvm", DOT_IR):
             a_pairs = T.decl_buffer((batch, mp, pairs), "uint32", data=a.data)  # A's (k, k+1) pairs as one word
             mblocks = (mp + tall - 1) // tall
             # as many even chunks as half of L2 needs, and at least enough to give every core a task (never a
@@ -106,10 +113,9 @@ def dot_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byte
                                                             dtype="int32x16"))
                                 for g in T.unroll(width):
                                     at = T.bind((r * width + g) * lanes)
-                                    sums[T.ramp(at, 1, lanes)] = T.call_pure_extern(
-                                        "float32x16", _DOT, sums[T.ramp(at, 1, lanes)], pair, T.reinterpret(
-                                            w.vload([bb * b_step, nb * width + g, q, 0], "uint32x16"),
-                                            dtype="int32x16"))
+                                    sums[T.ramp(at, 1, lanes)] = dot_pairs(
+                                        sums[T.ramp(at, 1, lanes)], pair,
+                                        w.vload([bb * b_step, nb * width + g, q, 0], "uint32x16"))
                         for r in T.unroll(tall):
                             for g in T.unroll(width):
                                 at = T.bind((r * width + g) * lanes)

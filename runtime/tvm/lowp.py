@@ -2,11 +2,12 @@
 
 `f32` computes as the graph says. `bf16` lowers every f32 matmul and convolution to bf16 operands with f32
 accumulation (a bound weight is cast once, by constant folding at build time; activations are cast in front of the
-kernel) and leaves every other op in f32; on a CPU without AVX512-BF16 it falls back to f32 with one notice, unless
-asked for as `bf16!` (emulated: the same kernels, bf16 widened to f32 by shifts). `int8` lowers a matmul whose weight
-is a Q8 `dequantize` to an int8 x int8 product accumulated in int32: the activation is quantized per row on the fly
-(scale max|row| / 127), the codes are read as stored, and the two scales multiply in the epilogue. Error bounds and
-the instructions each CPU gets: docs/precision.md.
+kernel; on a CPU with `vdpbf16ps` convs are left to `conv_regions.py`'s bf16 kernel) and leaves every other op in
+f32; on a CPU without AVX512-BF16 it falls back to f32 with one notice, unless asked for as `bf16!` (emulated: the
+same kernels, bf16 widened to f32 by shifts). `int8` lowers a matmul whose weight is a Q8 `dequantize` to an int8 x
+int8 product accumulated in int32: the activation is quantized per row on the fly (scale max|row| / 127), the codes
+are read as stored, and the two scales multiply in the epilogue. Error bounds and the instructions each CPU gets:
+docs/precision.md.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tvm.target import Target
 from kiln.ir import KilnError, PrecisionWarning
 
 from .amx import AMX_BF16, amx_batched_matmul, amx_matmul, bf16_products
+from .conv_bf16 import bf16_convs
 from .cpu import cpu_model
 from .dot_bf16 import DOT_BF16
 from .quant_matmul import decoded_weight
@@ -73,6 +75,15 @@ def bf16_operands(call: OpCall, count: int = 2) -> tuple[list[relax.Expr], str |
     if call.precision != "bf16" or any(call.dtype(i) != "float32" for i in range(count)):
         return list(call.args[:count]), None
     return [_bf16(call, i) for i in range(count)], "float32"
+
+
+def conv_operands(call: OpCall) -> tuple[list[relax.Expr], str | None]:
+    """`bf16_operands` of a conv, except in a bf16 build for a CPU with bf16 conv kernels: there the conv stays f32
+    for the conv-region pass, which computes the ones its kernel takes in bf16 (`conv_bf16.py`); the rest run
+    faster in f32 than with bf16 widened to f32 FMAs."""
+    if call.precision == "bf16" and bf16_convs(call.target):
+        return list(call.args[:2]), None
+    return bf16_operands(call)
 
 
 def _segment(block: tuple[int, ...], depth: int) -> int:

@@ -10,7 +10,7 @@ from tvm.relax import op as R
 
 from kiln.ir.ops.common import norm_axes
 
-from .lowp import bf16_operands
+from .lowp import conv_operands
 from .rule import OpCall, RelaxResult, relax_rule
 
 
@@ -28,10 +28,10 @@ _AVG_POOL = {"avg_pool2d": R.nn.avg_pool2d, "avg_pool3d": R.nn.avg_pool3d}
 
 @relax_rule(*_CONV)
 def _conv(call: OpCall) -> RelaxResult:
-    """The convolution, with bf16 operands and f32 sums under precision bf16 (`lowp.bf16_operands`)."""
+    """The convolution, with bf16 operands and f32 sums under precision bf16 (`lowp.conv_operands`)."""
     conv = _CONV[call.kind]
     a = call.attrs
-    (x, w), out = bf16_operands(call)
+    (x, w), out = conv_operands(call)
     y = conv(x, w, a["stride"], a["padding"], a["dilation"], a["groups"], out_dtype=out)
     return y if len(call.args) == 2 else R.add(y, _per_channel(call, call.args[2]))
 

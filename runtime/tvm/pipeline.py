@@ -66,13 +66,15 @@ def _noalias_shape_funcs(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> 
     return out
 
 
-def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool = True) -> list[tvm.transform.Pass]:
+def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool = True, precision: str = "f32"
+                      ) -> list[tvm.transform.Pass]:
     """The CPU pipeline up to fusion: what MetaSchedule tunes, so its database keys match the build's kernels.
-    `block_convs=False` keeps every conv NCHW (the A/B of `bench/worst_kernels.py`, the width-tile tests)."""
+    `block_convs=False` keeps every conv NCHW (the A/B of `bench/worst_kernels.py`, the width-tile tests);
+    `precision` is the build's resolved mode (a bf16 build's convs may run a bf16 kernel)."""
     return [relax.transform.DeadCodeElimination(),  # a weight decoded inside its matmul leaves its dequantize unused
             relax.transform.EliminateCommonSubexpr(),  # one bf16 cast of x for q, k and v (each rule casts its own)
             *(fast_math_passes() if fast_math else []), *cpu_passes.library_dispatch_passes(target),
-            *([block_conv_regions(target)] if block_convs else []),  # NCHW[x]c conv regions where the CPU model says so
+            *([block_conv_regions(target, precision)] if block_convs else []),  # NCHW[x]c regions (CPU model)
             plane_windows(target),  # the NCHW depthwise convs and pools left, plane by plane
             pack_matmul_weights(target),  # 2-D matmul weights in the panel order of the register tile
             vnni_int8_matmuls(target),  # int8 products of bound Q8 codes as vpdpbusd kernels where the CPU has VNNI
@@ -100,6 +102,7 @@ def cpu_pipeline(
     block_convs: bool = True,
     donated: Mapping[str, Collection[int]] | None = None,
     batch_bounds: Mapping[str, Mapping[str, int]] | None = None,
+    precision: str = "f32",
 ) -> tvm.transform.Pass:
     """The relax pipeline for an LLVM target; also sizes TVM's thread pool to all cores.
 
@@ -107,11 +110,12 @@ def cpu_pipeline(
     example `relax.transform.MetaScheduleApplyDatabase`, which must be built inside `with target:`) wins
     and the rules cover the rest. `donated` names, per function, the inputs (by position) its caller gives up: the
     kernels may write their results into them (`donation.py`). `batch_bounds` gives, per function, its batch vars'
-    largest values, for which the static memory plan sizes shared storage (`memory_plan.py`).
+    largest values, for which the static memory plan sizes shared storage (`memory_plan.py`). `precision` is the
+    build's resolved precision mode.
     """
     configure_threads()
     passes = [
-        *cpu_fusion_passes(target, fast_math, block_convs),
+        *cpu_fusion_passes(target, fast_math, block_convs, precision),
         *extra_schedule_passes,
         dl.ApplyDefaultSchedule(*default_cpu_rules(target)),
         *([donate_inputs(donated)] if donated else []),  # results written into the inputs a caller gives up

@@ -1,0 +1,132 @@
+"""bf16 convolutions on `vdpbf16ps` (AVX512-BF16) inside blocked regions (`conv_regions.py`): f32 sums of bf16
+products, the input and output maps in the region's NCHW16c layout.
+
+The input is cast and zero-padded (channels to whole blocks of 16, the map by the conv's padding) into
+[N, C/16, Hp, Wp, 8] uint32, each word a pair of one block's channels c and c + 8, so the cast reads two contiguous
+runs of eight f32 lanes and needs no shuffle; the weight is packed once, at build time, into
+[O/16, C/16, KH, KW, 8, 16] pairs of the same channels, so one 512-bit load is a step's 16 output channels. The
+kernel is `dot_bf16.dot_kernel`'s register tile with the conv's window in its addresses: `rows` consecutive output
+pixels (along the flattened map, so a 7x7 map fills its tiles like a 49-row matrix) by `width` vectors of output
+channels, summed over every input block, window row and column and pair. Each parallel task is one panel of
+output channels over an even chunk of the map's row tiles, chunks outermost, so a thread's consecutive tasks read
+the same input from L2; the last tile of the map moves back to end at its last pixel and stores some pixels twice.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from tvm import te, tirx
+from tvm.script import tirx as T
+from tvm.target import Target
+
+from .bf16_layout import N_TILE, bf16_bits
+from .cpu import CPUModel, cpu_model
+from .dot_bf16 import DOT_IR, dot_pairs, dot_tile, has_dot
+
+CONV_KERNEL_NAME = "bf16_dot_conv"
+HALF = N_TILE // 2  # a word pairs channels c and c + HALF of one block
+PADDED_CHANNELS_LIMIT = 1.5  # more padded input channels than this per real one (3 -> 16) and f32 is faster
+
+
+def bf16_convs(target: Target | None) -> bool:
+    """Whether a bf16 build for `target` computes its dense convs with this kernel (a CPU with 512-bit
+    `vdpbf16ps`, AMX ones included); its other convs then stay f32, faster than bf16 widened to f32 FMAs."""
+    return target is not None and target.kind.name == "llvm" and has_dot(cpu_model(target))
+
+
+def takes_conv(in_channels: int, groups: int) -> bool:
+    """Whether the bf16 kernel computes a conv: a dense one (groups 1) whose input channels fill their blocks well
+    enough that bf16's doubled rate beats the zero channels it multiplies (an RGB input's 3 do not)."""
+    padded = -(-in_channels // N_TILE) * N_TILE
+    return groups == 1 and padded <= PADDED_CHANNELS_LIMIT * in_channels
+
+
+def pack_conv_weight(w: np.ndarray) -> np.ndarray:
+    """An f32 `[O, I, KH, KW]` weight rounded to nearest-even bf16 and packed as the kernel reads it: uint32
+    `[O/16, I/16, KH, KW, 8, 16]` (zero past O and I), word (ob, cb, y, x, q, o) holding input channels
+    16 cb + q (low half) and 16 cb + q + 8 (high half) of output channel 16 ob + o."""
+    o, i, kh, kw = w.shape
+    blocks_out, blocks_in = -(-o // N_TILE), -(-i // N_TILE)
+    bits = np.zeros((blocks_out * N_TILE, blocks_in * N_TILE, kh, kw), np.uint32)
+    bits[:o, :i] = w.astype(ml_dtypes.bfloat16).view(np.uint16)
+    # [ob, o, cb, half, q, y, x] -> [ob, cb, y, x, q, o, half]
+    split = bits.reshape(blocks_out, N_TILE, blocks_in, 2, HALF, kh, kw).transpose(0, 2, 5, 6, 4, 1, 3)
+    return np.ascontiguousarray(split[..., 0] | (split[..., 1] << 16))
+
+
+def bf16_input(x: te.Tensor, channels: int, padding: list[int]) -> te.Tensor:
+    """The conv's input (NCHW f32 at a region's start, else NCHW16c) as the kernel reads it: bf16 pairs
+    `[N, C/16, H + top + bottom, W + left + right, 8]`, zero in the padding and past `channels`. Elementwise, so
+    FuseOps joins it to the ops that produce x (a bias, an activation)."""
+    n = x.shape[0]
+    h, w = (int(d) for d in x.shape[2:4])
+    top, left, bottom, right = padding
+
+    def value(b: tirx.Var, c: tirx.PrimExpr, i: tirx.PrimExpr, j: tirx.PrimExpr) -> tirx.PrimExpr:
+        inside = tirx.all(c < channels, i >= top, i < top + h, j >= left, j < left + w)
+        y, v, cc = tirx.min(tirx.max(i - top, 0), h - 1), tirx.min(tirx.max(j - left, 0), w - 1), \
+            tirx.min(c, channels - 1)
+        read = x[b, cc, y, v] if len(x.shape) == 4 else x[b, cc // N_TILE, y, v, cc % N_TILE]
+        return bf16_bits(tirx.if_then_else(inside, read, tirx.const(0, x.dtype)))
+
+    blocks = -(-channels // N_TILE)
+    return te.compute((n, blocks, h + top + bottom, w + left + right, HALF), lambda b, cb, i, j, q: value(
+        b, cb * N_TILE + q, i, j) | (value(b, cb * N_TILE + q + HALF, i, j) << tirx.const(16, "uint32")),
+        name="bf16_conv_input")
+
+
+def conv_kernel(in_blocks: int, in_shape: tuple[int, int], window: tuple[int, int], strides: list[int],
+                dilation: list[int], out_shape: tuple[int, int], out_blocks: int, model: CPUModel) -> tirx.PrimFunc:
+    """The `vdpbf16ps` conv over a `bf16_input` map A [batch, in_blocks, *in_shape (padded), 8], a packed weight
+    B [out_blocks, in_blocks, *window, 8, 16] and C [batch, out_blocks, *out_shape, 16] f32, for `model`'s cores,
+    L2 and registers."""
+    hp, wp = in_shape
+    kh, kw = window
+    oh, ow = out_shape
+    pixels, lanes = oh * ow, N_TILE
+    tall, width = dot_tile(pixels if pixels < 16 else None, out_blocks, model.vector_registers)
+    panels, mblocks = out_blocks // width, -(-pixels // tall)
+    # row tiles per chunk: the input rows a chunk reads (kh of them per output row, all blocks) in half of L2
+    chunk = max(1, model.caches.l2 // 2 // (tall * in_blocks * N_TILE * 2 * kh))
+    cores = model.cores
+
+    @T.prim_func(private=True)
+    def kernel(a_data: T.handle, w_data: T.handle, c_data: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        batch = T.int64()
+        a = T.match_buffer(a_data, (batch, in_blocks, hp, wp, HALF), "uint32")
+        w = T.match_buffer(w_data, (out_blocks, in_blocks, kh, kw, HALF, lanes), "uint32")
+        c = T.match_buffer(c_data, (batch, out_blocks, oh, ow, lanes), "float32")
+        with T.attr(0, "pragma_import_llvm", DOT_IR):
+            # as many even chunks as half of L2 needs, and at least one task per core (none for a batch of 0)
+            chunks = T.max(1, T.min(mblocks, T.max((mblocks + chunk - 1) // chunk,
+                                                   (cores + batch * panels - 1) // T.max(1, batch * panels))))
+            per_task = T.max(1, (mblocks + chunks - 1) // chunks)
+            tasks = (mblocks + per_task - 1) // per_task
+            for task in T.parallel(tasks * batch * panels):
+                nb = task % panels
+                bb = task // panels % batch
+                first = task // (panels * batch) * per_task
+                sums = T.decl_buffer((tall * width * lanes,), "float32", scope="local")
+                for mi in range(per_task):
+                    if first + mi < mblocks:
+                        p0 = T.bind(T.min((first + mi) * tall, pixels - tall))
+                        for i in T.unroll(tall * width):
+                            sums[T.ramp(i * lanes, 1, lanes)] = T.broadcast(T.float32(0), lanes)
+                        for cb, ky, kx, q in T.grid(in_blocks, kh, kw, HALF):
+                            for r in T.unroll(tall):
+                                pair = T.bind(T.reinterpret(T.broadcast(a[
+                                    bb, cb, (p0 + r) // ow * strides[0] + ky * dilation[0],
+                                    (p0 + r) % ow * strides[1] + kx * dilation[1], q], lanes), dtype="int32x16"))
+                                for g in T.unroll(width):
+                                    at = T.bind((r * width + g) * lanes)
+                                    sums[T.ramp(at, 1, lanes)] = dot_pairs(
+                                        sums[T.ramp(at, 1, lanes)], pair,
+                                        w.vload([nb * width + g, cb, ky, kx, q, 0], "uint32x16"))
+                        for r in T.unroll(tall):
+                            for g in T.unroll(width):
+                                at = T.bind((r * width + g) * lanes)
+                                c[bb, nb * width + g, (p0 + r) // ow, (p0 + r) % ow, T.ramp(0, 1, lanes)] = \
+                                    sums[T.ramp(at, 1, lanes)]
+    return kernel
