@@ -52,3 +52,22 @@ def bf16_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:
     sixteen = tirx.const(16, "uint32")
     rounded = (bits + tirx.const(0x7FFF, "uint32") + ((bits >> sixteen) & tirx.const(1, "uint32"))) >> sixteen
     return tirx.Select(value != value, (bits >> sixteen) | tirx.const(0x40, "uint32"), rounded)
+
+
+def even_chunks(mblocks: tirx.PrimExpr | int, chunk: int, cores: int, others: tirx.PrimExpr) -> tirx.PrimExpr:
+    """How many chunks a kernel cuts its `mblocks` row tiles into: enough that none holds more than `chunk`,
+    rounded up so that chunks x `others` (the tasks per chunk: batches x panels, int64) is a multiple of `cores`, so
+    TVM's static split of a parallel loop gives every thread as many tasks (3 tasks on 2 cores ran at two thirds of
+    the rate); at most `mblocks`, at least 1 (a batch or M of 0 makes no task, and divides by nothing)."""
+    mblocks = tirx.const(mblocks, "int64") if isinstance(mblocks, int) else mblocks
+    needed = tirx.floordiv(mblocks + chunk - 1, chunk)
+    step: tirx.PrimExpr = tirx.const(cores, "int64")
+    for d in sorted((d for d in range(1, cores) if cores % d == 0), reverse=True):  # the least d that balances
+        step = tirx.Select(tirx.floormod(others * d, cores) == 0, tirx.const(d, "int64"), step)
+    return tirx.max(1, tirx.min(mblocks, tirx.floordiv(needed + step - 1, step) * step))
+
+
+def chunk_span(index: tirx.PrimExpr, mblocks: tirx.PrimExpr, chunks: tirx.PrimExpr
+               ) -> tuple[tirx.PrimExpr, tirx.PrimExpr]:
+    """The row tiles [first, last) of chunk `index` of `chunks` even ones (their sizes differ by one at most)."""
+    return tirx.floordiv(index * mblocks, chunks), tirx.floordiv((index + 1) * mblocks, chunks)

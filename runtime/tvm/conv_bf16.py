@@ -20,7 +20,7 @@ from tvm import te, tirx
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from .bf16_layout import N_TILE, bf16_bits
+from .bf16_layout import N_TILE, bf16_bits, chunk_span, even_chunks
 from .cpu import CPUModel, cpu_model
 from .dot_bf16 import DOT_IR, dot_pairs, dot_tile, has_dot
 
@@ -99,18 +99,14 @@ def conv_kernel(in_blocks: int, in_shape: tuple[int, int], window: tuple[int, in
         w = T.match_buffer(w_data, (out_blocks, in_blocks, kh, kw, HALF, lanes), "uint32")
         c = T.match_buffer(c_data, (batch, out_blocks, oh, ow, lanes), "float32")
         with T.attr(0, "pragma_import_llvm", DOT_IR):
-            # as many even chunks as half of L2 needs, and at least one task per core (none for a batch of 0)
-            chunks = T.max(1, T.min(mblocks, T.max((mblocks + chunk - 1) // chunk,
-                                                   (cores + batch * panels - 1) // T.max(1, batch * panels))))
-            per_task = T.max(1, (mblocks + chunks - 1) // chunks)
-            tasks = (mblocks + per_task - 1) // per_task
-            for task in T.parallel(tasks * batch * panels):
+            chunks = T.bind(even_chunks(mblocks, chunk, cores, batch * panels))
+            for task in T.parallel(chunks * batch * panels):
                 nb = task % panels
                 bb = task // panels % batch
-                first = task // (panels * batch) * per_task
+                first, last = chunk_span(task // (panels * batch), mblocks, chunks)
                 sums = T.decl_buffer((tall * width * lanes,), "float32", scope="local")
-                for mi in range(per_task):
-                    if first + mi < mblocks:
+                for mi in range((mblocks + chunks - 1) // chunks):
+                    if first + mi < last:
                         p0 = T.bind(T.min((first + mi) * tall, pixels - tall))
                         for i in T.unroll(tall * width):
                             sums[T.ramp(i * lanes, 1, lanes)] = T.broadcast(T.float32(0), lanes)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .bf16_layout import N_TILE, PAIR, TILE_PARAMS, Epilogue, result_params, store_epilogue
+from .bf16_layout import N_TILE, PAIR, TILE_PARAMS, Epilogue, chunk_span, even_chunks, result_params, store_epilogue
 from .cpu import CPUModel
 
 DOT_KERNEL_NAME = "bf16_dot_matmul"
@@ -88,19 +88,14 @@ def dot_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byte
         with T.attr(0, "pragma_import_llvm", DOT_IR):
             a_pairs = T.decl_buffer((batch, mp, pairs), "uint32", data=a.data)  # A's (k, k+1) pairs as one word
             mblocks = (mp + tall - 1) // tall
-            # as many even chunks as half of L2 needs, and at least enough to give every core a task (never a
-            # division by zero: a batch or M of 0 makes no task)
-            chunks = T.max(1, T.min(mblocks, T.max((mblocks + chunk - 1) // chunk,
-                                                   (cores + batch * panels - 1) // T.max(1, batch * panels))))
-            per_task = T.max(1, (mblocks + chunks - 1) // chunks)
-            tasks = (mblocks + per_task - 1) // per_task
-            for task in T.parallel(tasks * batch * panels):  # chunks outer: a thread's run of panels shares A's chunk
+            chunks = T.bind(even_chunks(mblocks, chunk, cores, batch * panels))
+            for task in T.parallel(chunks * batch * panels):  # chunks outer: a thread's run of panels shares A's chunk
                 nb = task % panels
                 bb = task // panels % batch
-                first = task // (panels * batch) * per_task
+                first, last = chunk_span(task // (panels * batch), mblocks, chunks)
                 sums = T.decl_buffer((tall * width * lanes,), "float32", scope="local")
-                for mi in range(per_task):
-                    if first + mi < mblocks:
+                for mi in range((mblocks + chunks - 1) // chunks):
+                    if first + mi < last:
                         # the last tile moves back to end at row mp (its rows overlap the previous tile's and store
                         # the same values again: `donation.py` never aliases a result to an input of a kernel without
                         # blocks), so a tile's rows are consecutive and it needs no guard
