@@ -12,7 +12,9 @@ thread count, in interleaved rounds (`timing.interleaved`); ratios are medians o
 runs where `import openvino` works, on its CPU plugin with `INFERENCE_PRECISION_HINT=f32`, so that it computes in
 f32 as the others do. Compiles start from an empty cache. A model kiln cannot import or build yet is listed with the
 reason and the others still run. `--only` picks models by row name (`resnet`, `light/squeezenet`). `--static` adds
-`kiln static`, a build per batch with the batch fixed (what a dynamic batch costs, in the same rounds).
+`kiln static`, a build per batch with the batch fixed (what a dynamic batch costs, in the same rounds). `--bf16`
+adds `kiln bf16` (`precision="bf16!"`, docs/precision.md) and `openvino default` (its own precision choice, bf16
+where the CPU has it), both held to bf16's 3e-2 of onnxruntime's output.
 """
 
 from __future__ import annotations
@@ -86,10 +88,10 @@ def static_build(imported: kiln.Module, batch: int) -> Callable[..., object]:
                                     a.type.dtype) for a in args))
 
 
-def bench_model(name: str, prepared: Prepared, rounds: int, threads: int, static: bool = False
-                ) -> tuple[list[str], str | None]:
+def bench_model(name: str, prepared: Prepared, rounds: int, threads: int, static: bool = False,
+                bf16: bool = False) -> tuple[list[str], str | None]:
     """The table rows of one model, and why it was skipped (None when it ran); with `static`, a static-batch kiln
-    build beside the dynamic one."""
+    build beside the dynamic one; with `bf16`, kiln's bf16 build and OpenVINO's default precision."""
     path = prepared.path
     start = time.perf_counter()
     try:
@@ -104,6 +106,7 @@ def bench_model(name: str, prepared: Prepared, rounds: int, threads: int, static
     except kiln.KilnError as error:
         return [], "imported, but the TVM build failed: " + str(error).splitlines()[0][:300]
     compile_s = time.perf_counter() - start
+    lowp = kiln.compile(imported, *(a.type for a in args), precision="bf16!") if bf16 else None
     rows = []
     for batch, xs in prepared.batches.items():
         feeds = dict(zip(prepared.names, xs))
@@ -117,6 +120,16 @@ def bench_model(name: str, prepared: Prepared, rounds: int, threads: int, static
             runners["openvino"] = ov_run
         want = runners["onnxruntime"]()[0]
         np.testing.assert_allclose(np.asarray(exe(*xs)), want, rtol=prepared.rtol, atol=prepared.atol, err_msg=name)
+        if lowp is not None:
+            runners["kiln bf16"] = lambda xs=xs: lowp(*xs)
+            ov_default = openvino_runner(path, feeds, threads, f32=False)
+            if ov_default is not None:
+                runners["openvino default"] = ov_default
+            for engine in (e for e in ("kiln bf16", "openvino default") if e in runners):
+                got = runners[engine]()  # kiln: the array; OpenVINO: indexed by output number
+                got = got if isinstance(got, np.ndarray) else got[0]
+                np.testing.assert_allclose(got, want, rtol=3e-2, atol=3e-2 * float(np.abs(want).max()),
+                                           err_msg=f"{engine} on {name}")
         per_round = interleaved(runners, rounds)
         for engine, ms in per_round.items():
             ratio = statistics.median(t / k for t, k in zip(ms, per_round["kiln"], strict=True))
@@ -133,6 +146,7 @@ def main() -> None:
     models = [*torch_zoo.zoo(), *torch_zoo.full_size(), *(f"light/{n}" for n in backend_suites.LIGHT_MODELS)]
     parser.add_argument("--only", action="append", choices=models, help="run this model only (repeatable)")
     parser.add_argument("--static", action="store_true", help="also time a static-batch kiln build per batch")
+    parser.add_argument("--bf16", action="store_true", help="also time kiln bf16 and OpenVINO's default precision")
     args = parser.parse_args()
     os.environ[compile_cache.CACHE_ENV] = tempfile.mkdtemp(prefix="kiln-bench-cache-")  # every build starts cold
     threads = cpu_count()
@@ -150,7 +164,7 @@ def main() -> None:
             print(f"{name}:", flush=True)
             prepared = light_model(name.removeprefix("light/")) if name.startswith("light/") else \
                 zoo_model(name, args.opset, Path(tmp))
-            rows, why = bench_model(name, prepared, args.rounds, threads, args.static)
+            rows, why = bench_model(name, prepared, args.rounds, threads, args.static, args.bf16)
             lines += rows
             if why is not None:
                 skipped.append(f"Note: {name} not benchmarked: {why}")
