@@ -67,7 +67,11 @@ def even_chunks(mblocks: tirx.PrimExpr | int, chunk: int, cores: int, others: ti
     return tirx.max(1, tirx.min(mblocks, tirx.floordiv(needed + step - 1, step) * step))
 
 
-def chunk_span(index: tirx.PrimExpr, mblocks: tirx.PrimExpr, chunks: tirx.PrimExpr
-               ) -> tuple[tirx.PrimExpr, tirx.PrimExpr]:
-    """The row tiles [first, last) of chunk `index` of `chunks` even ones (their sizes differ by one at most)."""
-    return tirx.floordiv(index * mblocks, chunks), tirx.floordiv((index + 1) * mblocks, chunks)
+def task_place(task: tirx.PrimExpr, panels: int, batch: tirx.PrimExpr, mblocks: tirx.PrimExpr | int,
+               chunks: tirx.PrimExpr) -> tuple[tirx.PrimExpr, ...]:
+    """Parallel task `task`'s (panel, batch index, first row tile, end row tile) among chunks x batch x panels
+    tasks, chunks outermost so a thread's consecutive tasks share a chunk of A in L2; the chunks are even (their
+    sizes differ by one at most)."""
+    index = tirx.floordiv(task, panels * batch)
+    return (tirx.floormod(task, panels), tirx.floormod(tirx.floordiv(task, panels), batch),
+            tirx.floordiv(index * mblocks, chunks), tirx.floordiv((index + 1) * mblocks, chunks))

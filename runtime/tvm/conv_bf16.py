@@ -20,9 +20,9 @@ from tvm import te, tirx
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from .bf16_layout import N_TILE, bf16_bits, chunk_span, even_chunks
+from .bf16_layout import N_TILE, bf16_bits, even_chunks, task_place
 from .cpu import CPUModel, cpu_model
-from .dot_bf16 import DOT_IR, dot_pairs, dot_tile, has_dot
+from .dot_bf16 import DOT_IR, dot_pairs, dot_tile, has_dot, zero_sums
 
 CONV_KERNEL_NAME = "bf16_dot_conv"
 HALF = N_TILE // 2  # a word pairs channels c and c + HALF of one block
@@ -101,28 +101,24 @@ def conv_kernel(in_blocks: int, in_shape: tuple[int, int], window: tuple[int, in
         with T.attr(0, "pragma_import_llvm", DOT_IR):
             chunks = T.bind(even_chunks(mblocks, chunk, cores, batch * panels))
             for task in T.parallel(chunks * batch * panels):
-                nb = task % panels
-                bb = task // panels % batch
-                first, last = chunk_span(task // (panels * batch), mblocks, chunks)
+                nb, bb, first, last = task_place(task, panels, batch, mblocks, chunks)
                 sums = T.decl_buffer((tall * width * lanes,), "float32", scope="local")
-                for mi in range((mblocks + chunks - 1) // chunks):
-                    if first + mi < last:
-                        p0 = T.bind(T.min((first + mi) * tall, pixels - tall))
-                        for i in T.unroll(tall * width):
-                            sums[T.ramp(i * lanes, 1, lanes)] = T.broadcast(T.float32(0), lanes)
-                        for cb, ky, kx, q in T.grid(in_blocks, kh, kw, HALF):
-                            for r in T.unroll(tall):
-                                pair = T.bind(T.reinterpret(T.broadcast(a[
-                                    bb, cb, (p0 + r) // ow * strides[0] + ky * dilation[0],
-                                    (p0 + r) % ow * strides[1] + kx * dilation[1], q], lanes), dtype="int32x16"))
-                                for g in T.unroll(width):
-                                    at = T.bind((r * width + g) * lanes)
-                                    sums[T.ramp(at, 1, lanes)] = dot_pairs(
-                                        sums[T.ramp(at, 1, lanes)], pair,
-                                        w.vload([nb * width + g, cb, ky, kx, q, 0], "uint32x16"))
+                for tile in range(first, last):
+                    p0 = T.bind(T.min(tile * tall, pixels - tall))
+                    zero_sums(sums, tall * width)
+                    for cb, ky, kx, q in T.grid(in_blocks, kh, kw, HALF):
                         for r in T.unroll(tall):
+                            pair = T.bind(T.reinterpret(T.broadcast(a[
+                                bb, cb, (p0 + r) // ow * strides[0] + ky * dilation[0],
+                                (p0 + r) % ow * strides[1] + kx * dilation[1], q], lanes), dtype="int32x16"))
                             for g in T.unroll(width):
                                 at = T.bind((r * width + g) * lanes)
-                                c[bb, nb * width + g, (p0 + r) // ow, (p0 + r) % ow, T.ramp(0, 1, lanes)] = \
-                                    sums[T.ramp(at, 1, lanes)]
+                                sums[T.ramp(at, 1, lanes)] = dot_pairs(
+                                    sums[T.ramp(at, 1, lanes)], pair,
+                                    w.vload([nb * width + g, cb, ky, kx, q, 0], "uint32x16"))
+                    for r in T.unroll(tall):
+                        for g in T.unroll(width):
+                            at = T.bind((r * width + g) * lanes)
+                            c[bb, nb * width + g, (p0 + r) // ow, (p0 + r) % ow, T.ramp(0, 1, lanes)] = \
+                                sums[T.ramp(at, 1, lanes)]
     return kernel

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from tvm import tirx
 from tvm.script import tirx as T
+from tvm.script.ir_builder import tirx as ib
 
-from .bf16_layout import N_TILE, PAIR, TILE_PARAMS, Epilogue, chunk_span, even_chunks, result_params, store_epilogue
+from .bf16_layout import N_TILE, PAIR, TILE_PARAMS, Epilogue, even_chunks, result_params, store_epilogue, task_place
 from .cpu import CPUModel
 
 DOT_KERNEL_NAME = "bf16_dot_matmul"
@@ -42,6 +43,12 @@ def dot_pairs(sums: tirx.PrimExpr, pair: tirx.PrimExpr, b: tirx.PrimExpr) -> tir
     """`vdpbf16ps`: 16 f32 `sums` plus the products of the broadcast bf16 `pair` (int32x16) and `b`'s 16 pairs
     (uint32x16), for a kernel whose body is wrapped in `DOT_IR`'s import."""
     return T.call_pure_extern("float32x16", _DOT, sums, pair, T.reinterpret(b, dtype="int32x16"))
+
+
+def zero_sums(sums: tirx.Buffer, vectors: int) -> None:
+    """Emit the stores zeroing a register tile's `vectors` 16-lane f32 sums (unrolled), in the kernel being parsed."""
+    for i in range(vectors):
+        ib.buffer_store(sums, T.broadcast(T.float32(0), N_TILE), [T.ramp(i * N_TILE, 1, N_TILE)])
 
 
 def has_dot(model: CPUModel) -> bool:
@@ -89,35 +96,31 @@ def dot_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byte
             a_pairs = T.decl_buffer((batch, mp, pairs), "uint32", data=a.data)  # A's (k, k+1) pairs as one word
             mblocks = (mp + tall - 1) // tall
             chunks = T.bind(even_chunks(mblocks, chunk, cores, batch * panels))
-            for task in T.parallel(chunks * batch * panels):  # chunks outer: a thread's run of panels shares A's chunk
-                nb = task % panels
-                bb = task // panels % batch
-                first, last = chunk_span(task // (panels * batch), mblocks, chunks)
+            for task in T.parallel(chunks * batch * panels):
+                nb, bb, first, last = task_place(task, panels, batch, mblocks, chunks)
                 sums = T.decl_buffer((tall * width * lanes,), "float32", scope="local")
-                for mi in range((mblocks + chunks - 1) // chunks):
-                    if first + mi < last:
-                        # the last tile moves back to end at row mp (its rows overlap the previous tile's and store
-                        # the same values again: `donation.py` never aliases a result to an input of a kernel without
-                        # blocks), so a tile's rows are consecutive and it needs no guard
-                        m0 = T.bind(T.min((first + mi) * tall, mp - tall))
-                        for i in T.unroll(tall * width):
-                            sums[T.ramp(i * lanes, 1, lanes)] = T.broadcast(T.float32(0), lanes)
-                        for q in range(pairs):
-                            for r in T.unroll(tall):
-                                pair = T.bind(T.reinterpret(T.broadcast(a_pairs[bb, m0 + r, q], lanes),
-                                                            dtype="int32x16"))
-                                for g in T.unroll(width):
-                                    at = T.bind((r * width + g) * lanes)
-                                    sums[T.ramp(at, 1, lanes)] = dot_pairs(
-                                        sums[T.ramp(at, 1, lanes)], pair,
-                                        w.vload([bb * b_step, nb * width + g, q, 0], "uint32x16"))
+                for tile in range(first, last):
+                    # the last tile moves back to end at row mp (its rows overlap the previous tile's and store
+                    # the same values again: `donation.py` never aliases a result to an input of a kernel without
+                    # blocks), so a tile's rows are consecutive and it needs no guard
+                    m0 = T.bind(T.min(tile * tall, mp - tall))
+                    zero_sums(sums, tall * width)
+                    for q in range(pairs):
                         for r in T.unroll(tall):
+                            pair = T.bind(T.reinterpret(T.broadcast(a_pairs[bb, m0 + r, q], lanes),
+                                                        dtype="int32x16"))
                             for g in T.unroll(width):
                                 at = T.bind((r * width + g) * lanes)
-                                col = T.bind((nb * width + g) * lanes)
-                                if epilogue is None:
-                                    c[bb, m0 + r, T.ramp(col, 1, lanes)] = sums[T.ramp(at, 1, lanes)]
-                                else:
-                                    for j in T.vectorized(lanes):
-                                        store_epilogue(epilogue, bb, m0 + r, col + j, sums[at + j])
+                                sums[T.ramp(at, 1, lanes)] = dot_pairs(
+                                    sums[T.ramp(at, 1, lanes)], pair,
+                                    w.vload([bb * b_step, nb * width + g, q, 0], "uint32x16"))
+                    for r in T.unroll(tall):
+                        for g in T.unroll(width):
+                            at = T.bind((r * width + g) * lanes)
+                            col = T.bind((nb * width + g) * lanes)
+                            if epilogue is None:
+                                c[bb, m0 + r, T.ramp(col, 1, lanes)] = sums[T.ramp(at, 1, lanes)]
+                            else:
+                                for j in T.vectorized(lanes):
+                                    store_epilogue(epilogue, bb, m0 + r, col + j, sums[at + j])
     return kernel
