@@ -4,15 +4,19 @@ Zen 4 and on Sapphire/Emerald Rapids); on every x86 host, cross-builds show whic
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 
 import numpy as np
 import pytest
+import tvm
 from test_amx_epilogue import callees, check_epilogues, consumer_graph
 from test_amx_matmul import SAPPHIRE, _check, _products, _weight, attention_graph, kernel_names, linear_graph
 from tvm.target import Target
 
 from kiln.runtime.tvm.amx import KERNEL_NAME
+from kiln.runtime.tvm.bf16_layout import even_chunks, task_place
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.cpu import cpu_model
 from kiln.runtime.tvm.dot_bf16 import DOT_KERNEL_NAME, dot_tile, has_dot
@@ -105,3 +109,24 @@ def test_empty_batches_make_no_task() -> None:
         q, keys, p, v = (np.zeros(s, np.float32) for s in ((*lead, m, 64), (*lead, 50, 64), (*lead, m, 50),
                                                            (*lead, 50, 64)))
         assert [y.shape for y in attention(q, keys, p, v)] == [(*lead, m, 50), (*lead, m, 64)]
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 4, 6])
+def test_chunks_give_every_core_as_many_tasks(cores: int) -> None:
+    """`even_chunks` and `task_place`, evaluated: the task count (chunks x batches x panels) is a multiple of the
+    cores wherever there are enough row tiles to make it so, no chunk exceeds the L2 chunk, the chunks are even and
+    cover each row tile once, and 0 row tiles make one empty chunk."""
+    analyzer = tvm.sym.Analyzer()
+    value = lambda e: int(analyzer.simplify(e))  # noqa: E731
+    for mblocks, chunk, others in itertools.product(range(0, 40), (1, 3, 8, 100), (1, 2, 3, 5, 6)):
+        chunks = value(even_chunks(mblocks, chunk, cores, tvm.tirx.const(others, "int64")))
+        assert 1 <= chunks <= max(1, mblocks) and chunks * chunk >= mblocks
+        step = cores // math.gcd(others, cores)  # chunks a multiple of it balance the tasks
+        needed = math.ceil(mblocks / chunk)
+        if 0 < math.ceil(needed / step) * step <= mblocks:  # room to round the chunks needed up to it
+            assert chunks * others % cores == 0, (mblocks, chunk, others, chunks)
+        spans = [[value(e) for e in task_place(tvm.tirx.const(t, "int64"), others, tvm.tirx.const(1, "int64"),
+                                               mblocks, tvm.tirx.const(chunks, "int64"))[2:]]
+                 for t in range(0, chunks * others, others)]
+        assert [t for first, last in spans for t in range(first, last)] == list(range(mblocks))
+        assert max(last - first for first, last in spans) - min(last - first for first, last in spans) <= 1
