@@ -93,12 +93,12 @@ def runners(wl: Workload, folder: Path, threads: int) -> dict[str, Runner]:
         with torch.inference_mode():
             return torch_fn(tx).numpy()
 
+    bf16 = kiln.compile(graph, precision="bf16!")
     out: dict[str, Runner | None] = {
         "kiln f32": lambda: exe(x), "onnxruntime": onnxruntime_runner(path, feeds, threads),
         "openvino f32": openvino_runner(path, feeds, threads),
         "openvino default": openvino_runner(path, feeds, threads, f32=False), "torch": torch_run,
         "kiln bf16": lambda: bf16(x)}
-    bf16 = kiln.compile(graph, precision="bf16!")
     ready = {name: run for name, run in out.items() if run is not None}
     want = ready["onnxruntime"]()[0]
 

@@ -103,10 +103,10 @@ def bench_model(name: str, prepared: Prepared, rounds: int, threads: int, static
     start = time.perf_counter()
     try:
         exe = kiln.compile(imported, *(a.type for a in args))
+        compile_s = time.perf_counter() - start
+        lowp = kiln.compile(imported, *(a.type for a in args), precision="bf16!") if bf16 else None
     except kiln.KilnError as error:
         return [], "imported, but the TVM build failed: " + str(error).splitlines()[0][:300]
-    compile_s = time.perf_counter() - start
-    lowp = kiln.compile(imported, *(a.type for a in args), precision="bf16!") if bf16 else None
     rows = []
     for batch, xs in prepared.batches.items():
         feeds = dict(zip(prepared.names, xs))

@@ -21,6 +21,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
+from .bf16_layout import N_TILE
 from .conv_bf16 import CONV_KERNEL_NAME, bf16_convs, bf16_input, conv_kernel, pack_conv_weight, takes_conv
 from .conv_layout import (
     BLOCKED_NAME,
@@ -169,7 +170,7 @@ class _Regions(PyExprMutator):
                              self.bf16_model)
         gvar = self.builder_.add_func(kernel, CONV_KERNEL_NAME)
         return relax.call_tir(gvar, [a, relax.const(packed)],
-                              relax.TensorType([out[0], packed.shape[0], *out[2:], self.block], "float32"))
+                              relax.TensorType([out[0], packed.shape[0], *out[2:], N_TILE], "float32"))
 
     def _rows_of(self, x: relax.Expr, blocked: bool = False) -> relax.Expr:
         """`x` (NCHW, or its blocked form where it has one, or, with `blocked`, always blocked) with its map as one
@@ -228,7 +229,8 @@ def block_conv_regions(target: Target, precision: str = "f32") -> tvm.transform.
     `vdpbf16ps` (`conv_bf16.bf16_convs`) every dense conv it takes runs its bf16 kernel."""
     model = cpu_model(target)
     rule = CPUMatmul().for_cpu(model)
-    bf16_model = model if precision == "bf16" and bf16_convs(target) else None
+    # the kernel's results are the region's blocks only where those are its 16 lanes (so on every vdpbf16ps CPU)
+    bf16_model = model if precision == "bf16" and bf16_convs(target) and rule.lanes == N_TILE else None
 
     @tvm.transform.module_pass(opt_level=0, name="KilnBlockConvRegions")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
