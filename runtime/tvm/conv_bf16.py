@@ -21,11 +21,13 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from .bf16_layout import N_TILE, bf16_bits, even_chunks, task_place
+from .conv_epilogue import HALF, PLAIN, ConvEpilogue
 from .cpu import CPUModel, cpu_model
 from .dot_bf16 import DOT_IR, dot_pairs, dot_tile, has_dot, zero_sums
 
 CONV_KERNEL_NAME = "bf16_dot_conv"
-HALF = N_TILE // 2  # a word pairs channels c and c + HALF of one block
+CONV_PARAMS = "kiln.bf16_conv"  # a plain kernel's attribute: `conv_kernel`'s geometry, to rebuild it with an epilogue
+INPUT_PARAMS = "kiln.bf16_conv_input"  # a `bf16_input` kernel's attribute: its channels and padding
 PADDED_CHANNELS_LIMIT = 1.5  # more padded input channels than this per real one (3 -> 16) and f32 is faster
 
 
@@ -77,13 +79,17 @@ def bf16_input(x: te.Tensor, channels: int, padding: list[int]) -> te.Tensor:
 
 
 def conv_kernel(in_blocks: int, in_shape: tuple[int, int], window: tuple[int, int], strides: list[int],
-                dilation: list[int], out_shape: tuple[int, int], out_blocks: int, model: CPUModel) -> tirx.PrimFunc:
-    """The `vdpbf16ps` conv over a `bf16_input` map A [batch, in_blocks, *in_shape (padded), 8], a packed weight
-    B [out_blocks, in_blocks, *window, 8, 16] and C [batch, out_blocks, *out_shape, 16] f32, for `model`'s cores,
-    L2 and registers."""
+                dilation: list[int], out_shape: tuple[int, int], out_blocks: int, model: CPUModel,
+                epilogue: ConvEpilogue = PLAIN) -> tirx.PrimFunc:
+    """The `vdpbf16ps` conv over a `bf16_input` map A [batch, in_blocks, *in_shape (padded), 8] and a packed weight
+    B [out_blocks, in_blocks, *window, 8, 16], storing C [batch, out_blocks, *out_shape, 16] f32 or what an
+    `epilogue` computes from it, for `model`'s cores, L2 and registers. A plain kernel records its geometry
+    (`CONV_PARAMS`), so a pass can rebuild it with an epilogue."""
     hp, wp = in_shape
     kh, kw = window
     oh, ow = out_shape
+    geometry = [in_blocks, hp, wp, kh, kw, *strides, *dilation, oh, ow, out_blocks]
+    attrs = {"tirx.noalias": True, "tirx.is_scheduled": True, **({CONV_PARAMS: geometry} if epilogue == PLAIN else {})}
     pixels, lanes = oh * ow, N_TILE
     tall, width = dot_tile(pixels if pixels < 16 else None, out_blocks, model.vector_registers)
     panels, mblocks = out_blocks // width, -(-pixels // tall)
@@ -92,12 +98,12 @@ def conv_kernel(in_blocks: int, in_shape: tuple[int, int], window: tuple[int, in
     cores = model.cores
 
     @T.prim_func(private=True)
-    def kernel(a_data: T.handle, w_data: T.handle, c_data: T.handle):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+    def kernel(a_data: T.handle, w_data: T.handle):
+        T.func_attr(attrs)
         batch = T.int64()
         a = T.match_buffer(a_data, (batch, in_blocks, hp, wp, HALF), "uint32")
         w = T.match_buffer(w_data, (out_blocks, in_blocks, kh, kw, HALF, lanes), "uint32")
-        c = T.match_buffer(c_data, (batch, out_blocks, oh, ow, lanes), "float32")
+        operands, outputs = epilogue.params(batch, out_blocks, out_shape)
         with T.attr(0, "pragma_import_llvm", DOT_IR):
             chunks = T.bind(even_chunks(mblocks, chunk, cores, batch * panels))
             for task in T.parallel(chunks * batch * panels):
@@ -118,7 +124,7 @@ def conv_kernel(in_blocks: int, in_shape: tuple[int, int], window: tuple[int, in
                                     w.vload([nb * width + g, cb, ky, kx, q, 0], "uint32x16"))
                     for r in T.unroll(tall):
                         for g in T.unroll(width):
-                            at = T.bind((r * width + g) * lanes)
-                            c[bb, nb * width + g, (p0 + r) // ow, (p0 + r) % ow, T.ramp(0, 1, lanes)] = \
-                                sums[T.ramp(at, 1, lanes)]
+                            epilogue.store(operands, outputs, sums, (r * width + g) * lanes, bb, nb * width + g,
+                                           (p0 + r) // ow, (p0 + r) % ow)
+            epilogue.zero_borders(outputs, batch, out_blocks, out_shape)
     return kernel

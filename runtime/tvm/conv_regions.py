@@ -22,7 +22,15 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
 from .bf16_layout import N_TILE
-from .conv_bf16 import CONV_KERNEL_NAME, bf16_convs, bf16_input, conv_kernel, pack_conv_weight, takes_conv
+from .conv_bf16 import (
+    CONV_KERNEL_NAME,
+    INPUT_PARAMS,
+    bf16_convs,
+    bf16_input,
+    conv_kernel,
+    pack_conv_weight,
+    takes_conv,
+)
 from .conv_layout import (
     BLOCKED_NAME,
     DEPTHWISE_NAME,
@@ -162,8 +170,12 @@ class _Regions(PyExprMutator):
         blocked), the weight packed at build time, the result blocked f32."""
         strides, padding, dilation = ints
         weight = w.value.numpy()
-        a = self.builder_.emit(self.builder_.call_te(bf16_input, self.blocked.get(x, x), weight.shape[1], padding,
-                                                     primfunc_name_hint="bf16_conv_input"))
+        cast = self.builder_.call_te(bf16_input, self.blocked.get(x, x), weight.shape[1], padding,
+                                     primfunc_name_hint="bf16_conv_input")
+        cast_func = cast.args[0]  # marked, so `conv_fold.py` can compute the cast in the store of x's conv
+        self.builder_.update_func(cast_func, self.builder_.get()[cast_func].with_attr(
+            INPUT_PARAMS, [weight.shape[1], *padding]))
+        a = self.builder_.emit(cast)
         packed = pack_conv_weight(weight)
         in_shape = [int(d) for d in a.ty.shape.values[2:4]]
         kernel = conv_kernel(packed.shape[1], in_shape, weight.shape[2:], strides, dilation, out[2:], packed.shape[0],

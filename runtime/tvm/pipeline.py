@@ -27,6 +27,7 @@ from kiln.runtime.tvm.schedules.fastmath import fast_math_passes
 
 from .amx_epilogue import amx_epilogues
 from .const_fold import fold_constant_kernels
+from .conv_fold import fold_conv_epilogues
 from .conv_regions import block_conv_regions
 from .donation import donate_inputs
 from .matmul_layout import pack_matmul_weights
@@ -75,6 +76,7 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
             relax.transform.EliminateCommonSubexpr(),  # one bf16 cast of x for q, k and v (each rule casts its own)
             *(fast_math_passes() if fast_math else []), *cpu_passes.library_dispatch_passes(target),
             *([block_conv_regions(target, precision)] if block_convs else []),  # NCHW[x]c regions (CPU model)
+            fold_conv_epilogues(target),  # a bf16 conv's bias, activation, residual and next casts in its store
             plane_windows(target),  # the NCHW depthwise convs and pools left, plane by plane
             pack_matmul_weights(target),  # 2-D matmul weights in the panel order of the register tile
             vnni_int8_matmuls(target),  # int8 products of bound Q8 codes as vpdpbusd kernels where the CPU has VNNI

@@ -1,0 +1,201 @@
+"""Epilogues folded into bf16 conv kernels: a Relax rewrite after `conv_regions.py` that computes the elementwise ops
+reading a `conv_bf16.py` kernel's result, and the casts of their values into the next convs' bf16 pairs, in that
+kernel's store (`conv_epilogue.ConvEpilogue`).
+
+From each plain conv kernel call it takes, in binding order, every op of `conv_epilogue.SCALAR_OPS` with an
+operand computed from the conv (directly or through ops it took) whose other operands are independent of the conv
+(a per-channel vector, one per image, a full map such as a residual's skip branch, a scalar constant), and every
+marked cast (`conv_bf16.INPUT_PARAMS`) of such a value. The kernel stores, as f32 maps, the values code outside
+reads, and the casts' pairs; the bindings that read those values but were bound before the last op taken move after
+the kernel's call (nothing they read depends on it). Anything else, a pool, a transpose, an op whose other operand
+depends on the conv too (the next block's residual add), ends the epilogue there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax, tirx
+from tvm.target import Target
+
+from .conv_bf16 import CONV_KERNEL_NAME, CONV_PARAMS, INPUT_PARAMS, conv_kernel
+from .conv_epilogue import CHANNEL, IMAGE, MAP, SCALAR_OPS, ConvEpilogue, PairsOutput, Term
+from .cpu import CPUModel, cpu_model
+from .relax_rewrite import batched_f32_shape, same_dims
+
+_OPS = {tvm.ir.Op.get(f"relax.{'nn.' if name == 'relu' else ''}{name}"): name for name in SCALAR_OPS}
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+def _callee_attr(mod: tvm.IRModule, value: relax.Expr, key: str) -> list[int] | None:
+    """The int list attribute `key` of the PrimFunc a `call_tir` binding calls, else None."""
+    if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR) and len(value.args) == 2):
+        return None
+    func = mod[value.args[0]]
+    attrs = func.attrs if isinstance(func, tirx.PrimFunc) and func.attrs is not None else {}
+    return [int(v) for v in attrs[key]] if key in attrs else None
+
+
+@dataclass
+class _Fold:
+    """What one conv's epilogue takes while it grows: the bindings it took, node numbers of the f32 values it
+    computes (the conv's own result is node 0), its operands and the casts it stores."""
+
+    out: list  # the conv's result shape (`batched_f32_shape`)
+    taken: list[int]
+    nodes: dict[relax.Var, int]
+    dependent: set[relax.Var]  # the vars computed from the conv so far, taken or not
+    constants: dict[relax.Var, tvm.ir.Constant]  # the block's vars bound to a constant
+    terms: list[tuple] = field(default_factory=list)
+    operands: dict[relax.Expr, tuple[int, str]] = field(default_factory=dict)
+    pairs: dict[relax.Var, PairsOutput] = field(default_factory=dict)
+
+    def term(self, arg: relax.Expr) -> Term | tuple[relax.Expr, str] | None:
+        """`arg` of an op as a term (a node, a scalar constant, a clip bound), or as (arg, its kind) for an operand
+        of a kind the kernel indexes; None for anything else."""
+        if isinstance(arg, relax.Var) and arg in self.nodes:
+            return ("node", self.nodes[arg])
+        if isinstance(arg, relax.Var) and arg in self.dependent:
+            return None  # computed from the conv by an op not taken: the kernel cannot read it
+        arg = self.constants.get(arg, arg) if isinstance(arg, relax.Var) else arg
+        if isinstance(arg, (tirx.FloatImm, tirx.IntImm)):  # a clip bound
+            return ("const", float(arg.value))
+        if isinstance(arg, tvm.ir.Constant) and arg.value.numpy().size == 1 and arg.value.dtype == "float32":
+            return ("const", float(arg.value.numpy().reshape(())))
+        shape = batched_f32_shape(arg.ty)
+        if shape is None or len(shape) != 5:
+            return None
+        out = self.out
+        kind = (MAP if same_dims(shape, out) else CHANNEL if shape[0] == 1 and shape[1:] == [out[1], 1, 1, out[4]]
+                else IMAGE if same_dims(shape, [out[0], out[1], 1, 1, out[4]]) else None)
+        return None if kind is None else (arg, kind)
+
+    def operand(self, term: Term | tuple[relax.Expr, str]) -> Term:
+        """A term of `term`'s result, the operand given its place among the kernel's inputs."""
+        if isinstance(term[0], str):
+            return term
+        arg, kind = term
+        at, _ = self.operands.setdefault(arg, (len(self.operands), kind))
+        return ("operand", at)
+
+    def take(self, mod: tvm.IRModule, binding: relax.VarBinding) -> bool:
+        """Take `binding` (which reads a value of this epilogue) if the kernel can compute it."""
+        value = binding.value
+        cast = _callee_attr(mod, value, INPUT_PARAMS)
+        if cast is not None:
+            source = value.args[1].fields[0]
+            blocks = int(binding.var.ty.shape.values[1])
+            if source not in self.nodes or blocks != self.out[1]:
+                return False
+            self.pairs[binding.var] = PairsOutput(self.nodes[source], cast[0], tuple(cast[1:]))
+            return True
+        if not (isinstance(value, relax.Call) and value.op in _OPS):
+            return False
+        shape = batched_f32_shape(binding.var.ty)
+        terms = [self.term(arg) for arg in value.args]
+        if shape is None or not same_dims(shape, self.out) or None in terms:
+            return False
+        self.terms.append((_OPS[value.op], *(self.operand(t) for t in terms)))
+        self.nodes[binding.var] = len(self.terms)
+        return True
+
+
+def _outside_uses(func: relax.Function, at: int) -> set[relax.Var]:
+    """The vars read outside block `at` of `func` (by other blocks or the function's result)."""
+    read: set[relax.Var] = set()
+    for k, other in enumerate(func.body.blocks):
+        if k != at:
+            for b in other.bindings:
+                read.update(relax.analysis.free_vars(b.value))
+    read.update(relax.analysis.free_vars(func.body.body))
+    return read
+
+
+class _Reads(dict):
+    """The vars each binding's value reads, by binding, computed on first need."""
+
+    def of(self, binding: relax.VarBinding) -> list[relax.Var]:
+        if binding not in self:
+            self[binding] = relax.analysis.free_vars(binding.value)
+        return self[binding]
+
+
+def _fold_from(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: list[relax.VarBinding], start: int,
+               reads: _Reads, outside: set[relax.Var], model: CPUModel) -> tuple[list[relax.VarBinding], int] | None:
+    """`bindings` with the first plain conv kernel call from `start` on that takes an epilogue rebuilt with it, and
+    where to look for the next one; None when none is left."""
+    constants = {b.var: b.value for b in bindings if isinstance(b.value, tvm.ir.Constant)}
+    for i in range(start, len(bindings)):
+        conv = bindings[i]
+        geometry = _callee_attr(mod, conv.value, CONV_PARAMS)
+        out = batched_f32_shape(conv.var.ty) if geometry is not None else None
+        if out is None:
+            continue
+        fold = _Fold(out, [i], {conv.var: 0}, {conv.var}, constants)
+        for j in range(i + 1, len(bindings)):
+            b = bindings[j]
+            if any(v in fold.dependent for v in reads.of(b)):
+                if fold.take(mod, b):
+                    fold.taken.append(j)
+                fold.dependent.add(b.var)
+        if len(fold.taken) > 1:
+            return _rebuilt(builder, bindings, fold, reads, outside, geometry, model), i
+    return None
+
+
+def _rebuilt(builder: relax.BlockBuilder, bindings: list[relax.VarBinding], fold: _Fold, reads: _Reads,
+             outside: set[relax.Var], geometry: list[int], model: CPUModel) -> list[relax.VarBinding]:
+    """`bindings` with `fold`'s bindings replaced by one call of the conv kernel with its epilogue, at the last
+    one's place; the other bindings computed from the conv before that place move after it."""
+    first, last = fold.taken[0], fold.taken[-1]
+    taken = set(fold.taken)
+    read_by_others = {v for j, b in enumerate(bindings) if j not in taken for v in reads.of(b)} | outside
+    maps = [var for var, node in fold.nodes.items() if var in read_by_others]
+    pairs = list(fold.pairs)
+    operands = sorted(fold.operands, key=lambda e: fold.operands[e][0])
+    epilogue = ConvEpilogue(tuple(fold.terms), tuple(fold.operands[e][1] for e in operands),
+                            tuple(fold.nodes[v] for v in maps), tuple(fold.pairs[v] for v in pairs))
+    in_blocks, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, out_blocks = geometry
+    kernel = conv_kernel(in_blocks, (hp, wp), (kh, kw), [sh, sw], [dh, dw], (oh, ow), out_blocks, model, epilogue)
+    gvar = builder.add_func(kernel, f"{CONV_KERNEL_NAME}_epilogue")
+    outs = [*maps, *pairs]
+    call = relax.call_tir(gvar, [*bindings[first].value.args[1].fields, *operands], [v.ty for v in outs])
+    if len(outs) == 1:
+        folded = [relax.VarBinding(outs[0], call)]
+    else:
+        results = relax.DataflowVar("conv_epilogue", relax.TupleType([v.ty for v in outs]))
+        folded = [relax.VarBinding(results, call), *(relax.VarBinding(v, relax.TupleGetItem(results, k))
+                                                    for k, v in enumerate(outs))]
+    between = [(j, b) for j, b in enumerate(bindings[first + 1:last], start=first + 1) if j not in taken]
+    return [*bindings[:first], *(b for _, b in between if b.var not in fold.dependent), *folded,
+            *(b for _, b in between if b.var in fold.dependent), *bindings[last + 1:]]
+
+
+def fold_conv_epilogues(target: Target) -> tvm.transform.Pass:
+    """The module pass computing each bf16 conv kernel's elementwise consumers and next-conv casts in its store."""
+    model = cpu_model(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="KilnFoldConvEpilogues")
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        builder = relax.BlockBuilder(mod)
+        changed = False
+        for gvar, func in mod.functions_items():
+            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+                continue
+            blocks = list(func.body.blocks)
+            for k, block in enumerate(blocks):
+                if not isinstance(block, relax.DataflowBlock):
+                    continue
+                outside, reads = _outside_uses(func, k), _Reads()
+                bindings, start = list(block.bindings), 0
+                while (folded := _fold_from(builder.get(), builder, bindings, start, reads, outside, model)):
+                    bindings, start = folded
+                    blocks[k] = relax.DataflowBlock(bindings, block.span)
+            if any(new is not old for new, old in zip(blocks, func.body.blocks, strict=True)):
+                changed = True
+                builder.update_func(gvar, relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
+                                                         func.ret_ty, func.is_pure, func.attrs, func.span))
+        return relax.transform.DeadCodeElimination()(builder.get()) if changed else mod
+
+    return _pass

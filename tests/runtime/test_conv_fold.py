@@ -1,0 +1,163 @@
+"""Epilogues folded into bf16 conv kernels (issue 13: ResNet-50 under bf16 spent a fifth of its time reading conv
+results back for the bias, relu, residual and the next conv's cast): the kernel's stores against a float64 numpy
+reference, what `conv_fold.py` takes and leaves (cross-builds for Zen 4 on any x86 host), and whole blocks against
+float64 torch."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import tvm
+from test_conv_bf16 import ZEN4, fused, needs_dot
+
+import kiln
+from kiln.ir import Builder, Graph, verify
+from kiln.runtime.tvm.conv_bf16 import CONV_KERNEL_NAME, conv_kernel, pack_conv_weight
+from kiln.runtime.tvm.conv_epilogue import CHANNEL, IMAGE, MAP, ConvEpilogue, PairsOutput
+from kiln.runtime.tvm.cpu import cpu_model
+from kiln.runtime.tvm.target import cpu_target
+
+pytestmark = pytest.mark.usefixtures("module_cache")
+GARBAGE = 0xDEADBEEF  # what the outputs hold before the kernel runs: every word it must write is checked
+
+
+def _tensor(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """`a` rounded to nearest-even bf16, as float64."""
+    return a.astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def _pairs(x: np.ndarray, pad: int) -> np.ndarray:
+    """An NCHW map as `conv_bf16.bf16_input` lays it out: [N, C/16, H + 2 pad, W + 2 pad, 8] words of channels c
+    (low) and c + 8 (high), zero-padded."""
+    n, c, h, w = x.shape
+    bits = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))).astype(ml_dtypes.bfloat16).view(np.uint16)
+    halves = bits.astype(np.uint32).reshape(n, c // 16, 2, 8, h + 2 * pad, w + 2 * pad).transpose(0, 1, 2, 4, 5, 3)
+    return halves[:, :, 0] | halves[:, :, 1] << 16
+
+
+def _unpaired(words: np.ndarray) -> np.ndarray:
+    """The inverse of `_pairs` without removing the padding: [N, C, Hp, Wp] float64."""
+    low, high = (words & 0xFFFF).astype(np.uint16), (words >> 16).astype(np.uint16)
+    n, blocks, hp, wp, _ = words.shape
+    both = np.stack([low, high], axis=2).transpose(0, 1, 2, 5, 3, 4).reshape(n, blocks * 16, hp, wp)
+    return both.view(ml_dtypes.bfloat16).astype(np.float64)
+
+
+@needs_dot
+def test_the_kernel_stores_every_epilogue_output_and_zeroes_the_borders() -> None:
+    """A 3x3 conv (32 -> 32 channels, a 6x7 map) computing bias (per channel), gate (per image), residual (a map),
+    relu and min(., 6), storing two f32 maps and two casts: one padded by 1 with 24 real channels (lanes 24-31 and
+    the border zero), one unpadded. Outputs start as garbage; each is checked against float64 numpy from the same
+    bf16-rounded operands (the sums within f32 accumulation error, the casts within one bf16 rounding)."""
+    batch, size = (2, (6, 7))
+    x, w = _tensor((batch, 32, *size), 1), _tensor((32, 32, 3, 3), 2) * 0.2
+    bias, gate, skip = _tensor((32,), 3), _tensor((batch, 32), 4), _tensor((batch, 32, *size), 5)
+    epilogue = ConvEpilogue(
+        nodes=(("add", ("node", 0), ("operand", 0)), ("multiply", ("node", 1), ("operand", 1)),
+               ("add", ("node", 2), ("operand", 2)), ("relu", ("node", 3)), ("minimum", ("node", 4), ("const", 6.0))),
+        operands=(CHANNEL, IMAGE, MAP), maps=(3, 5),
+        pairs=(PairsOutput(5, 24, (1, 1, 1, 1)), PairsOutput(4, 32, (0, 0, 0, 0))))
+    kernel = conv_kernel(2, (8, 9), (3, 3), [1, 1], [1, 1], size, 2, cpu_model(cpu_target()), epilogue)
+    build = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target=cpu_target())
+
+    def blocked(a: np.ndarray) -> np.ndarray:  # [N, 32, ...] -> [N, 2, ..., 16]
+        return np.ascontiguousarray(np.moveaxis(a.reshape(a.shape[0], 2, 16, *a.shape[2:]), 2, -1))
+
+    outs = [np.full((batch, 2, *size, 16), GARBAGE, np.uint32).view(np.float32) for _ in range(2)]
+    outs += [np.full((batch, 2, 8, 9, 8), GARBAGE, np.uint32), np.full((batch, 2, *size, 8), GARBAGE, np.uint32)]
+    args = [_pairs(x, 1), pack_conv_weight(w), blocked(bias.reshape(1, 32, 1, 1)),
+            blocked(gate.reshape(batch, 32, 1, 1)), blocked(skip), *outs]
+    tensors = [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args]
+    build(*tensors)
+    got = [t.numpy() for t in tensors[-4:]]
+
+    xp = np.pad(_bf16(x), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))  # [N, C, H, W, 3, 3]
+    conv = np.einsum("nchwyx,ocyx->nohw", windows, _bf16(w))
+    terms = np.einsum("nchwyx,ocyx->nohw", np.abs(windows), np.abs(_bf16(w)))
+    summed = (conv + bias[:, None, None]) * gate[:, :, None, None] + skip
+    relu = np.maximum(summed, 0)
+    tol = 2.0 ** -20 * (terms * (1 + np.abs(gate[:, :, None, None])) + np.abs(skip) + np.abs(bias[:, None, None]))
+    nchw = [np.moveaxis(g, -1, 2).reshape(batch, 32, *size) for g in got[:2]]
+    assert np.all(np.abs(nchw[0] - summed) <= tol)
+    assert np.all(np.abs(nchw[1] - np.minimum(relu, 6)) <= tol)
+    padded, capped = _unpaired(got[2]), np.minimum(relu, 6)[:, :24]
+    assert np.all(np.abs(padded[:, :24, 1:-1, 1:-1] - capped) <= 2.0 ** -8 * capped + tol[:, :24])
+    assert not padded[:, 24:].any() and not padded[:, :, [0, -1]].any() and not padded[:, :, :, [0, -1]].any()
+    assert np.all(np.abs(_unpaired(got[3]) - relu) <= 2.0 ** -8 * relu + tol)
+
+
+def _bottleneck(channels: int, mid: int, size: int, hard_swish: bool = False) -> Graph:
+    """1x1 -> 3x3 -> 1x1 convs with biases and a residual add, relu (or hard-swish after the first) between them;
+    the block's input and its first relu are also outputs, so both are stored as f32 maps beside the casts."""
+    b = Builder("bottleneck")
+    x = b.input("x", ((None, channels, size, size), "f32"))
+
+    def conv(v, cin: int, cout: int, k: int, seed: int):
+        w = b.param(f"w{seed}", (cout, cin, k, k), data=_tensor((cout, cin, k, k), seed) * (2 / (cin * k * k)) ** 0.5)
+        bias = b.param(f"b{seed}", (cout,), data=_tensor((cout,), seed + 10) * 0.1)
+        return b.conv2d(v, w, bias, padding=(k // 2, k // 2))
+
+    h = conv(x, channels, mid, 1, 1)
+    h = b.div(b.mul(h, b.minimum(b.maximum(b.add(h, 3.0), 0.0), 6.0)), 6.0) if hard_swish else b.relu(h)
+    g = b.relu(conv(h, mid, mid, 3, 2))
+    b.ret(b.relu(b.add(conv(g, mid, channels, 1, 3), x)), h)
+    return verify(b.build())
+
+
+def _torch_bottleneck(graph: Graph, x: np.ndarray, hard_swish: bool) -> list[np.ndarray]:
+    t = {n: torch.from_numpy(np.asarray(p.data, np.float64)) for n, p in graph.params.items()}
+    xt = torch.from_numpy(x.astype(np.float64))
+    conv = torch.nn.functional.conv2d
+    h = conv(xt, t["w1"], t["b1"])
+    h = torch.nn.functional.hardswish(h) if hard_swish else torch.relu(h)
+    g = torch.relu(conv(h, t["w2"], t["b2"], padding=1))
+    return [torch.relu(conv(g, t["w3"], t["b3"]) + xt).numpy(), h.numpy()]
+
+
+def test_the_fold_takes_the_epilogues_and_casts_and_leaves_no_kernel_between_convs() -> None:
+    """Zen 4 cross-build of a bottleneck: each of the three convs is a kernel with its epilogue; what is left
+    besides them is the cast of the block's NCHW input and the layout conversions at the region's edges."""
+    for hard_swish in (False, True):
+        mod = fused(_bottleneck(32, 24, 8, hard_swish), ZEN4)
+        names = sorted(gv.name_hint for gv in mod.get_global_vars() if isinstance(mod[gv], tvm.tirx.PrimFunc))
+        assert sum(n.startswith(f"{CONV_KERNEL_NAME}_epilogue") for n in names) == 3, names
+        assert not any(n.startswith(CONV_KERNEL_NAME) and "epilogue" not in n for n in names), names
+        rest = [n for n in names if not n.startswith(CONV_KERNEL_NAME)]
+        assert all(n.startswith(("bf16_conv_input", "fused_to_blocked", "from_blocked", "to_blocked",
+                                 "fused_from_blocked")) for n in rest), rest
+        assert sum(n.startswith("bf16_conv_input") for n in rest) == 1, rest  # the NCHW input's cast only
+
+
+def test_an_op_reading_the_conv_through_an_op_not_taken_ends_the_epilogue() -> None:
+    """conv -> max pool -> + conv: the pool is not elementwise, so the add (whose other operand is computed from
+    the conv) stays out of the kernel; the pool reads the kernel's f32 result."""
+    b = Builder("pool")
+    x = b.input("x", ((None, 32, 8, 8), "f32"))
+    w = b.param("w", (32, 32, 3, 3), data=_tensor((32, 32, 3, 3), 1))
+    y = b.conv2d(x, w, padding=(1, 1))
+    b.ret(b.add(b.max_pool2d(y, kernel=(3, 3), stride=(1, 1), padding=(1, 1)), b.relu(y)))
+    text = str(fused(verify(b.build()), ZEN4)["forward"])
+    assert text.count(f"{CONV_KERNEL_NAME}_epilogue") == 1  # the relu is taken, the conv's map stored for the pool
+    assert "max_pool2d" in text and "R.add" not in text.split(f"{CONV_KERNEL_NAME}_epilogue")[0]
+
+
+@needs_dot
+@pytest.mark.parametrize("hard_swish", [False, True])
+def test_a_folded_bottleneck_is_within_bf16_error_of_float64_torch(hard_swish: bool) -> None:
+    """24 mid channels (lanes 24-31 of the casts' last block zero), batch 1 and 3; both outputs within the
+    composed bf16 error (2^-6 of the output's scale) and not an f32 result."""
+    graph = _bottleneck(32, 24, 9, hard_swish)
+    program = kiln.compile(graph, precision="bf16")
+    for batch in (1, 3):
+        x = _tensor((batch, 32, 9, 9), batch)
+        for got, exact in zip(program(x), _torch_bottleneck(graph, x, hard_swish), strict=True):
+            err = np.abs(np.asarray(got) - exact)
+            assert err.max() <= 2.0 ** -6 * np.abs(exact).max()
+            assert err.max() > 2.0 ** -16 * np.abs(exact).max()
