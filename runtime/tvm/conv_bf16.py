@@ -21,7 +21,7 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from .bf16_layout import N_TILE, bf16_bits, even_chunks, task_place
-from .conv_epilogue import HALF, PLAIN, ConvEpilogue
+from .conv_epilogue import HALF, PAIRS_IR, PLAIN, ConvEpilogue
 from .cpu import CPUModel, cpu_model
 from .dot_bf16 import DOT_IR, dot_pairs, dot_tile, has_dot, zero_sums
 
@@ -104,7 +104,7 @@ def conv_kernel(in_blocks: int, in_shape: tuple[int, int], window: tuple[int, in
         a = T.match_buffer(a_data, (batch, in_blocks, hp, wp, HALF), "uint32")
         w = T.match_buffer(w_data, (out_blocks, in_blocks, kh, kw, HALF, lanes), "uint32")
         operands, outputs = epilogue.params(batch, out_blocks, out_shape)
-        with T.attr(0, "pragma_import_llvm", DOT_IR):
+        with T.attr(0, "pragma_import_llvm", DOT_IR + PAIRS_IR):
             chunks = T.bind(even_chunks(mblocks, chunk, cores, batch * panels))
             for task in T.parallel(chunks * batch * panels):
                 nb, bb, first, last = task_place(task, panels, batch, mblocks, chunks)

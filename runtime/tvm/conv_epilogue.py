@@ -16,18 +16,32 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as ib
 
-from .bf16_layout import N_TILE, bf16_bits
+from .bf16_layout import N_TILE
 
 HALF = N_TILE // 2  # a word pairs channels c and c + HALF of one block
+VECTOR = f"float32x{N_TILE}"  # one output pixel's block of channels, the unit the epilogue computes on
+_PAIRS = "kiln_bf16_pairs"
+# linked into the conv kernel beside `dot_bf16.DOT_IR`: 16 f32 channels rounded to nearest-even bf16 (LLVM emits
+# vcvtneps2bf16 on these CPUs) and paired as `bf16_input` lays them out, word q = channel q | channel q + 8 << 16
+PAIRS_IR = f"""
+define linkonce_odr <8 x i32> @{_PAIRS}(<16 x float> %v) alwaysinline {{
+  %b = fptrunc <16 x float> %v to <16 x bfloat>
+  %p = shufflevector <16 x bfloat> %b, <16 x bfloat> poison,
+         <16 x i32> <i32 0, i32 8, i32 1, i32 9, i32 2, i32 10, i32 3, i32 11,
+                     i32 4, i32 12, i32 5, i32 13, i32 6, i32 14, i32 7, i32 15>
+  %w = bitcast <16 x bfloat> %p to <8 x i32>
+  ret <8 x i32> %w
+}}
+"""
 
 # an operand's kind: its dims besides the block's 16 lanes
 CHANNEL, IMAGE, MAP = "channel", "image", "map"  # [1, OB, 1, 1], [N, OB, 1, 1], [N, OB, OH, OW]
 
-# the scalar meaning of each op an epilogue computes, on f32 values (relu and clip take their bounds as consts)
+# what each op an epilogue computes means, lane by lane on f32 vectors (clip takes its bounds as consts)
 SCALAR_OPS: dict[str, Callable[..., tirx.PrimExpr]] = {
     "add": lambda a, b: a + b, "subtract": lambda a, b: a - b, "multiply": lambda a, b: a * b,
     "divide": lambda a, b: a / b, "maximum": tirx.max, "minimum": tirx.min,
-    "relu": lambda a: tirx.max(a, tirx.const(0, "float32")), "clip": lambda a, lo, hi: tirx.min(tirx.max(a, lo), hi)}
+    "relu": lambda a: tirx.max(a, tirx.const(0, VECTOR)), "clip": lambda a, lo, hi: tirx.min(tirx.max(a, lo), hi)}
 
 Term = tuple  # ("node", k) a node's value (node 0 is the conv's sum), ("operand", i) or ("const", value)
 
@@ -70,34 +84,33 @@ class ConvEpilogue:
 
     def store(self, operands: list[tirx.Buffer], outputs: list[tirx.Buffer], sums: tirx.Buffer, at: tirx.PrimExpr,
               b: tirx.PrimExpr, ob: tirx.PrimExpr, y: tirx.PrimExpr, x: tirx.PrimExpr) -> None:
-        """Emit the stores of output pixel (b, y, x), block `ob`, whose 16 sums start at `at` of `sums`."""
-        def value(node: int, lane: tirx.PrimExpr) -> tirx.PrimExpr:
-            if node == 0:
-                return sums[at + lane]
-            op, *terms = self.nodes[node - 1]
-            return SCALAR_OPS[op](*(term(t, lane) for t in terms))
+        """Emit the stores of output pixel (b, y, x), block `ob`, whose 16 sums start at `at` of `sums`: each value
+        one 16-lane vector expression (LLVM shares what several outputs compute), each cast one `PAIRS_IR` call."""
+        lanes = tirx.Ramp(0, 1, N_TILE)
 
-        def term(t: Term, lane: tirx.PrimExpr) -> tirx.PrimExpr:
+        def value(node: int) -> tirx.PrimExpr:
+            if node == 0:
+                return sums[tirx.Ramp(at, 1, N_TILE)]
+            op, *terms = self.nodes[node - 1]
+            return SCALAR_OPS[op](*(term(t) for t in terms))
+
+        def term(t: Term) -> tirx.PrimExpr:
             kind, what = t
             if kind == "node":
-                return value(what, lane)
+                return value(what)
             if kind == "const":
-                return tirx.const(what, "float32")
+                return tirx.const(what, VECTOR)
             where = {CHANNEL: (0, ob, 0, 0), IMAGE: (b, ob, 0, 0), MAP: (b, ob, y, x)}[self.operands[what]]
-            return operands[what][(*where, lane)]
+            return operands[what][(*where, lanes)]
 
         for out, node in zip(outputs[:len(self.maps)], self.maps, strict=True):
-            with ib.vectorized(0, N_TILE) as j:
-                ib.buffer_store(out, value(node, j), [b, ob, y, x, j])
+            ib.buffer_store(out, value(node), [b, ob, y, x, lanes])
         for out, p in zip(outputs[len(self.maps):], self.pairs, strict=True):
-            def bits(lane: tirx.PrimExpr, p: PairsOutput = p) -> tirx.PrimExpr:
-                v = value(p.node, lane)
-                if p.channels % N_TILE:  # the last block's lanes past the real channels are zero
-                    v = tirx.Select(ob * N_TILE + lane < p.channels, v, tirx.const(0, "float32"))
-                return bf16_bits(v)
-            with ib.vectorized(0, HALF) as q:
-                ib.buffer_store(out, bits(q) | (bits(q + HALF) << tirx.const(16, "uint32")),
-                                [b, ob, y + p.padding[0], x + p.padding[1], q])
+            v = value(p.node)
+            if p.channels % N_TILE:  # the last block's lanes past the real channels are zero
+                v = tirx.Select(ob * N_TILE + lanes < p.channels, v, tirx.const(0, VECTOR))
+            ib.buffer_store(out, tirx.call_pure_extern("uint32x8", _PAIRS, v),
+                            [b, ob, y + p.padding[0], x + p.padding[1], tirx.Ramp(0, 1, HALF)])
 
     def zero_borders(self, outputs: list[tirx.Buffer], batch: tirx.PrimExpr, out_blocks: int,
                      out_shape: tuple[int, int]) -> None:
