@@ -72,7 +72,8 @@ class _Fold:
         return None if kind is None else (arg, kind)
 
     def operand(self, term: Term | tuple[relax.Expr, str]) -> Term:
-        """A term of `term`'s result, the operand given its place among the kernel's inputs."""
+        """The term for what `term` returned: itself, or for an operand, its place among the kernel's inputs
+        (given on its first use)."""
         if isinstance(term[0], str):
             return term
         arg, kind = term
