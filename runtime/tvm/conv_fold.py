@@ -24,7 +24,8 @@ from .conv_epilogue import CHANNEL, IMAGE, MAP, SCALAR_OPS, ConvEpilogue, PairsO
 from .cpu import CPUModel, cpu_model
 from .relax_rewrite import batched_f32_shape, same_dims
 
-_OPS = {tvm.ir.Op.get(f"relax.{'nn.' if name == 'relu' else ''}{name}"): name for name in SCALAR_OPS}
+_RELAX_NAMES = {"relu": "nn.relu"}  # the Relax op of each `SCALAR_OPS` name that differs from it
+_OPS = {tvm.ir.Op.get("relax." + _RELAX_NAMES.get(name, name)): name for name in SCALAR_OPS}
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
@@ -102,56 +103,60 @@ class _Fold:
         return True
 
 
-def _outside_uses(func: relax.Function, at: int) -> set[relax.Var]:
-    """The vars read outside block `at` of `func` (by other blocks or the function's result)."""
-    read: set[relax.Var] = set()
-    for k, other in enumerate(func.body.blocks):
-        if k != at:
-            for b in other.bindings:
-                read.update(relax.analysis.free_vars(b.value))
-    read.update(relax.analysis.free_vars(func.body.body))
-    return read
+@dataclass
+class _Block:
+    """What the folds in one dataflow block share: the vars read outside it (by other blocks or the function's
+    result), its vars bound to a constant, and the vars each binding reads (by binding, on first need)."""
 
+    outside: set[relax.Var]
+    constants: dict[relax.Var, tvm.ir.Constant]
+    read: dict[relax.VarBinding, list[relax.Var]] = field(default_factory=dict)
 
-class _Reads(dict):
-    """The vars each binding's value reads, by binding, computed on first need."""
+    @staticmethod
+    def of(func: relax.Function, at: int) -> _Block:
+        outside: set[relax.Var] = set(relax.analysis.free_vars(func.body.body))
+        for k, other in enumerate(func.body.blocks):
+            if k != at:
+                for b in other.bindings:
+                    outside.update(relax.analysis.free_vars(b.value))
+        bindings = func.body.blocks[at].bindings
+        return _Block(outside, {b.var: b.value for b in bindings if isinstance(b.value, tvm.ir.Constant)})
 
-    def of(self, binding: relax.VarBinding) -> list[relax.Var]:
-        if binding not in self:
-            self[binding] = relax.analysis.free_vars(binding.value)
-        return self[binding]
+    def reads(self, binding: relax.VarBinding) -> list[relax.Var]:
+        if binding not in self.read:
+            self.read[binding] = relax.analysis.free_vars(binding.value)
+        return self.read[binding]
 
 
 def _fold_from(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: list[relax.VarBinding], start: int,
-               reads: _Reads, outside: set[relax.Var], model: CPUModel) -> tuple[list[relax.VarBinding], int] | None:
+               block: _Block, model: CPUModel) -> tuple[list[relax.VarBinding], int] | None:
     """`bindings` with the first plain conv kernel call from `start` on that takes an epilogue rebuilt with it, and
     where to look for the next one; None when none is left."""
-    constants = {b.var: b.value for b in bindings if isinstance(b.value, tvm.ir.Constant)}
     for i in range(start, len(bindings)):
         conv = bindings[i]
         geometry = _callee_attr(mod, conv.value, CONV_PARAMS)
         out = batched_f32_shape(conv.var.ty) if geometry is not None else None
         if out is None:
             continue
-        fold = _Fold(out, [i], {conv.var: 0}, {conv.var}, constants)
+        fold = _Fold(out, [i], {conv.var: 0}, {conv.var}, block.constants)
         for j in range(i + 1, len(bindings)):
             b = bindings[j]
-            if any(v in fold.dependent for v in reads.of(b)):
+            if any(v in fold.dependent for v in block.reads(b)):
                 if fold.take(mod, b):
                     fold.taken.append(j)
                 fold.dependent.add(b.var)
         if len(fold.taken) > 1:
-            return _rebuilt(builder, bindings, fold, reads, outside, geometry, model), i
+            return _rebuilt(builder, bindings, fold, block, geometry, model), i
     return None
 
 
-def _rebuilt(builder: relax.BlockBuilder, bindings: list[relax.VarBinding], fold: _Fold, reads: _Reads,
-             outside: set[relax.Var], geometry: list[int], model: CPUModel) -> list[relax.VarBinding]:
+def _rebuilt(builder: relax.BlockBuilder, bindings: list[relax.VarBinding], fold: _Fold, block: _Block,
+             geometry: list[int], model: CPUModel) -> list[relax.VarBinding]:
     """`bindings` with `fold`'s bindings replaced by one call of the conv kernel with its epilogue, at the last
     one's place; the other bindings computed from the conv before that place move after it."""
     first, last = fold.taken[0], fold.taken[-1]
     taken = set(fold.taken)
-    read_by_others = {v for j, b in enumerate(bindings) if j not in taken for v in reads.of(b)} | outside
+    read_by_others = {v for j, b in enumerate(bindings) if j not in taken for v in block.reads(b)} | block.outside
     maps = [var for var, node in fold.nodes.items() if var in read_by_others]
     pairs = list(fold.pairs)
     operands = sorted(fold.operands, key=lambda e: fold.operands[e][0])
@@ -184,16 +189,15 @@ def fold_conv_epilogues(target: Target) -> tvm.transform.Pass:
         for gvar, func in mod.functions_items():
             if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
                 continue
-            blocks = list(func.body.blocks)
+            blocks, folded_here = list(func.body.blocks), False
             for k, block in enumerate(blocks):
                 if not isinstance(block, relax.DataflowBlock):
                     continue
-                outside, reads = _outside_uses(func, k), _Reads()
-                bindings, start = list(block.bindings), 0
-                while (folded := _fold_from(builder.get(), builder, bindings, start, reads, outside, model)):
-                    bindings, start = folded
+                shared, bindings, start = _Block.of(func, k), list(block.bindings), 0
+                while (folded := _fold_from(builder.get(), builder, bindings, start, shared, model)):
+                    (bindings, start), folded_here = folded, True
                     blocks[k] = relax.DataflowBlock(bindings, block.span)
-            if any(new is not old for new, old in zip(blocks, func.body.blocks, strict=True)):
+            if folded_here:
                 changed = True
                 builder.update_func(gvar, relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
                                                          func.ret_ty, func.is_pure, func.attrs, func.span))
