@@ -28,6 +28,7 @@ from .dot_bf16 import DOT_IR, dot_pairs, dot_tile, has_dot, zero_sums
 CONV_KERNEL_NAME = "bf16_dot_conv"
 CONV_PARAMS = "kiln.bf16_conv"  # a plain kernel's attribute: `conv_kernel`'s geometry, to rebuild it with an epilogue
 INPUT_PARAMS = "kiln.bf16_conv_input"  # a `bf16_input` kernel's attribute: its channels and padding
+SKIP_PARAMS = "kiln.bf16_skip"  # a `bf16_skip` kernel's attribute, so `conv_fold.py` reads its pairs in a conv's store
 PADDED_CHANNELS_LIMIT = 1.5  # more padded input channels than this per real one (3 -> 16) and f32 is faster
 
 
@@ -76,6 +77,17 @@ def bf16_input(x: te.Tensor, channels: int, padding: list[int]) -> te.Tensor:
     return te.compute((n, blocks, h + top + bottom, w + left + right, HALF), lambda b, cb, i, j, q: value(
         b, cb * N_TILE + q, i, j) | (value(b, cb * N_TILE + q + HALF, i, j) << tirx.const(16, "uint32")),
         name="bf16_conv_input")
+
+
+def bf16_skip(pairs: te.Tensor) -> te.Tensor:
+    """An unpadded `bf16_input` map back as NCHW16c f32: a residual's skip read as the bf16 values the next conv
+    reads, so the conv producing it stores only its pairs (`conv_fold.py`)."""
+    def value(b: tirx.Var, cb: tirx.Var, i: tirx.Var, j: tirx.Var, c: tirx.Var) -> tirx.PrimExpr:
+        word = pairs[b, cb, i, j, c % HALF]
+        half = tirx.Select(c < HALF, word & tirx.const(0xFFFF, "uint32"), word >> tirx.const(16, "uint32"))
+        return tirx.reinterpret("float32", half << tirx.const(16, "uint32"))
+
+    return te.compute((*pairs.shape[:4], N_TILE), value, name="bf16_skip")
 
 
 def conv_kernel(in_blocks: int, in_shape: tuple[int, int], window: tuple[int, int], strides: list[int],

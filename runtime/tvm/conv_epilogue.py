@@ -20,9 +20,10 @@ from .bf16_layout import N_TILE
 
 HALF = N_TILE // 2  # a word pairs channels c and c + HALF of one block
 VECTOR = f"float32x{N_TILE}"  # one output pixel's block of channels, the unit the epilogue computes on
-_PAIRS = "kiln_bf16_pairs"
+_PAIRS, _UNPAIRS = "kiln_bf16_pairs", "kiln_bf16_unpairs"
 # linked into the conv kernel beside `dot_bf16.DOT_IR`: 16 f32 channels rounded to nearest-even bf16 (LLVM emits
-# vcvtneps2bf16 on these CPUs) and paired as `bf16_input` lays them out, word q = channel q | channel q + 8 << 16
+# vcvtneps2bf16 on these CPUs) and paired as `bf16_input` lays them out, word q = channel q | channel q + 8 << 16;
+# and the inverse, 8 such words back as 16 f32 channels (a skip read from pairs)
 PAIRS_IR = f"""
 define linkonce_odr <8 x i32> @{_PAIRS}(<16 x float> %v) alwaysinline {{
   %b = fptrunc <16 x float> %v to <16 x bfloat>
@@ -32,10 +33,18 @@ define linkonce_odr <8 x i32> @{_PAIRS}(<16 x float> %v) alwaysinline {{
   %w = bitcast <16 x bfloat> %p to <8 x i32>
   ret <8 x i32> %w
 }}
+define linkonce_odr <16 x float> @{_UNPAIRS}(<8 x i32> %w) alwaysinline {{
+  %b = bitcast <8 x i32> %w to <16 x bfloat>
+  %c = shufflevector <16 x bfloat> %b, <16 x bfloat> poison,
+         <16 x i32> <i32 0, i32 2, i32 4, i32 6, i32 8, i32 10, i32 12, i32 14,
+                     i32 1, i32 3, i32 5, i32 7, i32 9, i32 11, i32 13, i32 15>
+  %v = fpext <16 x bfloat> %c to <16 x float>
+  ret <16 x float> %v
+}}
 """
 
-# an operand's kind: its dims besides the block's 16 lanes
-CHANNEL, IMAGE, MAP = "channel", "image", "map"  # [1, OB, 1, 1], [N, OB, 1, 1], [N, OB, OH, OW]
+# an operand's kind: its dims besides the block's 16 lanes (a PAIRS map's 8 words hold them)
+CHANNEL, IMAGE, MAP, PAIRS = "channel", "image", "map", "pairs"  # [1, OB, 1, 1], [N, OB, 1, 1], [N, OB, OH, OW] x2
 
 # what each op an epilogue computes means, lane by lane on f32 vectors (clip takes its bounds as consts)
 SCALAR_OPS: dict[str, Callable[..., tirx.PrimExpr]] = {
@@ -71,8 +80,10 @@ class ConvEpilogue:
                ) -> tuple[list[tirx.Buffer], list[tirx.Buffer]]:
         """Add the kernel's parameters after A and B to the function being parsed: (its operands, its outputs)."""
         oh, ow = out_shape
-        dims = {CHANNEL: (1, out_blocks, 1, 1), IMAGE: (batch, out_blocks, 1, 1), MAP: (batch, out_blocks, oh, ow)}
-        operands = [ib.arg(f"in{i}", tirx.decl_buffer((*dims[kind], N_TILE), "float32", name=f"in{i}"))
+        dims = {CHANNEL: (1, out_blocks, 1, 1), IMAGE: (batch, out_blocks, 1, 1), MAP: (batch, out_blocks, oh, ow),
+                PAIRS: (batch, out_blocks, oh, ow)}
+        operands = [ib.arg(f"in{i}", tirx.decl_buffer((*dims[kind], HALF) if kind == PAIRS else (*dims[kind], N_TILE),
+                                                      "uint32" if kind == PAIRS else "float32", name=f"in{i}"))
                     for i, kind in enumerate(self.operands)]
         outputs = [ib.arg(f"out{i}", tirx.decl_buffer((batch, out_blocks, oh, ow, N_TILE), "float32", name=f"out{i}"))
                    for i in range(len(self.maps))]
@@ -100,7 +111,10 @@ class ConvEpilogue:
                 return value(what)
             if kind == "const":
                 return tirx.const(what, VECTOR)
-            where = {CHANNEL: (0, ob, 0, 0), IMAGE: (b, ob, 0, 0), MAP: (b, ob, y, x)}[self.operands[what]]
+            kind = self.operands[what]
+            if kind == PAIRS:
+                return tirx.call_pure_extern(VECTOR, _UNPAIRS, operands[what][b, ob, y, x, tirx.Ramp(0, 1, HALF)])
+            where = {CHANNEL: (0, ob, 0, 0), IMAGE: (b, ob, 0, 0), MAP: (b, ob, y, x)}[kind]
             return operands[what][(*where, lanes)]
 
         for out, node in zip(outputs[:len(self.maps)], self.maps, strict=True):

@@ -19,14 +19,15 @@ import tvm
 from tvm import relax, tirx
 from tvm.target import Target
 
-from .conv_bf16 import CONV_KERNEL_NAME, CONV_PARAMS, INPUT_PARAMS, conv_kernel
-from .conv_epilogue import CHANNEL, IMAGE, MAP, SCALAR_OPS, ConvEpilogue, PairsOutput, Term
+from .conv_bf16 import CONV_KERNEL_NAME, CONV_PARAMS, INPUT_PARAMS, SKIP_PARAMS, bf16_skip, conv_kernel
+from .conv_epilogue import CHANNEL, IMAGE, MAP, PAIRS, SCALAR_OPS, ConvEpilogue, PairsOutput, Term
 from .cpu import CPUModel, cpu_model
 from .relax_rewrite import batched_f32_shape, same_dims
 
 _RELAX_NAMES = {"relu": "nn.relu"}  # the Relax op of each `SCALAR_OPS` name that differs from it
 _OPS = {tvm.ir.Op.get("relax." + _RELAX_NAMES.get(name, name)): name for name in SCALAR_OPS}
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+_ADD = tvm.ir.Op.get("relax.add")
 
 
 def _callee_attr(mod: tvm.IRModule, value: relax.Expr, key: str) -> list[int] | None:
@@ -48,6 +49,7 @@ class _Fold:
     nodes: dict[relax.Var, int]
     dependent: set[relax.Var]  # the vars computed from the conv so far, taken or not
     constants: dict[relax.Var, tvm.ir.Constant]  # the block's vars bound to a constant
+    skips: dict[relax.Var, relax.Var]  # the block's vars bound to a `bf16_skip` call: the pairs it reads
     terms: list[tuple] = field(default_factory=list)
     operands: dict[relax.Expr, tuple[int, str]] = field(default_factory=dict)
     pairs: dict[relax.Var, PairsOutput] = field(default_factory=dict)
@@ -59,6 +61,9 @@ class _Fold:
             return ("node", self.nodes[arg])
         if isinstance(arg, relax.Var) and arg in self.dependent:
             return None  # computed from the conv by an op not taken: the kernel cannot read it
+        if isinstance(arg, relax.Var) and arg in self.skips:  # a skip read back from pairs: read those in place
+            shape = batched_f32_shape(arg.ty)
+            return (self.skips[arg], PAIRS) if shape is not None and same_dims(shape, self.out) else None
         arg = self.constants.get(arg, arg) if isinstance(arg, relax.Var) else arg
         if isinstance(arg, (tirx.FloatImm, tirx.IntImm)):  # a clip bound
             return ("const", float(arg.value))
@@ -110,17 +115,19 @@ class _Block:
 
     outside: set[relax.Var]
     constants: dict[relax.Var, tvm.ir.Constant]
+    skips: dict[relax.Var, relax.Var]
     read: dict[relax.VarBinding, list[relax.Var]] = field(default_factory=dict)
 
     @staticmethod
-    def of(func: relax.Function, at: int) -> _Block:
+    def of(mod: tvm.IRModule, func: relax.Function, at: int, bindings: list[relax.VarBinding]) -> _Block:
         outside: set[relax.Var] = set(relax.analysis.free_vars(func.body.body))
         for k, other in enumerate(func.body.blocks):
             if k != at:
                 for b in other.bindings:
                     outside.update(relax.analysis.free_vars(b.value))
-        bindings = func.body.blocks[at].bindings
-        return _Block(outside, {b.var: b.value for b in bindings if isinstance(b.value, tvm.ir.Constant)})
+        return _Block(outside, {b.var: b.value for b in bindings if isinstance(b.value, tvm.ir.Constant)},
+                      {b.var: b.value.args[1].fields[0] for b in bindings
+                       if _callee_attr(mod, b.value, SKIP_PARAMS) is not None})
 
     def reads(self, binding: relax.VarBinding) -> list[relax.Var]:
         if binding not in self.read:
@@ -138,7 +145,7 @@ def _fold_from(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: list[re
         out = batched_f32_shape(conv.var.ty) if geometry is not None else None
         if out is None:
             continue
-        fold = _Fold(out, [i], {conv.var: 0}, {conv.var}, block.constants)
+        fold = _Fold(out, [i], {conv.var: 0}, {conv.var}, block.constants, block.skips)
         for j in range(i + 1, len(bindings)):
             b = bindings[j]
             if any(v in fold.dependent for v in block.reads(b)):
@@ -178,6 +185,52 @@ def _rebuilt(builder: relax.BlockBuilder, bindings: list[relax.VarBinding], fold
             *(b for _, b in between if b.var in fold.dependent), *bindings[last + 1:]]
 
 
+def _skips_from_pairs(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: list[relax.VarBinding]
+                      ) -> list[relax.VarBinding]:
+    """`bindings` with each residual add's skip that a conv also reads unpadded (a marked cast of it bound before
+    the add) read back from that cast's pairs by a `bf16_skip` kernel bound right after the cast. The conv whose
+    epilogue computes the skip then stores only the pairs, and the add's conv reads them in its store: a ResNet
+    block's output makes no f32 round trip (at batch 8 its 56² maps are 26 MB each, beyond L3). The skip is then
+    rounded to bf16 once, as the next conv's input is (docs/precision.md). An add counts as a residual's where
+    its other operand is computed from a conv kernel's result by `SCALAR_OPS`."""
+    bound = {b.var: b.value for b in bindings}
+
+    def from_conv(expr: relax.Expr) -> bool:
+        value = bound.get(expr) if isinstance(expr, relax.Var) else None
+        if value is None:
+            return False
+        return _callee_attr(mod, value, CONV_PARAMS) is not None or (
+            isinstance(value, relax.Call) and value.op in _OPS and any(from_conv(a) for a in value.args))
+
+    casts: dict[relax.Var, tuple[int, relax.Var]] = {}  # a skip candidate: (its unpadded cast's place, the pairs)
+    for i, b in enumerate(bindings):
+        cast = _callee_attr(mod, b.value, INPUT_PARAMS)
+        source = b.value.args[1].fields[0] if cast is not None else None
+        shape = batched_f32_shape(source.ty) if isinstance(source, relax.Var) else None
+        if shape is not None and len(shape) == 5 and not any(cast[1:]):
+            casts.setdefault(source, (i, b.var))
+    skips: dict[relax.Var, relax.Var] = {}  # a skip -> its f32 read from pairs
+    rewritten: dict[int, relax.VarBinding] = {}
+    for j, b in enumerate(bindings):
+        v = b.value
+        if not (isinstance(v, relax.Call) and v.op.same_as(_ADD)):
+            continue
+        args = list(v.args)
+        for k, (arg, other) in enumerate(zip(args, reversed(args), strict=True)):
+            if isinstance(arg, relax.Var) and arg in casts and casts[arg][0] < j and from_conv(other):
+                skips.setdefault(arg, relax.DataflowVar(f"{arg.name}_bf16", arg.ty))
+                args[k] = skips[arg]
+                rewritten[j] = relax.VarBinding(b.var, relax.Call(v.op, args, v.attrs, v.ty_args, v.span))
+                break
+    after: dict[int, list[relax.VarBinding]] = {}
+    for skip, var in skips.items():
+        at, pairs = casts[skip]
+        call = builder.call_te(bf16_skip, pairs, primfunc_name_hint="bf16_skip")
+        builder.update_func(call.args[0], builder.get()[call.args[0]].with_attr(SKIP_PARAMS, []))
+        after.setdefault(at, []).append(relax.VarBinding(var, call))
+    return [new for j, b in enumerate(bindings) for new in [rewritten.get(j, b), *after.get(j, [])]]
+
+
 def fold_conv_epilogues(target: Target) -> tvm.transform.Pass:
     """The module pass computing each bf16 conv kernel's elementwise consumers and next-conv casts in its store."""
     model = cpu_model(target)
@@ -193,10 +246,13 @@ def fold_conv_epilogues(target: Target) -> tvm.transform.Pass:
             for k, block in enumerate(blocks):
                 if not isinstance(block, relax.DataflowBlock):
                     continue
-                shared, bindings, start = _Block.of(func, k), list(block.bindings), 0
+                bindings, start = _skips_from_pairs(builder.get(), builder, list(block.bindings)), 0
+                shared = _Block.of(builder.get(), func, k, bindings)
+                changed_here = bool(shared.skips)
                 while (folded := _fold_from(builder.get(), builder, bindings, start, shared, model)):
-                    (bindings, start), folded_here = folded, True
-                    blocks[k] = relax.DataflowBlock(bindings, block.span)
+                    (bindings, start), changed_here = folded, True
+                if changed_here:
+                    blocks[k], folded_here = relax.DataflowBlock(bindings, block.span), True
             if folded_here:
                 changed = True
                 builder.update_func(gvar, relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),

@@ -393,8 +393,8 @@ def test_a_1x1_conv_over_many_channels_sums_them_in_chunks_outside_its_pixel_til
     step = int(re.search(rf"T\.axis\.reduce\({channels}, \w+ \* (\d+) \+", update).group(1))
     assert step == 8 * model.lanes()
     fused = re.findall(r"for (\w+) in T\.parallel\(", text)[-1]
-    extents = {name: int(n) for names, ns in re.findall(r"for ([\w, ]+) in T\.(?:grid|unroll|serial)\(([\d, ]+)\)", text)
-               for name, n in zip(names.split(", "), ns.split(", "), strict=True)}
+    loops = re.findall(r"for ([\w, ]+) in T\.(?:grid|unroll|serial)\(([\d, ]+)\)", text)
+    extents = {name: int(n) for names, ns in loops for name, n in zip(names.split(", "), ns.split(", "), strict=True)}
     binding = re.search(r"T\.axis\.spatial\(3136, ([^\n]*)\)", update).group(1)  # the pixel
     names = sorted(set(re.findall(r"[A-Za-z_]\w*", binding)) - {fused, "T", "int64"})
     pixels = {eval(binding, {}, {fused: 0, **dict(zip(names, values, strict=True))})
