@@ -207,8 +207,9 @@ def _skips_from_pairs(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: 
         cast = _callee_attr(mod, b.value, INPUT_PARAMS)
         source = b.value.args[1].fields[0] if cast is not None else None
         shape = batched_f32_shape(source.ty) if isinstance(source, relax.Var) else None
-        if shape is not None and len(shape) == 5 and not any(cast[1:]):
-            casts.setdefault(source, (i, b.var))
+        if shape is not None and len(shape) == 5 and not any(cast[1:]) and same_dims(
+                [int(d) if isinstance(d, tirx.IntImm) else d for d in b.var.ty.shape.values[1:4]], shape[1:4]):
+            casts.setdefault(source, (i, b.var))  # pairs of the skip's own blocks and map
     skips: dict[relax.Var, relax.Var] = {}  # a skip -> its f32 read from pairs
     rewritten: dict[int, relax.VarBinding] = {}
     for j, b in enumerate(bindings):

@@ -98,10 +98,11 @@ def test_the_kernel_stores_every_epilogue_output_and_zeroes_the_borders(skip_kin
     assert np.all(np.abs(_unpaired(got[3]) - relu) <= 2.0 ** -8 * relu + tol)
 
 
-def _bottleneck(channels: int, mid: int, size: int, hard_swish: bool = False, blocks: int = 1) -> Graph:
-    """`blocks` bottlenecks in a row, each 1x1 -> 3x3 -> 1x1 convs with biases and a residual add, relu (or
-    hard-swish after the first) between them; the input and the first block's first relu are also outputs, so both
-    are stored as f32 maps beside the casts."""
+def _bottleneck(channels: int, mid: int, size: int, hard_swish: bool = False, blocks: int = 1, head: int = 1
+                ) -> Graph:
+    """`blocks` bottlenecks in a row, each `head`x`head` -> 3x3 -> 1x1 convs with biases and a residual add, relu
+    (or hard-swish after the first) between them; the input and the first block's first relu are also outputs, so
+    both are stored as f32 maps beside the casts."""
     b = Builder("bottleneck")
     x = b.input("x", ((None, channels, size, size), "f32"))
 
@@ -112,7 +113,7 @@ def _bottleneck(channels: int, mid: int, size: int, hard_swish: bool = False, bl
 
     y, first = x, None
     for block in range(blocks):
-        h = conv(y, channels, mid, 1, 3 * block + 1)
+        h = conv(y, channels, mid, head, 3 * block + 1)
         h = b.div(b.mul(h, b.minimum(b.maximum(b.add(h, 3.0), 0.0), 6.0)), 6.0) if hard_swish else b.relu(h)
         first = h if first is None else first
         g = b.relu(conv(h, mid, mid, 3, 3 * block + 2))
@@ -195,6 +196,16 @@ def test_a_residual_skip_that_the_next_conv_reads_as_pairs_is_read_from_those_pa
                                             ["float32"]], calls
     assert calls[2][0] in calls[3][1] and calls[2][0] in calls[5][1], calls  # block 2's first conv, and its skip
     assert not any(gv.name_hint.startswith("bf16_skip") for gv in mod.get_global_vars())
+
+
+def test_a_skip_whose_next_conv_pads_it_stays_an_f32_map() -> None:
+    """Where the next block starts with a 3x3 conv, its pairs are padded, not the skip's map: the first block's last
+    conv stores the skip as an f32 map beside them, and the second block's last conv reads that map."""
+    mod = fused(_bottleneck(32, 24, 8, blocks=2, head=3), ZEN4)
+    calls = _epilogue_calls(mod)
+    assert calls[2][2] == ["float32", "uint32"], calls
+    skip = re.search(rf"(\w+)(?::[^\n]*?)? = {calls[2][0]}\[0\]", str(mod["forward"])).group(1)
+    assert calls[5][1][3:] == [skip], calls
 
 
 @needs_dot
