@@ -118,6 +118,22 @@ def test_blocked_conv_matches_torch(x_shape: tuple[int, ...], w_shape: tuple[int
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(("x_shape", "w_shape"), [((1, 64, 56, 56), (256, 64, 1, 1)),
+                                                  ((2, 384, 28, 28), (48, 384, 1, 1))],
+                         ids=["pixel-chunks", "channel-chunks-batch-2"])
+def test_an_avx2_build_of_a_chunked_1x1_conv_matches_torch(x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> None:
+    """The AVX2 build (8 lanes: chunks of 64 channels, a smaller L2 share) of the 1x1 convs swept in chunks of pixels
+    and of input channels, run on this host (AVX2 code runs on AVX-512 CPUs), equals torch's."""
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(w_shape).astype(np.float32)
+    mod = _blocked_module(x_shape, w, True, dict(padding=0), True)
+    exe = tvm.compile(mod, target=AVX2, relax_pipeline=cpu_pipeline(AVX2, fast_math=False))
+    got = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    want = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double())
+                      + torch.arange(w_shape[0], dtype=torch.float64).reshape(-1, 1, 1) / 10)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("width", [56, 7])
 def test_56_and_7_wide_convs_are_blocked(width: int) -> None:
     """64 channels on a 56-wide map fill whole vectors either way, and blocked wins the tie; a 7-wide map is narrower
