@@ -194,13 +194,16 @@ def _skips_from_pairs(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: 
     rounded to bf16 once, as the next conv's input is (docs/precision.md). An add counts as a residual's where
     its other operand is computed from a conv kernel's result by `SCALAR_OPS`."""
     bound = {b.var: b.value for b in bindings}
+    known: dict[relax.Var, bool] = {}  # from_conv of each var asked (hard-swish reads its input three times)
 
     def from_conv(expr: relax.Expr) -> bool:
         value = bound.get(expr) if isinstance(expr, relax.Var) else None
         if value is None:
             return False
-        return _callee_attr(mod, value, CONV_PARAMS) is not None or (
-            isinstance(value, relax.Call) and value.op in _OPS and any(from_conv(a) for a in value.args))
+        if expr not in known:
+            known[expr] = _callee_attr(mod, value, CONV_PARAMS) is not None or (
+                isinstance(value, relax.Call) and value.op in _OPS and any(from_conv(a) for a in value.args))
+        return known[expr]
 
     casts: dict[relax.Var, tuple[int, relax.Var]] = {}  # a skip candidate: (its unpadded cast's place, the pairs)
     for i, b in enumerate(bindings):

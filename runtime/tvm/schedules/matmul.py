@@ -565,7 +565,8 @@ class CPUMatmul(dl.ScheduleRule):
         depth = (static_extent(loop_extent(sch, k_o)) or 0) * step
         channels = CHANNEL_CHUNK_BLOCKS * self.lanes
         by_channels = not red_outer and depth > channels and channels % step == 0 and depth % channels == 0
-        sums = rows * lines * (static_extent(loop_extent(sch, vec_i)) or self.lanes) * 4 if by_channels else None
+        width = (static_extent(loop_extent(sch, vec_i)) or self.lanes) * sch.get(main).writes[0].source.dtype.bits // 8
+        sums = rows * lines * width if by_channels else None
         *chunks, tiles = self._row_chunks(sch, main, row_tile, rows, reduction, sums) or [None]
         if by_channels and chunks:
             channel_chunk, k_o = sch.split(k_o, [None, channels // step])
