@@ -21,12 +21,14 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from .bf16_layout import N_TILE, bf16_bits, even_chunks, task_place
-from .conv_epilogue import HALF, PAIRS_IR, PLAIN, ConvEpilogue
+from .conv_epilogue import HALF, PAIRS_IR, PLAIN, ConvEpilogue, unpairs
 from .cpu import CPUModel, cpu_model
 from .dot_bf16 import DOT_IR, dot_pairs, dot_tile, has_dot, zero_sums
 
 CONV_KERNEL_NAME = "bf16_dot_conv"
 CONV_PARAMS = "kiln.bf16_conv"  # a plain kernel's attribute: `conv_kernel`'s geometry, to rebuild it with an epilogue
+DEPTHWISE_NAME = "bf16_depthwise"
+DEPTHWISE_PARAMS = "kiln.bf16_depthwise"  # the same for `depthwise_kernel`
 INPUT_PARAMS = "kiln.bf16_conv_input"  # a `bf16_input` kernel's attribute: its channels and padding
 SKIP_PARAMS = "kiln.bf16_skip"  # a `bf16_skip` kernel's attribute, so `conv_fold.py` reads its pairs in a conv's store
 PADDED_CHANNELS_LIMIT = 1.5  # more padded input channels than this per real one (3 -> 16) and f32 is faster
@@ -140,3 +142,63 @@ def conv_kernel(in_blocks: int, in_shape: tuple[int, int], window: tuple[int, in
                                            (p0 + r) // ow, (p0 + r) % ow)
             epilogue.zero_borders(outputs, batch, out_blocks, out_shape)
     return kernel
+
+
+def depthwise_kernel(blocks: int, in_shape: tuple[int, int], window: tuple[int, int], strides: list[int],
+                     dilation: list[int], out_shape: tuple[int, int], model: CPUModel,
+                     epilogue: ConvEpilogue = PLAIN) -> tirx.PrimFunc:
+    """A depthwise conv over a `bf16_input` map A [batch, blocks, *in_shape (padded), 8] and an f32 weight packed
+    [blocks, 1, KH, KW, 16] (`conv_layout.pack_weight`), storing C [batch, blocks, *out_shape, 16] f32 or what an
+    `epilogue` computes from it. Each window position is one f32 FMA per pixel of a tile of `rows` consecutive
+    output pixels, on the input's 8 words unpacked (`unpairs`): the map is read in half the bytes of f32 (a
+    depthwise conv does 9 or 25 FMAs per input vector, so its time is its maps'), and the conv before it stores
+    only those pairs. A plain kernel records its geometry (`DEPTHWISE_PARAMS`) so `conv_fold.py` can rebuild it
+    with an epilogue."""
+    hp, wp = in_shape
+    kh, kw = window
+    oh, ow = out_shape
+    geometry = [blocks, hp, wp, kh, kw, *strides, *dilation, oh, ow]
+    attrs = {"tirx.noalias": True, "tirx.is_scheduled": True,
+             **({DEPTHWISE_PARAMS: geometry} if epilogue == PLAIN else {})}
+    pixels = oh * ow
+    rows = min(pixels, model.vector_registers // 4)  # sums; the rest hold the weight and the unpacked inputs
+    mblocks = -(-pixels // rows)
+    chunk = max(1, model.caches.l2 // 2 // (rows * N_TILE * 2 * kh))  # row tiles whose input rows fill half of L2
+    cores = model.cores
+
+    @T.prim_func(private=True)
+    def kernel(a_data: T.handle, w_data: T.handle):
+        T.func_attr(attrs)
+        batch = T.int64()
+        a = T.match_buffer(a_data, (batch, blocks, hp, wp, HALF), "uint32")
+        w = T.match_buffer(w_data, (blocks, 1, kh, kw, N_TILE), "float32")
+        operands, outputs = epilogue.params(batch, blocks, out_shape)
+        with T.attr(0, "pragma_import_llvm", PAIRS_IR):
+            chunks = T.bind(even_chunks(mblocks, chunk, cores, batch * blocks))
+            for task in T.parallel(chunks * batch * blocks):
+                cb, bb, first, last = task_place(task, blocks, batch, mblocks, chunks)
+                sums = T.decl_buffer((rows * N_TILE,), "float32", scope="local")
+                for tile in range(first, last):
+                    p0 = T.bind(T.min(tile * rows, pixels - rows))
+                    zero_sums(sums, rows)
+                    for ky, kx in T.grid(kh, kw):
+                        weight = T.bind(w.vload([cb, 0, ky, kx, 0], "float32x16"))
+                        for r in T.unroll(rows):
+                            at = T.bind(r * N_TILE)
+                            sums[T.ramp(at, 1, N_TILE)] = sums[T.ramp(at, 1, N_TILE)] + unpairs(a.vload([
+                                bb, cb, (p0 + r) // ow * strides[0] + ky * dilation[0],
+                                (p0 + r) % ow * strides[1] + kx * dilation[1], 0], "uint32x8")) * weight
+                    for r in T.unroll(rows):
+                        epilogue.store(operands, outputs, sums, r * N_TILE, bb, cb, (p0 + r) // ow, (p0 + r) % ow)
+            epilogue.zero_borders(outputs, batch, blocks, out_shape)
+    return kernel
+
+
+def rebuilt_kernel(kind: str, geometry: list[int], model: CPUModel, epilogue: ConvEpilogue) -> tirx.PrimFunc:
+    """The kernel a plain one's geometry attribute `kind` (`CONV_PARAMS`, `DEPTHWISE_PARAMS`) describes, storing
+    `epilogue`."""
+    if kind == DEPTHWISE_PARAMS:
+        blocks, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow = geometry
+        return depthwise_kernel(blocks, (hp, wp), (kh, kw), [sh, sw], [dh, dw], (oh, ow), model, epilogue)
+    in_blocks, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, out_blocks = geometry
+    return conv_kernel(in_blocks, (hp, wp), (kh, kw), [sh, sw], [dh, dw], (oh, ow), out_blocks, model, epilogue)

@@ -43,6 +43,12 @@ define linkonce_odr <16 x float> @{_UNPAIRS}(<8 x i32> %w) alwaysinline {{
 }}
 """
 
+def unpairs(words: tirx.PrimExpr) -> tirx.PrimExpr:
+    """8 pair words (uint32x8, as `bf16_input` lays them out) as their block's 16 f32 channels, in a kernel that
+    imports `PAIRS_IR`."""
+    return tirx.call_pure_extern(VECTOR, _UNPAIRS, words)
+
+
 # an operand's kind: its dims besides the block's 16 lanes (a PAIRS map's 8 words hold them)
 CHANNEL, IMAGE, MAP, PAIRS = "channel", "image", "map", "pairs"  # [1, OB, 1, 1], [N, OB, 1, 1], [N, OB, OH, OW] x2
 
@@ -113,7 +119,7 @@ class ConvEpilogue:
                 return tirx.const(what, VECTOR)
             kind = self.operands[what]
             if kind == PAIRS:
-                return tirx.call_pure_extern(VECTOR, _UNPAIRS, operands[what][b, ob, y, x, tirx.Ramp(0, 1, HALF)])
+                return unpairs(operands[what][b, ob, y, x, tirx.Ramp(0, 1, HALF)])
             where = {CHANNEL: (0, ob, 0, 0), IMAGE: (b, ob, 0, 0), MAP: (b, ob, y, x)}[kind]
             return operands[what][(*where, lanes)]
 

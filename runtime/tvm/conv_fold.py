@@ -19,7 +19,16 @@ import tvm
 from tvm import relax, tirx
 from tvm.target import Target
 
-from .conv_bf16 import CONV_KERNEL_NAME, CONV_PARAMS, INPUT_PARAMS, SKIP_PARAMS, bf16_skip, conv_kernel
+from .conv_bf16 import (
+    CONV_KERNEL_NAME,
+    CONV_PARAMS,
+    DEPTHWISE_NAME,
+    DEPTHWISE_PARAMS,
+    INPUT_PARAMS,
+    SKIP_PARAMS,
+    bf16_skip,
+    rebuilt_kernel,
+)
 from .conv_epilogue import CHANNEL, IMAGE, MAP, PAIRS, SCALAR_OPS, ConvEpilogue, PairsOutput, Term
 from .cpu import CPUModel, cpu_model
 from .relax_rewrite import batched_f32_shape, same_dims
@@ -86,6 +95,14 @@ class _Fold:
         at, _ = self.operands.setdefault(arg, (len(self.operands), kind))
         return ("operand", at)
 
+    def epilogue(self, read_by_others: set[relax.Var]) -> ConvEpilogue:
+        """What the rebuilt kernel computes: every node, stored as an f32 map where `read_by_others` reads it (in
+        the order of `fold.nodes`), and every cast's pairs."""
+        operands = sorted(self.operands, key=lambda e: self.operands[e][0])
+        return ConvEpilogue(tuple(self.terms), tuple(self.operands[e][1] for e in operands),
+                            tuple(node for var, node in self.nodes.items() if var in read_by_others),
+                            tuple(self.pairs.values()))
+
     def take(self, mod: tvm.IRModule, binding: relax.VarBinding) -> bool:
         """Take `binding` (which reads a value of this epilogue) if the kernel can compute it."""
         value = binding.value
@@ -141,7 +158,7 @@ def _fold_from(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: list[re
     where to look for the next one; None when none is left."""
     for i in range(start, len(bindings)):
         conv = bindings[i]
-        geometry = _callee_attr(mod, conv.value, CONV_PARAMS)
+        kind, geometry = _geometry(mod, conv.value)
         out = batched_f32_shape(conv.var.ty) if geometry is not None else None
         if out is None:
             continue
@@ -153,26 +170,38 @@ def _fold_from(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: list[re
                     fold.taken.append(j)
                 fold.dependent.add(b.var)
         if len(fold.taken) > 1:
-            return _rebuilt(builder, bindings, fold, block, geometry, model), i
+            others = _read_by_others(bindings, fold, block)
+            kernel = rebuilt_kernel(kind, geometry, model, fold.epilogue(others))
+            return _rebuilt(builder, bindings, fold, others, kernel, kind), i
     return None
 
 
-def _rebuilt(builder: relax.BlockBuilder, bindings: list[relax.VarBinding], fold: _Fold, block: _Block,
-             geometry: list[int], model: CPUModel) -> list[relax.VarBinding]:
-    """`bindings` with `fold`'s bindings replaced by one call of the conv kernel with its epilogue, at the last
-    one's place; the other bindings computed from the conv before that place move after it."""
+def _geometry(mod: tvm.IRModule, value: relax.Expr) -> tuple[str, list[int] | None]:
+    """(which, geometry) of a plain bf16 conv or depthwise kernel call, else (CONV_PARAMS, None)."""
+    for kind in (CONV_PARAMS, DEPTHWISE_PARAMS):
+        geometry = _callee_attr(mod, value, kind)
+        if geometry is not None:
+            return kind, geometry
+    return CONV_PARAMS, None
+
+
+def _read_by_others(bindings: list[relax.VarBinding], fold: _Fold, block: _Block) -> set[relax.Var]:
+    """The vars read by the bindings `fold` does not take, and outside the block."""
+    taken = set(fold.taken)
+    return {v for j, b in enumerate(bindings) if j not in taken for v in block.reads(b)} | block.outside
+
+
+def _rebuilt(builder: relax.BlockBuilder, bindings: list[relax.VarBinding], fold: _Fold, others: set[relax.Var],
+             kernel: tirx.PrimFunc, kind: str) -> list[relax.VarBinding]:
+    """`bindings` with `fold`'s bindings replaced by one call of `kernel` (the conv's, rebuilt with the fold's
+    epilogue, which stores the nodes `others` read), at the last one's place; the other bindings computed from
+    the conv before that place move after it."""
     first, last = fold.taken[0], fold.taken[-1]
     taken = set(fold.taken)
-    read_by_others = {v for j, b in enumerate(bindings) if j not in taken for v in block.reads(b)} | block.outside
-    maps = [var for var, node in fold.nodes.items() if var in read_by_others]
-    pairs = list(fold.pairs)
+    outs = [*(var for var in fold.nodes if var in others), *fold.pairs]
+    name = DEPTHWISE_NAME if kind == DEPTHWISE_PARAMS else CONV_KERNEL_NAME
+    gvar = builder.add_func(kernel, f"{name}_epilogue")
     operands = sorted(fold.operands, key=lambda e: fold.operands[e][0])
-    epilogue = ConvEpilogue(tuple(fold.terms), tuple(fold.operands[e][1] for e in operands),
-                            tuple(fold.nodes[v] for v in maps), tuple(fold.pairs[v] for v in pairs))
-    in_blocks, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, out_blocks = geometry
-    kernel = conv_kernel(in_blocks, (hp, wp), (kh, kw), [sh, sw], [dh, dw], (oh, ow), out_blocks, model, epilogue)
-    gvar = builder.add_func(kernel, f"{CONV_KERNEL_NAME}_epilogue")
-    outs = [*maps, *pairs]
     call = relax.call_tir(gvar, [*bindings[first].value.args[1].fields, *operands], [v.ty for v in outs])
     if len(outs) == 1:
         folded = [relax.VarBinding(outs[0], call)]
@@ -201,7 +230,7 @@ def _skips_from_pairs(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: 
         if value is None:
             return False
         if expr not in known:
-            known[expr] = _callee_attr(mod, value, CONV_PARAMS) is not None or (
+            known[expr] = _geometry(mod, value)[1] is not None or (
                 isinstance(value, relax.Call) and value.op in _OPS and any(from_conv(a) for a in value.args))
         return known[expr]
 

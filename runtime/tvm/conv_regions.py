@@ -28,8 +28,12 @@ from .conv_bf16 import (
     bf16_convs,
     bf16_input,
     conv_kernel,
+    depthwise_kernel,
     pack_conv_weight,
     takes_conv,
+)
+from .conv_bf16 import (
+    DEPTHWISE_NAME as DEPTHWISE_KERNEL_NAME,
 )
 from .conv_layout import (
     BLOCKED_NAME,
@@ -147,6 +151,8 @@ class _Regions(PyExprMutator):
         if self.bf16_model is not None and isinstance(w, tvm.ir.Constant) and takes_conv(x_shape[1], int(a.groups)):
             return self._bf16_conv(x, w, ints, out)
         depthwise = depthwise_conv(call) and out[1] > 1 and inside
+        if depthwise and self.bf16_model is not None and isinstance(w, tvm.ir.Constant):
+            return self._bf16_depthwise(x, w, ints, out)
         if not (depthwise or int(a.groups) == 1 and (blocks_output_channels(out[1], out[3], self.rule)
                                                      or inside and pixel_rows(w_shape, *ints))):
             return None
@@ -170,12 +176,7 @@ class _Regions(PyExprMutator):
         blocked), the weight packed at build time, the result blocked f32."""
         strides, padding, dilation = ints
         weight = w.value.numpy()
-        cast = self.builder_.call_te(bf16_input, self.blocked.get(x, x), weight.shape[1], padding,
-                                     primfunc_name_hint="bf16_conv_input")
-        cast_func = cast.args[0]  # marked, so `conv_fold.py` can compute the cast in the store of x's conv
-        self.builder_.update_func(cast_func, self.builder_.get()[cast_func].with_attr(
-            INPUT_PARAMS, [weight.shape[1], *padding]))
-        a = self.builder_.emit(cast)
+        a = self._pairs(x, weight.shape[1], padding)
         packed = pack_conv_weight(weight)
         in_shape = [int(d) for d in a.ty.shape.values[2:4]]
         kernel = conv_kernel(packed.shape[1], in_shape, weight.shape[2:], strides, dilation, out[2:], packed.shape[0],
@@ -183,6 +184,26 @@ class _Regions(PyExprMutator):
         gvar = self.builder_.add_func(kernel, CONV_KERNEL_NAME)
         return relax.call_tir(gvar, [a, relax.const(packed)],
                               relax.TensorType([out[0], packed.shape[0], *out[2:], N_TILE], "float32"))
+
+    def _bf16_depthwise(self, x: relax.Expr, w: tvm.ir.Constant, ints: list[list[int]], out: Dims) -> relax.Expr:
+        """A depthwise conv of a blocked map in a bf16 build (`conv_bf16.depthwise_kernel`): f32 FMAs on its input
+        read as bf16 pairs, which the conv producing that input stores instead of its f32 map."""
+        strides, padding, dilation = ints
+        a = self._pairs(x, out[1], padding)
+        packed = pack_weight(w.value.numpy(), N_TILE)
+        kernel = depthwise_kernel(packed.shape[0], [int(d) for d in a.ty.shape.values[2:4]], packed.shape[2:4],
+                                  strides, dilation, out[2:], self.bf16_model)
+        return relax.call_tir(self.builder_.add_func(kernel, DEPTHWISE_KERNEL_NAME), [a, relax.const(packed)],
+                              relax.TensorType([out[0], packed.shape[0], *out[2:], N_TILE], "float32"))
+
+    def _pairs(self, x: relax.Expr, channels: int, padding: list[int]) -> relax.Expr:
+        """`x` (NCHW at a region's start, else blocked) cast into a bf16 kernel's padded pairs (`bf16_input`), the
+        cast marked so `conv_fold.py` can compute it in the store of x's conv."""
+        cast = self.builder_.call_te(bf16_input, self.blocked.get(x, x), channels, padding,
+                                     primfunc_name_hint="bf16_conv_input")
+        self.builder_.update_func(cast.args[0], self.builder_.get()[cast.args[0]].with_attr(
+            INPUT_PARAMS, [channels, *padding]))
+        return self.builder_.emit(cast)
 
     def _rows_of(self, x: relax.Expr, blocked: bool = False) -> relax.Expr:
         """`x` (NCHW, or its blocked form where it has one, or, with `blocked`, always blocked) with its map as one

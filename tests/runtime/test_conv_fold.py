@@ -16,8 +16,16 @@ from test_conv_bf16 import ZEN4, fused, needs_dot
 
 import kiln
 from kiln.ir import Builder, Graph, verify
-from kiln.runtime.tvm.conv_bf16 import CONV_KERNEL_NAME, bf16_skip, conv_kernel, pack_conv_weight
+from kiln.runtime.tvm.conv_bf16 import (
+    CONV_KERNEL_NAME,
+    DEPTHWISE_NAME,
+    bf16_skip,
+    conv_kernel,
+    depthwise_kernel,
+    pack_conv_weight,
+)
 from kiln.runtime.tvm.conv_epilogue import CHANNEL, IMAGE, MAP, PAIRS, ConvEpilogue, PairsOutput
+from kiln.runtime.tvm.conv_layout import pack_weight
 from kiln.runtime.tvm.cpu import cpu_model
 from kiln.runtime.tvm.target import cpu_target
 
@@ -233,3 +241,80 @@ def test_the_skip_kernel_reads_pairs_back_as_their_f32_channels() -> None:
     build(tvm.runtime.tensor(_pairs(x, 0)), out)
     got = np.moveaxis(out.numpy(), -1, 2).reshape(2, 32, 5, 3)
     np.testing.assert_array_equal(got, _unpaired(_pairs(x, 0)))
+
+
+@needs_dot
+@pytest.mark.parametrize(("kernel", "stride", "pad", "size"), [(3, 1, 1, 9), (5, 2, 2, 14), (3, 2, 1, 7)],
+                         ids=["3x3", "5x5-s2", "3x3-s2-7-wide"])
+def test_the_depthwise_kernel_sums_bf16_inputs_in_f32(kernel: int, stride: int, pad: int, size: int) -> None:
+    """`depthwise_kernel` on padded pairs and an f32 weight, with an epilogue (bias, relu, an f32 map and the next
+    conv's unpadded pairs), outputs starting as garbage: the map within f32 accumulation error of float64 numpy
+    from the bf16-rounded input, the pairs within one more bf16 rounding."""
+    x, w, bias = _tensor((2, 32, size, size), 1), _tensor((32, 1, kernel, kernel), 2), _tensor((32,), 3)
+    out = (size + 2 * pad - kernel) // stride + 1
+    epilogue = ConvEpilogue(nodes=(("add", ("node", 0), ("operand", 0)), ("relu", ("node", 1))), operands=(CHANNEL,),
+                            maps=(2,), pairs=(PairsOutput(2, 32, (0, 0, 0, 0)),))
+    side = size + 2 * pad
+    func = depthwise_kernel(2, (side, side), (kernel, kernel), [stride, stride], [1, 1], (out, out),
+                            cpu_model(cpu_target()), epilogue)
+    build = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=cpu_target())
+    outs = [np.full((2, 2, out, out, 16), GARBAGE, np.uint32).view(np.float32),
+            np.full((2, 2, out, out, 8), GARBAGE, np.uint32)]
+    bias_blocked = np.ascontiguousarray(bias.reshape(1, 2, 16, 1, 1).transpose(0, 1, 3, 4, 2))
+    tensors = [tvm.runtime.tensor(a) for a in (_pairs(x, pad), pack_weight(w, 16), bias_blocked, *outs)]
+    build(*tensors)
+    got = np.moveaxis(tensors[-2].numpy(), -1, 2).reshape(2, 32, out, out)
+    conv = torch.nn.functional.conv2d(torch.from_numpy(_bf16(x)), torch.from_numpy(w.astype(np.float64)),
+                                      stride=stride, padding=pad, groups=32)
+    terms = torch.nn.functional.conv2d(torch.from_numpy(np.abs(_bf16(x))), torch.from_numpy(np.abs(w).astype(
+        np.float64)), stride=stride, padding=pad, groups=32).numpy()
+    want = np.maximum(conv.numpy() + bias[:, None, None], 0)
+    tol = 2.0 ** -20 * (terms + np.abs(bias[:, None, None]))
+    assert np.all(np.abs(got - want) <= tol)
+    assert np.all(np.abs(_unpaired(tensors[-1].numpy()) - want) <= 2.0 ** -8 * want + tol)
+
+
+def _depthwise_block(channels: int, size: int, stride: int) -> Graph:
+    """1x1 conv + relu, a 3x3 depthwise conv + bias + relu (`stride`), 1x1 conv: an inverted residual's convs."""
+    b = Builder("inverted")
+    x = b.input("x", ((None, 16, size, size), "f32"))
+    w1 = b.param("w1", (channels, 16, 1, 1), data=_tensor((channels, 16, 1, 1), 1) * 0.3)
+    wd = b.param("wd", (channels, 1, 3, 3), data=_tensor((channels, 1, 3, 3), 2) * 0.3)
+    bd = b.param("bd", (channels,), data=_tensor((channels,), 3) * 0.1)
+    w2 = b.param("w2", (16, channels, 1, 1), data=_tensor((16, channels, 1, 1), 4) * 0.2)
+    h = b.relu(b.conv2d(x, w1))
+    h = b.relu(b.conv2d(h, wd, bd, stride=(stride, stride), padding=(1, 1), groups=channels))
+    b.ret(b.conv2d(h, w2))
+    return verify(b.build())
+
+
+def test_a_depthwise_conv_between_bf16_convs_reads_and_writes_pairs() -> None:
+    """Zen 4 cross-build of 1x1 -> depthwise 3x3 -> 1x1: the depthwise conv is `depthwise_kernel`, the first conv
+    stores only its (padded) pairs, and the depthwise conv computes its bias and relu and stores only the next
+    conv's pairs; no cast kernel is left between them."""
+    mod = fused(_depthwise_block(48, 10, 1), ZEN4)
+    calls = re.findall(r"= R\.call_tir\((\w+), \(([^)]*)\), out_ty=(.*)", str(mod["forward"]))
+    kernels = [(name, re.findall(r'"(float32|uint32)"\)', out)) for name, _, out in calls
+               if name.startswith((CONV_KERNEL_NAME, DEPTHWISE_NAME))]
+    assert [(name.rstrip("0123456789"), out) for name, out in kernels] == [
+        (f"{CONV_KERNEL_NAME}_epilogue", ["uint32"]), (f"{DEPTHWISE_NAME}_epilogue", ["uint32"]),
+        (CONV_KERNEL_NAME, ["float32"])], kernels
+    assert not any("bf16_conv_input" in name for name, _, _ in calls[1:]), calls  # the NCHW input's cast only
+
+
+@needs_dot
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_bf16_depthwise_block_is_within_bf16_error_of_float64_torch(stride: int) -> None:
+    """36 channels (a partial last block), batch 1 and 3: within the composed bf16 error (2^-6 of the output's
+    scale) of float64 torch, and not an f32 result."""
+    graph = _depthwise_block(36, 11, stride)
+    program = kiln.compile(graph, precision="bf16")
+    t = {n: torch.from_numpy(np.asarray(p.data, np.float64)) for n, p in graph.params.items()}
+    for batch in (1, 3):
+        x = _tensor((batch, 16, 11, 11), batch)
+        h = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(x.astype(np.float64)), t["w1"]))
+        h = torch.relu(torch.nn.functional.conv2d(h, t["wd"], t["bd"], stride=stride, padding=1, groups=36))
+        exact = torch.nn.functional.conv2d(h, t["w2"]).numpy()
+        err = np.abs(np.asarray(program(x)) - exact)
+        assert err.max() <= 2.0 ** -6 * np.abs(exact).max()
+        assert err.max() > 2.0 ** -16 * np.abs(exact).max()
