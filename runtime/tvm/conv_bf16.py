@@ -27,7 +27,7 @@ from .dot_bf16 import DOT_IR, dot_pairs, dot_tile, has_dot, zero_sums
 
 CONV_KERNEL_NAME = "bf16_dot_conv"
 CONV_PARAMS = "kiln.bf16_conv"  # a plain kernel's attribute: `conv_kernel`'s geometry, to rebuild it with an epilogue
-DEPTHWISE_NAME = "bf16_depthwise"
+DEPTHWISE_KERNEL_NAME = "bf16_depthwise"
 DEPTHWISE_PARAMS = "kiln.bf16_depthwise"  # the same for `depthwise_kernel`
 INPUT_PARAMS = "kiln.bf16_conv_input"  # a `bf16_input` kernel's attribute: its channels and padding
 SKIP_PARAMS = "kiln.bf16_skip"  # a `bf16_skip` kernel's attribute, so `conv_fold.py` reads its pairs in a conv's store

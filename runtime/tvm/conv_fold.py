@@ -22,7 +22,7 @@ from tvm.target import Target
 from .conv_bf16 import (
     CONV_KERNEL_NAME,
     CONV_PARAMS,
-    DEPTHWISE_NAME,
+    DEPTHWISE_KERNEL_NAME,
     DEPTHWISE_PARAMS,
     INPUT_PARAMS,
     SKIP_PARAMS,
@@ -95,11 +95,14 @@ class _Fold:
         at, _ = self.operands.setdefault(arg, (len(self.operands), kind))
         return ("operand", at)
 
+    def operand_args(self) -> list[relax.Expr]:
+        """The operands in the kernel's parameter order."""
+        return sorted(self.operands, key=lambda e: self.operands[e][0])
+
     def epilogue(self, read_by_others: set[relax.Var]) -> ConvEpilogue:
         """What the rebuilt kernel computes: every node, stored as an f32 map where `read_by_others` reads it (in
         the order of `fold.nodes`), and every cast's pairs."""
-        operands = sorted(self.operands, key=lambda e: self.operands[e][0])
-        return ConvEpilogue(tuple(self.terms), tuple(self.operands[e][1] for e in operands),
+        return ConvEpilogue(tuple(self.terms), tuple(self.operands[e][1] for e in self.operand_args()),
                             tuple(node for var, node in self.nodes.items() if var in read_by_others),
                             tuple(self.pairs.values()))
 
@@ -199,10 +202,9 @@ def _rebuilt(builder: relax.BlockBuilder, bindings: list[relax.VarBinding], fold
     first, last = fold.taken[0], fold.taken[-1]
     taken = set(fold.taken)
     outs = [*(var for var in fold.nodes if var in others), *fold.pairs]
-    name = DEPTHWISE_NAME if kind == DEPTHWISE_PARAMS else CONV_KERNEL_NAME
+    name = DEPTHWISE_KERNEL_NAME if kind == DEPTHWISE_PARAMS else CONV_KERNEL_NAME
     gvar = builder.add_func(kernel, f"{name}_epilogue")
-    operands = sorted(fold.operands, key=lambda e: fold.operands[e][0])
-    call = relax.call_tir(gvar, [*bindings[first].value.args[1].fields, *operands], [v.ty for v in outs])
+    call = relax.call_tir(gvar, [*bindings[first].value.args[1].fields, *fold.operand_args()], [v.ty for v in outs])
     if len(outs) == 1:
         folded = [relax.VarBinding(outs[0], call)]
     else:

@@ -24,6 +24,7 @@ from tvm.target import Target
 from .bf16_layout import N_TILE
 from .conv_bf16 import (
     CONV_KERNEL_NAME,
+    DEPTHWISE_KERNEL_NAME,
     INPUT_PARAMS,
     bf16_convs,
     bf16_input,
@@ -31,9 +32,6 @@ from .conv_bf16 import (
     depthwise_kernel,
     pack_conv_weight,
     takes_conv,
-)
-from .conv_bf16 import (
-    DEPTHWISE_NAME as DEPTHWISE_KERNEL_NAME,
 )
 from .conv_layout import (
     BLOCKED_NAME,

@@ -18,7 +18,7 @@ import kiln
 from kiln.ir import Builder, Graph, verify
 from kiln.runtime.tvm.conv_bf16 import (
     CONV_KERNEL_NAME,
-    DEPTHWISE_NAME,
+    DEPTHWISE_KERNEL_NAME,
     bf16_skip,
     conv_kernel,
     depthwise_kernel,
@@ -295,9 +295,9 @@ def test_a_depthwise_conv_between_bf16_convs_reads_and_writes_pairs() -> None:
     mod = fused(_depthwise_block(48, 10, 1), ZEN4)
     calls = re.findall(r"= R\.call_tir\((\w+), \(([^)]*)\), out_ty=(.*)", str(mod["forward"]))
     kernels = [(name, re.findall(r'"(float32|uint32)"\)', out)) for name, _, out in calls
-               if name.startswith((CONV_KERNEL_NAME, DEPTHWISE_NAME))]
+               if name.startswith((CONV_KERNEL_NAME, DEPTHWISE_KERNEL_NAME))]
     assert [(name.rstrip("0123456789"), out) for name, out in kernels] == [
-        (f"{CONV_KERNEL_NAME}_epilogue", ["uint32"]), (f"{DEPTHWISE_NAME}_epilogue", ["uint32"]),
+        (f"{CONV_KERNEL_NAME}_epilogue", ["uint32"]), (f"{DEPTHWISE_KERNEL_NAME}_epilogue", ["uint32"]),
         (CONV_KERNEL_NAME, ["float32"])], kernels
     assert not any("bf16_conv_input" in name for name, _, _ in calls[1:]), calls  # the NCHW input's cast only
 
