@@ -14,7 +14,9 @@ f32 as the others do. Compiles start from an empty cache. A model kiln cannot im
 reason and the others still run. `--only` picks models by row name (`resnet`, `light/squeezenet`). `--static` adds
 `kiln static`, a build per batch with the batch fixed (what a dynamic batch costs, in the same rounds). `--bf16`
 adds `kiln bf16` (`precision="bf16!"`, docs/precision.md) and `openvino default` (its own precision choice, bf16
-where the CPU has it), both held to bf16's 3e-2 of onnxruntime's output.
+where the CPU has it), both held to a relative L2 distance from onnxruntime's f32 output of at most
+`BF16_L2_TOLERANCE`: bf16 rounds every conv's input, so a deep net's elementwise error grows with its depth (on
+MobileNetV3-Large, batch 8: kiln bf16 3.6%, OpenVINO's default 4.7%, both picking the same classes).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from kiln.runtime.tvm import compile_cache  # noqa: E402
 from kiln.runtime.tvm.target import configure_threads, cpu_count  # noqa: E402
 
 CNNS = {"resnet", "mobilenetv3", "efficientnet"}
+BF16_L2_TOLERANCE = 0.06  # the largest relative L2 distance of a bf16 engine's output from onnxruntime's f32
 Runner = Callable[[], object]
 
 
@@ -128,8 +131,8 @@ def bench_model(name: str, prepared: Prepared, rounds: int, threads: int, static
             for engine in (e for e in ("kiln bf16", "openvino default") if e in runners):
                 got = runners[engine]()  # kiln: the array; OpenVINO: indexed by output number
                 got = got if isinstance(got, np.ndarray) else got[0]
-                np.testing.assert_allclose(got, want, rtol=3e-2, atol=3e-2 * float(np.abs(want).max()),
-                                           err_msg=f"{engine} on {name}")
+                distance = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+                assert distance <= BF16_L2_TOLERANCE, f"{engine} on {name}: relative L2 distance {distance:.3g}"
         per_round = interleaved(runners, rounds)
         for engine, ms in per_round.items():
             ratio = statistics.median(t / k for t, k in zip(ms, per_round["kiln"], strict=True))
