@@ -92,6 +92,18 @@ def bf16_skip(pairs: te.Tensor) -> te.Tensor:
     return te.compute((*pairs.shape[:4], N_TILE), value, name="bf16_skip")
 
 
+def _attrs(kind: str, geometry: list[int], epilogue: ConvEpilogue) -> dict:
+    """A kernel's function attributes: scheduled, unaliased, and, storing plain sums, its geometry under `kind` (so
+    `conv_fold.py` can rebuild it with an epilogue)."""
+    return {"tirx.noalias": True, "tirx.is_scheduled": True, **({kind: geometry} if epilogue == PLAIN else {})}
+
+
+def _chunk(model: CPUModel, rows: int, in_blocks: int, kh: int) -> int:
+    """Row tiles of `rows` output pixels per chunk: the input rows a chunk reads (`kh` of them per output row, every
+    input block's pairs) in half of L2."""
+    return max(1, model.caches.l2 // 2 // (rows * in_blocks * N_TILE * 2 * kh))
+
+
 def conv_kernel(in_blocks: int, in_shape: tuple[int, int], window: tuple[int, int], strides: list[int],
                 dilation: list[int], out_shape: tuple[int, int], out_blocks: int, model: CPUModel,
                 epilogue: ConvEpilogue = PLAIN) -> tirx.PrimFunc:
@@ -102,14 +114,11 @@ def conv_kernel(in_blocks: int, in_shape: tuple[int, int], window: tuple[int, in
     hp, wp = in_shape
     kh, kw = window
     oh, ow = out_shape
-    geometry = [in_blocks, hp, wp, kh, kw, *strides, *dilation, oh, ow, out_blocks]
-    attrs = {"tirx.noalias": True, "tirx.is_scheduled": True, **({CONV_PARAMS: geometry} if epilogue == PLAIN else {})}
+    attrs = _attrs(CONV_PARAMS, [in_blocks, hp, wp, kh, kw, *strides, *dilation, oh, ow, out_blocks], epilogue)
     pixels, lanes = oh * ow, N_TILE
     tall, width = dot_tile(pixels if pixels < 16 else None, out_blocks, model.vector_registers)
     panels, mblocks = out_blocks // width, -(-pixels // tall)
-    # row tiles per chunk: the input rows a chunk reads (kh of them per output row, all blocks) in half of L2
-    chunk = max(1, model.caches.l2 // 2 // (tall * in_blocks * N_TILE * 2 * kh))
-    cores = model.cores
+    chunk, cores = _chunk(model, tall, in_blocks, kh), model.cores
 
     @T.prim_func(private=True)
     def kernel(a_data: T.handle, w_data: T.handle):
@@ -157,14 +166,11 @@ def depthwise_kernel(blocks: int, in_shape: tuple[int, int], window: tuple[int, 
     hp, wp = in_shape
     kh, kw = window
     oh, ow = out_shape
-    geometry = [blocks, hp, wp, kh, kw, *strides, *dilation, oh, ow]
-    attrs = {"tirx.noalias": True, "tirx.is_scheduled": True,
-             **({DEPTHWISE_PARAMS: geometry} if epilogue == PLAIN else {})}
+    attrs = _attrs(DEPTHWISE_PARAMS, [blocks, hp, wp, kh, kw, *strides, *dilation, oh, ow], epilogue)
     pixels = oh * ow
     rows = min(pixels, model.vector_registers // 4)  # sums; the rest hold the weight and the unpacked inputs
     mblocks = -(-pixels // rows)
-    chunk = max(1, model.caches.l2 // 2 // (rows * N_TILE * 2 * kh))  # row tiles whose input rows fill half of L2
-    cores = model.cores
+    chunk, cores = _chunk(model, rows, 1, kh), model.cores
 
     @T.prim_func(private=True)
     def kernel(a_data: T.handle, w_data: T.handle):
