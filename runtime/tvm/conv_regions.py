@@ -16,8 +16,9 @@ elementwise op (the skip branch of a residual add) is converted once (`to_blocke
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
@@ -179,9 +180,7 @@ class _Regions(PyExprMutator):
         in_shape = [int(d) for d in a.ty.shape.values[2:4]]
         kernel = conv_kernel(packed.shape[1], in_shape, weight.shape[2:], strides, dilation, out[2:], packed.shape[0],
                              self.bf16_model)
-        gvar = self.builder_.add_func(kernel, CONV_KERNEL_NAME)
-        return relax.call_tir(gvar, [a, relax.const(packed)],
-                              relax.TensorType([out[0], packed.shape[0], *out[2:], N_TILE], "float32"))
+        return self._bf16_call(kernel, CONV_KERNEL_NAME, a, packed, out)
 
     def _bf16_depthwise(self, x: relax.Expr, w: tvm.ir.Constant, ints: list[list[int]], out: Dims) -> relax.Expr:
         """A depthwise conv of a blocked map in a bf16 build (`conv_bf16.depthwise_kernel`): f32 FMAs on its input
@@ -191,7 +190,13 @@ class _Regions(PyExprMutator):
         packed = pack_weight(w.value.numpy(), N_TILE)
         kernel = depthwise_kernel(packed.shape[0], [int(d) for d in a.ty.shape.values[2:4]], packed.shape[2:4],
                                   strides, dilation, out[2:], self.bf16_model)
-        return relax.call_tir(self.builder_.add_func(kernel, DEPTHWISE_KERNEL_NAME), [a, relax.const(packed)],
+        return self._bf16_call(kernel, DEPTHWISE_KERNEL_NAME, a, packed, out)
+
+    def _bf16_call(self, kernel: tirx.PrimFunc, name: str, pairs: relax.Expr, packed: np.ndarray, out: Dims
+                   ) -> relax.Call:
+        """A call of a bf16 kernel on its input `pairs` and the weight `packed` at build time (output blocks first),
+        storing the region's blocked f32 map of `out` (NCHW) dims."""
+        return relax.call_tir(self.builder_.add_func(kernel, name), [pairs, relax.const(packed)],
                               relax.TensorType([out[0], packed.shape[0], *out[2:], N_TILE], "float32"))
 
     def _pairs(self, x: relax.Expr, channels: int, padding: list[int]) -> relax.Expr:

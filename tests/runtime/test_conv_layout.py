@@ -358,6 +358,15 @@ def _sweep(text: str) -> list[tuple[int, int]]:
     return [tuple(eval(b, {}, {fused: i, **dict.fromkeys(names, 0)}) for b in bindings) for i in range(int(extent))]
 
 
+def _1x1_conv_text(target: tvm.target.Target, channels: int) -> str:
+    """The scheduled TIR of a blocked 1x1 conv, `channels` -> 256 over 3136 pixels (a 56² map as one row)."""
+    lanes = cpu_model(target).lanes()
+    x = te.placeholder((1, channels // 16, 1, 3136, 16), name="x")
+    wp = te.placeholder((256 // lanes, channels, 1, 1, lanes), name="w")
+    func = te.create_prim_func([x, wp, blocked_conv(x, wp, channels, [1, 1], [0, 0, 0, 0], [1, 1])])
+    return CPUMatmul().apply(func, target, False).mod["main"].script()
+
+
 @pytest.mark.parametrize(("target", "channels"), [(AVX2, 64), (AVX512, 64), (AVX512, 128)],
                          ids=["avx2-64", "avx512-64", "avx512-128"])
 def test_a_1x1_conv_sweeps_chunks_of_pixels_one_line_at_a_time(target: tvm.target.Target, channels: int) -> None:
@@ -368,11 +377,7 @@ def test_a_1x1_conv_sweeps_chunks_of_pixels_one_line_at_a_time(target: tvm.targe
     batch 8 (maps beyond L3) the 64 -> 256 conv with a residual ran at 92 GFLOP/s on Zen 4, 136 in chunks. At least
     two chunks, a number the cores divide, so each of two cores computes its own pixels of one image."""
     model = cpu_model(target)
-    lanes = model.lanes()
-    x = te.placeholder((1, channels // 16, 1, 3136, 16), name="x")
-    wp = te.placeholder((256 // lanes, channels, 1, 1, lanes), name="w")
-    func = te.create_prim_func([x, wp, blocked_conv(x, wp, channels, [1, 1], [0, 0, 0, 0], [1, 1])])
-    sweep = _sweep(CPUMatmul().apply(func, target, False).mod["main"].script())
+    sweep = _sweep(_1x1_conv_text(target, channels))
     runs = [[sweep[0]]]
     for prev, step in zip(sweep, sweep[1:]):
         if step[0] == prev[0]:
@@ -385,14 +390,6 @@ def test_a_1x1_conv_sweeps_chunks_of_pixels_one_line_at_a_time(target: tvm.targe
     assert tiles * rows * channels * 4 <= model.caches.l2 // 4
     assert {line for line, _ in sweep[:len(sweep) // 2]} == {line for line, _ in sweep}  # every line on each core
     assert max(p for _, p in sweep[:len(sweep) // 2]) < 3136 // 2  # the first core: the first half of the pixels
-
-
-def _1x1_conv_text(target: tvm.target.Target, channels: int) -> str:
-    lanes = cpu_model(target).lanes()
-    x = te.placeholder((1, channels // 16, 1, 3136, 16), name="x")
-    wp = te.placeholder((256 // lanes, channels, 1, 1, lanes), name="w")
-    func = te.create_prim_func([x, wp, blocked_conv(x, wp, channels, [1, 1], [0, 0, 0, 0], [1, 1])])
-    return CPUMatmul().apply(func, target, False).mod["main"].script()
 
 
 @pytest.mark.parametrize(("target", "channels"), [(AVX2, 128), (AVX512, 256), (AVX512, 512)],

@@ -567,15 +567,15 @@ class CPUMatmul(dl.ScheduleRule):
         by_channels = not red_outer and depth > channels and channels % step == 0 and depth % channels == 0
         width = (static_extent(loop_extent(sch, vec_i)) or self.lanes) * sch.get(main).writes[0].source.dtype.bits // 8
         sums = rows * lines * width if by_channels else None
-        *chunks, tiles = self._row_chunks(sch, main, row_tile, rows, reduction, sums) or [None]
-        if by_channels and chunks:
+        chunk, tiles = self._row_chunks(sch, main, row_tile, rows, reduction, sums)
+        if by_channels and chunk is not None:
             channel_chunk, k_o = sch.split(k_o, [None, channels // step])
-            return [*spatial, *chunks, line], [channel_chunk], [tiles], k_o
-        return spatial, [], [*chunks, line, *([tiles] if tiles is not None else [])], k_o
+            return [*spatial, chunk, line], [channel_chunk], [tiles], k_o
+        return spatial, [], [loop for loop in (chunk, line, tiles) if loop is not None], k_o
 
     def _row_chunks(self, sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, row_tile: list[s_tir.schedule.LoopRV],
                     rows: int, reduction: list[s_tir.schedule.LoopRV], sums: int | None = None
-                    ) -> list[s_tir.schedule.LoopRV]:
+                    ) -> tuple[s_tir.schedule.LoopRV | None, s_tir.schedule.LoopRV | None]:
         """The row-tile loop of a conv whose threads split its pixels, split into (chunks, tiles of a chunk) so the
         line loop can go between them: a chunk's slab of the input takes at most `1 / ROW_CHUNK_SHARE` of L2 and
         every line reuses it from there, and each line writes (and, with a residual, reads) a run of whole chunks.
@@ -583,20 +583,21 @@ class CPUMatmul(dl.ScheduleRule):
         32 concurrent streams of 512 bytes each, and at batch 8 (maps beyond L3) the 64 -> 256 conv with a residual
         at 56² ran at 92 GFLOP/s, the tiles computing 200 elsewhere. At least `cores` chunks per image, so that a
         single image still gives every core its own pixels, and a number of them the cores divide where one does, so
-        no chunk is shared. `row_tile` unchanged where it has no static extent."""
+        no chunk is shared. (None, the row-tile loop or None) where there is no static extent to split."""
         if not row_tile:
-            return row_tile
+            return None, None
         tiles = static_extent(loop_extent(sch, row_tile[0]))
         depth = [static_extent(loop_extent(sch, loop)) for loop in reduction]
         if tiles is None or None in depth or tiles < 2:
-            return row_tile
+            return None, row_tile[0]
         tile_bytes = rows * math.prod(depth) * sch.get(main).writes[0].source.dtype.bits // 8
         fit = max(1, self.l2_bytes // ROW_CHUNK_SHARE // max(1, tile_bytes))
         if sums is not None:  # the chunk's sums stay in half of L1 between chunks of input channels
             fit = min(fit, max(1, self.l1_bytes // 2 // sums))
         sizes = [d for d in range(1, min(fit, max(1, tiles // self.cores)) + 1) if tiles % d == 0]
         per_chunk = max(sizes, key=lambda d: (tiles // d % self.cores == 0, d))  # each core whole chunks, if it can
-        return list(sch.split(row_tile[0], [None, per_chunk]))
+        chunk, tile = sch.split(row_tile[0], [None, per_chunk])
+        return chunk, tile
 
     def _tile_shape(self, sch: s_tir.Schedule, roles: _Contraction, width: int | None, panelled: bool = False
                     ) -> tuple[int, int, int]:
