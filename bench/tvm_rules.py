@@ -31,6 +31,7 @@ from tvm import relax
 
 from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.pipeline import cpu_pipeline
+from kiln.runtime.tvm.stack_buffers import CPU_TIR_PIPELINE
 from kiln.runtime.tvm.target import configure_threads, cpu_count, cpu_target
 
 
@@ -153,7 +154,7 @@ def _compile(
     target = cpu_target()
     start = time.perf_counter()
     exe = tvm.compile(relax_module(shapes, body), target=target,
-                      relax_pipeline=cpu_pipeline(target, fast_math=fast_math))
+                      relax_pipeline=cpu_pipeline(target, fast_math=fast_math), tir_pipeline=CPU_TIR_PIPELINE)
     return relax.VirtualMachine(exe, tvm.cpu()), time.perf_counter() - start
 
 

@@ -39,6 +39,7 @@ from .lowp import resolve_precision
 from .memory_plan import DEFAULT_MAX_BATCH, batch_dims
 from .op_map import build_map, describe
 from .pipeline import cpu_pipeline, cuda_pipeline
+from .stack_buffers import CPU_TIR_PIPELINE
 from .target import TargetLike, resolve_target
 from .tune import apply_database_pass, database_digest, find_database
 
@@ -103,8 +104,9 @@ def build(graph: Graph, functions: Sequence[str], target: Target, params: str, f
         lowered = lower(lowering_input(graph), params, functions, precision, target)
     signatures = lowered.signatures
     if _device(target) == "cuda":
-        pipeline = cuda_pipeline(target)
+        pipeline, tir_pipeline = cuda_pipeline(target), "default"
     else:
+        tir_pipeline = CPU_TIR_PIPELINE
         extra = (apply_database_pass(tuning_dir, target),) if tuning_dir is not None else ()
         batches = {n: batch_dims(lowered.module[n]) for n in signatures} if max_batch is not None else {}
         pipeline = cpu_pipeline(target, fast_math, extra_schedule_passes=extra, donated=donated,
@@ -115,7 +117,7 @@ def build(graph: Graph, functions: Sequence[str], target: Target, params: str, f
             for n, sig in signatures.items()}
     try:
         with stage(f"building @{graph.name} for {target.kind.name}"):
-            library = tvm.compile(lowered.module, target=target, relax_pipeline=pipeline)
+            library = tvm.compile(lowered.module, target=target, relax_pipeline=pipeline, tir_pipeline=tir_pipeline)
     except (RuntimeError, TypeError, ValueError) as e:  # what TVM raises on a failed build
         first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise KilnError(f"TVM could not build module @{graph.name} for {target.kind.name}: {first}") from e

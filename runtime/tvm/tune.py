@@ -40,6 +40,7 @@ from kiln.runtime.progress import is_terminal
 from . import compile_cache
 from .lower import LOWERING_VERSION, PARAM_MODES, lower
 from .pipeline import cpu_fusion_passes
+from .stack_buffers import CPU_TIR_PIPELINE
 from .target import resolve_target
 from .tune_db import DONE_FILE, RECORD_FILE, WORKLOAD_FILE, damage, mark_done, rewrite_database
 from .tune_prune import prune_database
@@ -131,7 +132,8 @@ def fast_build(mod: tvm.IRModule, target: Target, _params: object) -> tvm.runtim
     from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+    return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target,
+                     pipeline=CPU_TIR_PIPELINE)
 
 
 def _count_records(path: Path) -> int:
