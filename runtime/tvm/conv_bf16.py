@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-from tvm import te, tirx
+from tvm import relax, te, tirx
 from tvm.script import tirx as T
 from tvm.target import Target
 
@@ -79,6 +79,14 @@ def bf16_input(x: te.Tensor, channels: int, padding: list[int]) -> te.Tensor:
     return te.compute((n, blocks, h + top + bottom, w + left + right, HALF), lambda b, cb, i, j, q: value(
         b, cb * N_TILE + q, i, j) | (value(b, cb * N_TILE + q + HALF, i, j) << tirx.const(16, "uint32")),
         name="bf16_conv_input")
+
+
+def marked_cast(builder: relax.BlockBuilder, x: relax.Expr, channels: int, padding: list[int]) -> relax.Call:
+    """A call of `bf16_input` on `x` (its kernel added to `builder`'s module), marked with `INPUT_PARAMS` so
+    `conv_fold.py` can compute it in the store of the conv producing x."""
+    cast = builder.call_te(bf16_input, x, channels, padding, primfunc_name_hint="bf16_conv_input")
+    builder.update_func(cast.args[0], builder.get()[cast.args[0]].with_attr(INPUT_PARAMS, [channels, *padding]))
+    return cast
 
 
 def bf16_skip(pairs: te.Tensor) -> te.Tensor:

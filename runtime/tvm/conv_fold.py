@@ -19,6 +19,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.target import Target
 
+from .bf16_layout import N_TILE
 from .conv_bf16 import (
     CONV_KERNEL_NAME,
     CONV_PARAMS,
@@ -27,9 +28,10 @@ from .conv_bf16 import (
     INPUT_PARAMS,
     SKIP_PARAMS,
     bf16_skip,
+    marked_cast,
     rebuilt_kernel,
 )
-from .conv_epilogue import CHANNEL, IMAGE, MAP, PAIRS, SCALAR_OPS, ConvEpilogue, PairsOutput, Term
+from .conv_epilogue import CHANNEL, HALF, IMAGE, MAP, PAIRS, SCALAR_OPS, ConvEpilogue, PairsOutput, Term
 from .cpu import CPUModel, cpu_model
 from .relax_rewrite import batched_f32_shape, same_dims
 
@@ -223,7 +225,12 @@ def _skips_from_pairs(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: 
     epilogue computes the skip then stores only the pairs, and the add's conv reads them in its store: a ResNet
     block's output makes no f32 round trip (at batch 8 its 56² maps are 26 MB each, beyond L3). The skip is then
     rounded to bf16 once, as the next conv's input is (docs/precision.md). An add counts as a residual's where
-    its other operand is computed from a conv kernel's result by `SCALAR_OPS`."""
+    its other operand is computed from a conv kernel's result by `SCALAR_OPS`.
+
+    A projection's skip (a block's downsample conv, whose result only the add reads) gets such an unpadded cast of
+    its own, bound right after it: its kernel then stores pairs, half the bytes of the f32 map it stored for the
+    add (at batch 8 a 56² projection's map is 26 MB). Of an add's two operands computed from independent convs,
+    the later bound is that skip: the earlier conv's fold takes the add."""
     bound = {b.var: b.value for b in bindings}
     known: dict[relax.Var, bool] = {}  # from_conv of each var asked (hard-swish reads its input three times)
 
@@ -244,6 +251,23 @@ def _skips_from_pairs(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: 
         if shape is not None and len(shape) == 5 and not any(cast[1:]) and same_dims(
                 [int(d) if isinstance(d, tirx.IntImm) else d for d in b.var.ty.shape.values[1:4]], shape[1:4]):
             casts.setdefault(source, (i, b.var))  # pairs of the skip's own blocks and map
+    place = {b.var: i for i, b in enumerate(bindings)}
+    readers: dict[relax.Var, int] = {}
+    for b in bindings:
+        for v in set(relax.analysis.free_vars(b.value)):
+            readers[v] = readers.get(v, 0) + 1
+
+    def projection(arg: relax.Expr, other: relax.Expr, add: relax.Var) -> bool:
+        """Whether `arg` is a projection's skip: bound after `other`, neither computed from the other, from a conv,
+        read by the add alone, a blocked map of the add's dims."""
+        if not (isinstance(arg, relax.DataflowVar) and isinstance(other, relax.Var) and arg in place
+                and other in place and place[arg] > place[other] and readers.get(arg) == 1):
+            return False
+        shape, out = batched_f32_shape(arg.ty), batched_f32_shape(add.ty)
+        return (shape is not None and out is not None and len(shape) == 5 and same_dims(shape, out)
+                and from_conv(arg) and from_conv(other) and not _reaches(bound, arg, other))
+
+    added: dict[int, list[relax.VarBinding]] = {}  # a projection's new cast, right after its skip
     skips: dict[relax.Var, relax.Var] = {}  # a skip -> its f32 read from pairs
     rewritten: dict[int, relax.VarBinding] = {}
     for j, b in enumerate(bindings):
@@ -252,6 +276,12 @@ def _skips_from_pairs(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: 
             continue
         args = list(v.args)
         for k, (arg, other) in enumerate(zip(args, reversed(args), strict=True)):
+            if isinstance(arg, relax.Var) and arg not in casts and projection(arg, other, b.var):
+                blocks = int(arg.ty.shape.values[1])
+                pairs = relax.DataflowVar(f"{arg.name}_pairs", relax.TensorType(
+                    [*arg.ty.shape.values[:4], HALF], "uint32"))
+                added[place[arg]] = [relax.VarBinding(pairs, marked_cast(builder, arg, blocks * N_TILE, [0] * 4))]
+                casts[arg] = (place[arg], pairs)
             if isinstance(arg, relax.Var) and arg in casts and casts[arg][0] < j and from_conv(other):
                 skips.setdefault(arg, relax.DataflowVar(f"{arg.name}_bf16", arg.ty))
                 args[k] = skips[arg]
@@ -263,7 +293,22 @@ def _skips_from_pairs(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: 
         call = builder.call_te(bf16_skip, pairs, primfunc_name_hint="bf16_skip")
         builder.update_func(call.args[0], builder.get()[call.args[0]].with_attr(SKIP_PARAMS, []))
         after.setdefault(at, []).append(relax.VarBinding(var, call))
-    return [new for j, b in enumerate(bindings) for new in [rewritten.get(j, b), *after.get(j, [])]]
+    return [new for j, b in enumerate(bindings)
+            for new in [rewritten.get(j, b), *added.get(j, []), *after.get(j, [])]]
+
+
+def _reaches(bound: dict[relax.Var, relax.Expr], start: relax.Var, target: relax.Var) -> bool:
+    """Whether the value bound to `start` is computed, through the bindings `bound`, from `target`."""
+    seen, todo = set(), [start]
+    while todo:
+        var = todo.pop()
+        if var is target or var.same_as(target):
+            return True
+        if var in seen or var not in bound:
+            continue
+        seen.add(var)
+        todo.extend(relax.analysis.free_vars(bound[var]))
+    return False
 
 
 def fold_conv_epilogues(target: Target) -> tvm.transform.Pass:

@@ -26,11 +26,10 @@ from .bf16_layout import N_TILE
 from .conv_bf16 import (
     CONV_KERNEL_NAME,
     DEPTHWISE_KERNEL_NAME,
-    INPUT_PARAMS,
     bf16_convs,
-    bf16_input,
     conv_kernel,
     depthwise_kernel,
+    marked_cast,
     pack_conv_weight,
     takes_conv,
 )
@@ -84,13 +83,14 @@ class _Regions(PyExprMutator):
         self.bf16_model = model  # the CPU of a bf16 build whose dense convs run `conv_bf16.py`'s kernel, else None
         self.blocked: dict[relax.Var, relax.Expr] = {}  # an NCHW value of this dataflow block -> its NCHW[x]c form
         self.rows: dict[relax.Var, relax.Expr] = {}  # -> its `[N, C / b, 1, H * W, b]` form, where it was made so
+        self.casts: dict[tuple, relax.Expr] = {}  # (a value, channels, padding) -> its bf16 pairs, made once
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.DataflowBlock:
-        self.blocked, self.rows = {}, {}  # a dataflow block's values are not visible from the next
+        self.blocked, self.rows, self.casts = {}, {}, {}  # a dataflow block's values are not visible from the next
         return super().visit_dataflow_block_(block)
 
     def visit_binding_block_(self, block: relax.BindingBlock) -> relax.BindingBlock:
-        self.blocked, self.rows = {}, {}
+        self.blocked, self.rows, self.casts = {}, {}, {}
         return super().visit_binding_block_(block)
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
@@ -201,12 +201,12 @@ class _Regions(PyExprMutator):
 
     def _pairs(self, x: relax.Expr, channels: int, padding: list[int]) -> relax.Expr:
         """`x` (NCHW at a region's start, else blocked) cast into a bf16 kernel's padded pairs (`bf16_input`), the
-        cast marked so `conv_fold.py` can compute it in the store of x's conv."""
-        cast = self.builder_.call_te(bf16_input, self.blocked.get(x, x), channels, padding,
-                                     primfunc_name_hint="bf16_conv_input")
-        self.builder_.update_func(cast.args[0], self.builder_.get()[cast.args[0]].with_attr(
-            INPUT_PARAMS, [channels, *padding]))
-        return self.builder_.emit(cast)
+        cast marked so `conv_fold.py` can compute it in the store of x's conv; made once for the convs reading the
+        same pairs (a ResNet stage's first block: its first conv and its projection, both 1x1 and unpadded)."""
+        key = (x, channels, tuple(padding))
+        if key not in self.casts:
+            self.casts[key] = self.builder_.emit(marked_cast(self.builder_, self.blocked.get(x, x), channels, padding))
+        return self.casts[key]
 
     def _rows_of(self, x: relax.Expr, blocked: bool = False) -> relax.Expr:
         """`x` (NCHW, or its blocked form where it has one, or, with `blocked`, always blocked) with its map as one

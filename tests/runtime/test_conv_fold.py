@@ -106,11 +106,11 @@ def test_the_kernel_stores_every_epilogue_output_and_zeroes_the_borders(skip_kin
     assert np.all(np.abs(_unpaired(got[3]) - relu) <= 2.0 ** -8 * relu + tol)
 
 
-def _bottleneck(channels: int, mid: int, size: int, hard_swish: bool = False, blocks: int = 1, head: int = 1
-                ) -> Graph:
+def _bottleneck(channels: int, mid: int, size: int, hard_swish: bool = False, blocks: int = 1, head: int = 1,
+                project: bool = False) -> Graph:
     """`blocks` bottlenecks in a row, each `head`x`head` -> 3x3 -> 1x1 convs with biases and a residual add, relu
-    (or hard-swish after the first) between them; the input and the first block's first relu are also outputs, so
-    both are stored as f32 maps beside the casts."""
+    (or hard-swish after the first) between them, the skip through a 1x1 conv with a bias where `project`; the
+    input and the first block's first relu are also outputs, so both are stored as f32 maps beside the casts."""
     b = Builder("bottleneck")
     x = b.input("x", ((None, channels, size, size), "f32"))
 
@@ -125,12 +125,14 @@ def _bottleneck(channels: int, mid: int, size: int, hard_swish: bool = False, bl
         h = b.div(b.mul(h, b.minimum(b.maximum(b.add(h, 3.0), 0.0), 6.0)), 6.0) if hard_swish else b.relu(h)
         first = h if first is None else first
         g = b.relu(conv(h, mid, mid, 3, 3 * block + 2))
-        y = b.relu(b.add(conv(g, mid, channels, 1, 3 * block + 3), y))
+        main = conv(g, mid, channels, 1, 3 * block + 3)
+        y = b.relu(b.add(main, conv(y, channels, channels, 1, 100 + block) if project else y))
     b.ret(y, first)
     return verify(b.build())
 
 
-def _torch_bottleneck(graph: Graph, x: np.ndarray, hard_swish: bool, blocks: int = 1) -> list[np.ndarray]:
+def _torch_bottleneck(graph: Graph, x: np.ndarray, hard_swish: bool, blocks: int = 1, project: bool = False
+                      ) -> list[np.ndarray]:
     t = {n: torch.from_numpy(np.asarray(p.data, np.float64)) for n, p in graph.params.items()}
     y, first = torch.from_numpy(x.astype(np.float64)), None
     conv = torch.nn.functional.conv2d
@@ -140,7 +142,7 @@ def _torch_bottleneck(graph: Graph, x: np.ndarray, hard_swish: bool, blocks: int
         h = torch.nn.functional.hardswish(h) if hard_swish else torch.relu(h)
         first = h if first is None else first
         g = torch.relu(conv(h, *w[1], padding=1))
-        y = torch.relu(conv(g, *w[2]) + y)
+        y = torch.relu(conv(g, *w[2]) + (conv(y, t[f"w{100 + block}"], t[f"b{100 + block}"]) if project else y))
     return [y.numpy(), first.numpy()]
 
 
@@ -214,6 +216,44 @@ def test_a_skip_whose_next_conv_pads_it_stays_an_f32_map() -> None:
     assert calls[2][2] == ["float32", "uint32"], calls
     skip = re.search(rf"(\w+)(?::[^\n]*?)? = {calls[2][0]}\[0\]", str(mod["forward"])).group(1)
     assert calls[5][1][3:] == [skip], calls
+
+
+def test_a_projection_skip_is_stored_as_pairs_and_read_from_them() -> None:
+    """A bottleneck whose skip goes through a 1x1 conv: that conv's kernel stores only bf16 pairs, and the block's
+    last conv reads them for its residual add; the block's first conv and the projection read one cast of the
+    input (both 1x1, unpadded), and no kernel of its own unpacks the skip."""
+    mod = fused(_bottleneck(32, 24, 8, project=True), ZEN4)
+    calls = _epilogue_calls(mod)
+    assert [out for _, _, out in calls] == [["float32", "uint32"], ["uint32"], ["uint32"], ["float32"]], calls
+    assert calls[2][0] in calls[3][1], calls  # the projection's pairs, read by the last conv
+    assert calls[0][1][0] == calls[2][1][0], calls  # the first conv and the projection read the same pairs
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    assert sum(n.startswith("bf16_conv_input") for n in names) == 1, names
+    assert not any(n.startswith("bf16_skip") for n in names), names
+
+
+def test_an_add_of_a_conv_and_its_own_input_gets_no_projection_cast() -> None:
+    """The projection rule needs two independent convs: in the second of two bottlenecks whose skip the next conv
+    pads (so no cast of it is unpadded), the last conv's result is computed from the skip, so it is not turned
+    into pairs: it takes the add and stores its f32 result."""
+    calls = _epilogue_calls(fused(_bottleneck(32, 24, 8, blocks=2, head=3), ZEN4))
+    assert [out for _, _, out in calls] == [["float32", "uint32"], ["uint32"], ["float32", "uint32"], ["uint32"],
+                                            ["uint32"], ["float32"]], calls
+    assert not any(var.endswith("_pairs") for var, _, _ in calls), calls
+
+
+@needs_dot
+def test_a_bottleneck_with_a_bf16_projection_skip_is_within_bf16_error_of_float64_torch() -> None:
+    """The projection's result rounded to bf16 once before the add (docs/precision.md): within the composed bf16
+    error of float64 torch at batch 1 and 3, and not an f32 result."""
+    graph = _bottleneck(32, 24, 9, project=True)
+    program = kiln.compile(graph, precision="bf16")
+    for batch in (1, 3):
+        x = _tensor((batch, 32, 9, 9), batch)
+        got, exact = np.asarray(program(x)[0]), _torch_bottleneck(graph, x, False, project=True)[0]
+        err = np.abs(got - exact)
+        assert err.max() <= 2.0 ** -6 * np.abs(exact).max()
+        assert err.max() > 2.0 ** -16 * np.abs(exact).max()
 
 
 @needs_dot
