@@ -30,8 +30,8 @@ from tvm import relax
 
 import kiln.runtime.tvm.pipeline as pipeline
 from kiln.runtime.tvm.cpu import cpu_model
+from kiln.runtime.tvm.pipeline import cpu_compile
 from kiln.runtime.tvm.schedules import default_cpu_rules
-from kiln.runtime.tvm.stack_buffers import CPU_TIR_PIPELINE
 from kiln.runtime.tvm.target import cpu_target
 
 LAYERS = {"784-512-512-10": (784, 512, 512, 10), "37-77-1000-10": (37, 77, 1000, 10)}
@@ -93,8 +93,7 @@ def main() -> None:
         for (label, tile), (layout, packer) in ((t, lay) for t in tiles.items() for lay in layouts.items()):
             pipeline.default_cpu_rules = lambda t=None, tile=tile: default_cpu_rules(t, tile)
             pipeline.pack_matmul_weights = packer or (lambda _target: tvm.transform.Sequential([]))
-            library = tvm.compile(mod, target=target, relax_pipeline=pipeline.cpu_pipeline(target),
-                                  tir_pipeline=CPU_TIR_PIPELINE)
+            library = cpu_compile(mod, target, pipeline.cpu_pipeline(target))
             pipeline.pack_matmul_weights = layouts["packed"]
             fn = relax.VirtualMachine(library, tvm.cpu())["main"]
             np.testing.assert_allclose(fn(*tensors).numpy(), want, rtol=1e-3, atol=1e-3 * np.abs(want).max())

@@ -28,8 +28,8 @@ from tvm import relax
 import kiln.runtime.tvm.pipeline as pipeline
 from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.cpu import cpu_model
+from kiln.runtime.tvm.pipeline import cpu_compile
 from kiln.runtime.tvm.schedules import default_cpu_rules
-from kiln.runtime.tvm.stack_buffers import CPU_TIR_PIPELINE
 from kiln.runtime.tvm.target import cpu_target
 
 AVX512_CONSTANTS = {"mr": 8, "nr": 32, "panel_bytes": 128 << 10, "accumulators": 16, "lanes": 16}
@@ -61,8 +61,8 @@ def main() -> None:
         args = [tvm.runtime.tensor(np.random.default_rng(0).standard_normal(s).astype(np.float32)) for s in shapes]
         for label, tile in (("AVX-512 constants", AVX512_CONSTANTS), ("CPU model", {})):
             pipeline.default_cpu_rules = lambda t=None, tile=tile: default_cpu_rules(t, tile)
-            library = tvm.compile(relax_module(shapes, body), target=target,
-                                  relax_pipeline=pipeline.cpu_pipeline(target), tir_pipeline=CPU_TIR_PIPELINE)
+            library = cpu_compile(relax_module(shapes, body), target,
+                                  pipeline.cpu_pipeline(target))
             main_fn = relax.VirtualMachine(library, tvm.cpu())["main"]
             ms = best_ms(lambda f=main_fn, a=args: f(*a), clock)
             gflops = flops / ms / 1e6

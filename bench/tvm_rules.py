@@ -30,8 +30,7 @@ from timing import Runner, interleaved  # bench/ is the script's directory
 from tvm import relax
 
 from kiln.runtime.tvm.calibrate import relax_module
-from kiln.runtime.tvm.pipeline import cpu_pipeline
-from kiln.runtime.tvm.stack_buffers import CPU_TIR_PIPELINE
+from kiln.runtime.tvm.pipeline import cpu_compile, cpu_pipeline
 from kiln.runtime.tvm.target import configure_threads, cpu_count, cpu_target
 
 
@@ -153,8 +152,8 @@ def _compile(
     """Compile `main(in0, in1, ...) = body(...)` with kiln's CPU pipeline; returns the VM and seconds."""
     target = cpu_target()
     start = time.perf_counter()
-    exe = tvm.compile(relax_module(shapes, body), target=target,
-                      relax_pipeline=cpu_pipeline(target, fast_math=fast_math), tir_pipeline=CPU_TIR_PIPELINE)
+    exe = cpu_compile(relax_module(shapes, body), target,
+                      cpu_pipeline(target, fast_math=fast_math))
     return relax.VirtualMachine(exe, tvm.cpu()), time.perf_counter() - start
 
 

@@ -33,8 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 from kiln.runtime.tvm.calibrate import relax_module
-from kiln.runtime.tvm.pipeline import cpu_pipeline
-from kiln.runtime.tvm.stack_buffers import CPU_TIR_PIPELINE
+from kiln.runtime.tvm.pipeline import cpu_compile, cpu_pipeline
 from kiln.runtime.tvm.target import cpu_target
 
 # name, shapes (x first), body, FLOPs, ONNX nodes (reading "x" and "w", "w2", ...; writing "y")
@@ -136,8 +135,7 @@ def _onnxruntime(case: Case, x: np.ndarray, *ws: np.ndarray) -> Callable[[], obj
 
 def _kiln_ms(module: tvm.IRModule, args: list, target: tvm.target.Target, block_convs: bool) -> float:
     """kiln's time, with convs blocked where the CPU model says so, or all of them NCHW (the A/B column)."""
-    library = tvm.compile(module, target=target, relax_pipeline=cpu_pipeline(target, block_convs=block_convs),
-                          tir_pipeline=CPU_TIR_PIPELINE)
+    library = cpu_compile(module, target, cpu_pipeline(target, block_convs=block_convs))
     main_fn = relax.VirtualMachine(library, tvm.cpu())["main"]
     return _ms(lambda: main_fn(*args))
 

@@ -20,10 +20,9 @@ from tvm.target import Target
 
 from .calibration import CALIBRATE_ENV, store_tile, stored_tile
 from .cpu import CPUModel, cpu_model
-from .pipeline import cpu_pipeline
+from .pipeline import cpu_compile, cpu_pipeline
 from .schedules import default_cpu_rules
 from .schedules.matmul import CPUMatmul
-from .stack_buffers import CPU_TIR_PIPELINE
 
 # (operand shapes, relax body): big enough that the tile decides the time, small enough for ~0.1 s a candidate
 WORKLOADS = (
@@ -62,8 +61,7 @@ def _seconds(target: Target, tile: dict[str, int], workloads: Sequence, runs: in
     rng = np.random.default_rng(0)
     for shapes, body in workloads:
         pipeline = cpu_pipeline(target, True, [_schedule])
-        library = tvm.compile(relax_module(shapes, body), target=target, relax_pipeline=pipeline,
-                              tir_pipeline=CPU_TIR_PIPELINE)
+        library = cpu_compile(relax_module(shapes, body), target, pipeline)
         main = relax.VirtualMachine(library, tvm.cpu())["main"]
         args = [tvm.runtime.tensor(rng.standard_normal(s).astype(np.float32)) for s in shapes]
         main(*args)

@@ -38,8 +38,7 @@ from .lower import LOWERING_VERSION, PARAM_MODES, lower, used_params
 from .lowp import resolve_precision
 from .memory_plan import DEFAULT_MAX_BATCH, batch_dims
 from .op_map import build_map, describe
-from .pipeline import cpu_pipeline, cuda_pipeline
-from .stack_buffers import CPU_TIR_PIPELINE
+from .pipeline import cpu_compile, cpu_pipeline, cuda_pipeline
 from .target import TargetLike, resolve_target
 from .tune import apply_database_pass, database_digest, find_database
 
@@ -104,9 +103,8 @@ def build(graph: Graph, functions: Sequence[str], target: Target, params: str, f
         lowered = lower(lowering_input(graph), params, functions, precision, target)
     signatures = lowered.signatures
     if _device(target) == "cuda":
-        pipeline, tir_pipeline = cuda_pipeline(target), "default"
+        pipeline = cuda_pipeline(target)
     else:
-        tir_pipeline = CPU_TIR_PIPELINE
         extra = (apply_database_pass(tuning_dir, target),) if tuning_dir is not None else ()
         batches = {n: batch_dims(lowered.module[n]) for n in signatures} if max_batch is not None else {}
         pipeline = cpu_pipeline(target, fast_math, extra_schedule_passes=extra, donated=donated,
@@ -117,7 +115,8 @@ def build(graph: Graph, functions: Sequence[str], target: Target, params: str, f
             for n, sig in signatures.items()}
     try:
         with stage(f"building @{graph.name} for {target.kind.name}"):
-            library = tvm.compile(lowered.module, target=target, relax_pipeline=pipeline, tir_pipeline=tir_pipeline)
+            library = cpu_compile(lowered.module, target, pipeline) if _device(target) == "cpu" else \
+                tvm.compile(lowered.module, target=target, relax_pipeline=pipeline)
     except (RuntimeError, TypeError, ValueError) as e:  # what TVM raises on a failed build
         first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise KilnError(f"TVM could not build module @{graph.name} for {target.kind.name}: {first}") from e

@@ -31,7 +31,7 @@ from .conv_bf16 import (
     marked_cast,
     rebuilt_kernel,
 )
-from .conv_epilogue import CHANNEL, HALF, IMAGE, MAP, PAIRS, SCALAR_OPS, ConvEpilogue, PairsOutput, Term
+from .conv_epilogue import CHANNEL, IMAGE, MAP, PAIRS, SCALAR_OPS, ConvEpilogue, PairsOutput, Term
 from .cpu import CPUModel, cpu_model
 from .relax_rewrite import batched_f32_shape, same_dims
 
@@ -277,10 +277,9 @@ def _skips_from_pairs(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: 
         args = list(v.args)
         for k, (arg, other) in enumerate(zip(args, reversed(args), strict=True)):
             if isinstance(arg, relax.Var) and arg not in casts and projection(arg, other, b.var):
-                blocks = int(arg.ty.shape.values[1])
-                pairs = relax.DataflowVar(f"{arg.name}_pairs", relax.TensorType(
-                    [*arg.ty.shape.values[:4], HALF], "uint32"))
-                added[place[arg]] = [relax.VarBinding(pairs, marked_cast(builder, arg, blocks * N_TILE, [0] * 4))]
+                cast = builder.normalize(marked_cast(builder, arg, int(arg.ty.shape.values[1]) * N_TILE, [0] * 4))
+                pairs = relax.DataflowVar(f"{arg.name}_pairs", cast.ty)
+                added[place[arg]] = [relax.VarBinding(pairs, cast)]
                 casts[arg] = (place[arg], pairs)
             if isinstance(arg, relax.Var) and arg in casts and casts[arg][0] < j and from_conv(other):
                 skips.setdefault(arg, relax.DataflowVar(f"{arg.name}_bf16", arg.ty))

@@ -22,8 +22,8 @@ from tvm.target import Target
 
 from kiln.runtime.atomic import atomic_path
 
+from .pipeline import cpu_compile
 from .schedules import default_cpu_rules
-from .stack_buffers import CPU_TIR_PIPELINE
 
 _log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def rules_seconds(mod: tvm.IRModule, target: Target, number: int = 3, min_repeat
 
     with target:
         scheduled = dl.ApplyDefaultSchedule(*default_cpu_rules())(mod)
-    library = tvm.compile(scheduled, target=target, tir_pipeline=CPU_TIR_PIPELINE).jit()
+    library = cpu_compile(scheduled, target).jit()
     rng = np.random.default_rng(0)
     args = [tvm.runtime.tensor(rng.uniform(-1, 1, [int(d) for d in info.shape]).astype(info.dtype))
             for info in ms.arg_info.ArgInfo.from_prim_func(mod["main"])]

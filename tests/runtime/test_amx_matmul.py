@@ -17,6 +17,7 @@ from kiln.ir import Builder, Graph, verify
 from kiln.runtime.tvm.amx import KERNEL_NAME, _packed_pairs, has_tiles, runs_tiles, tile_kernel
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.lower import lower
+from kiln.runtime.tvm.pipeline import cpu_compile
 from kiln.runtime.tvm.target import cpu_target
 
 SAPPHIRE = Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
@@ -198,7 +199,7 @@ def test_packed_pairs_hold_amx_pair_layout() -> None:
     y = np.random.default_rng(3).standard_normal((2, 37, 21)).astype(np.float32)
     placeholder = te.placeholder(y.shape, "float32", name="y")
     packed = _packed_pairs(placeholder, 64, 32)
-    build = tvm.compile(te.create_prim_func([placeholder, packed]), target=cpu_target())
+    build = cpu_compile(te.create_prim_func([placeholder, packed]), cpu_target())
     out = tvm.runtime.empty(tuple(int(d) for d in packed.shape), "uint32")
     build(tvm.runtime.tensor(y), out)
     wide = np.zeros((2, 64, 32), np.uint32)

@@ -14,7 +14,7 @@ from cross_targets import AVX512
 from tvm import relax, te, tirx
 
 from kiln.runtime.tvm.calibrate import relax_module
-from kiln.runtime.tvm.pipeline import cpu_pipeline
+from kiln.runtime.tvm.pipeline import cpu_compile, cpu_pipeline
 from kiln.runtime.tvm.schedules import CPUInjective, CPUMatmul
 from kiln.runtime.tvm.schedules.safe import DEBUG_ENV
 from kiln.runtime.tvm.target import cpu_target
@@ -62,7 +62,7 @@ def scheduled_run(func: tirx.PrimFunc, out_shape: tuple[int, ...], *arrays: np.n
     sch = CPUMatmul().apply(func, TARGET, False)
     assert sch is not None
     args = [tvm.runtime.tensor(a) for a in (*arrays, np.zeros(out_shape, np.float32))]
-    tvm.compile(sch.mod, target=TARGET)(*args)
+    cpu_compile(sch.mod, TARGET)(*args)
     return args[-1].numpy()
 
 
@@ -101,7 +101,7 @@ def test_four_axis_blocked_conv_matches_torch_and_cross_builds() -> None:
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     cross = CPUMatmul().apply(func, AVX512, False)
     assert cross is not None
-    tvm.compile(cross.mod, target=AVX512)
+    cpu_compile(cross.mod, AVX512)
 
 
 def test_no_rule_inlines_an_epilogue_into_a_unit_reduction() -> None:
@@ -119,7 +119,7 @@ def test_one_channel_1x1_conv_with_bias_relu_matches_torch(block_convs: bool) ->
     shapes = [(1, 1, 16, 16), (16, 1, 1, 1), (1, 16, 1, 1)]
     x, w, b = (RNG.standard_normal(s).astype(np.float32) for s in shapes)
     mod = relax_module(shapes, lambda x, w, b: relax.op.nn.relu(relax.op.add(relax.op.nn.conv2d(x, w), b)))
-    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, block_convs=block_convs))
+    exe = cpu_compile(mod, TARGET, cpu_pipeline(TARGET, block_convs=block_convs))
     got = relax.VirtualMachine(exe, tvm.cpu())["main"](*(tvm.runtime.tensor(a) for a in (x, w, b))).numpy()
     t = [torch.from_numpy(a).double() for a in (x, w, b)]
     want = torch.relu(torch.nn.functional.conv2d(t[0], t[1]) + t[2]).numpy()
@@ -132,6 +132,6 @@ def test_softmax_over_a_length_1_axis_is_one(fast_math: bool) -> None:
     of length 1, and the same normalization made them look elementwise (both builds gave values other than 1)."""
     x = RNG.standard_normal((4, 3, 1)).astype(np.float32)
     mod = relax_module([x.shape], lambda v: relax.op.nn.softmax(v, axis=-1))
-    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math))
+    exe = cpu_compile(mod, TARGET, cpu_pipeline(TARGET, fast_math))
     np.testing.assert_allclose(relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy(),
                                np.ones_like(x), rtol=1e-6)

@@ -27,6 +27,7 @@ from kiln.runtime.tvm.conv_bf16 import (
 from kiln.runtime.tvm.conv_epilogue import CHANNEL, IMAGE, MAP, PAIRS, ConvEpilogue, PairsOutput
 from kiln.runtime.tvm.conv_layout import pack_weight
 from kiln.runtime.tvm.cpu import cpu_model
+from kiln.runtime.tvm.pipeline import cpu_compile
 from kiln.runtime.tvm.target import cpu_target
 
 pytestmark = pytest.mark.usefixtures("module_cache")
@@ -76,7 +77,7 @@ def test_the_kernel_stores_every_epilogue_output_and_zeroes_the_borders(skip_kin
         operands=(CHANNEL, IMAGE, skip_kind), maps=(3, 5),
         pairs=(PairsOutput(5, 24, (1, 1, 1, 1)), PairsOutput(4, 32, (0, 0, 0, 0))))
     kernel = conv_kernel(2, (8, 9), (3, 3), [1, 1], [1, 1], size, 2, cpu_model(cpu_target()), epilogue)
-    build = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target=cpu_target())
+    build = cpu_compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), cpu_target())
 
     def blocked(a: np.ndarray) -> np.ndarray:  # [N, 32, ...] -> [N, 2, ..., 16]
         return np.ascontiguousarray(np.moveaxis(a.reshape(a.shape[0], 2, 16, *a.shape[2:]), 2, -1))
@@ -276,7 +277,7 @@ def test_the_skip_kernel_reads_pairs_back_as_their_f32_channels() -> None:
     half) and q + 8 (high half), exactly the bf16 values, checked against `_unpaired`."""
     x = _tensor((2, 32, 5, 3), 7)
     pairs = tvm.te.placeholder((tvm.tirx.Var("n", "int64"), 2, 5, 3, 8), "uint32", name="pairs")
-    build = tvm.compile(tvm.te.create_prim_func([pairs, bf16_skip(pairs)]), target=cpu_target())
+    build = cpu_compile(tvm.te.create_prim_func([pairs, bf16_skip(pairs)]), cpu_target())
     out = tvm.runtime.tensor(np.full((2, 2, 5, 3, 16), np.nan, np.float32))
     build(tvm.runtime.tensor(_pairs(x, 0)), out)
     got = np.moveaxis(out.numpy(), -1, 2).reshape(2, 32, 5, 3)
@@ -297,7 +298,7 @@ def test_the_depthwise_kernel_sums_bf16_inputs_in_f32(kernel: int, stride: int, 
     side = size + 2 * pad
     func = depthwise_kernel(2, (side, side), (kernel, kernel), [stride, stride], [1, 1], (out, out),
                             cpu_model(cpu_target()), epilogue)
-    build = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=cpu_target())
+    build = cpu_compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), cpu_target())
     outs = [np.full((2, 2, out, out, 16), GARBAGE, np.uint32).view(np.float32),
             np.full((2, 2, out, out, 8), GARBAGE, np.uint32)]
     bias_blocked = np.ascontiguousarray(bias.reshape(1, 2, 16, 1, 1).transpose(0, 1, 3, 4, 2))

@@ -19,7 +19,7 @@ from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.conv_layout import BLOCKED_NAME, blocked_conv, blocks_output_channels, pack_weight
 from kiln.runtime.tvm.conv_regions import block_conv_regions
 from kiln.runtime.tvm.cpu import cpu_model
-from kiln.runtime.tvm.pipeline import cpu_pipeline
+from kiln.runtime.tvm.pipeline import cpu_compile, cpu_pipeline
 from kiln.runtime.tvm.schedules import CPUMatmul
 from kiln.runtime.tvm.target import cpu_target
 
@@ -109,7 +109,7 @@ def test_blocked_conv_matches_torch(x_shape: tuple[int, ...], w_shape: tuple[int
     mod = _blocked_module(x_shape, w, bound, kw, epilogue)
     names = _prim_names(mod)
     assert BLOCKED_NAME in names and ("pack_conv_weight" in names) is not bound
-    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math=False))
+    exe = cpu_compile(mod, TARGET, cpu_pipeline(TARGET, fast_math=False))
     got = relax.VirtualMachine(exe, tvm.cpu())["main"](*(tvm.runtime.tensor(a) for a in ([x] if bound else [x, w])))
     tkw = {"stride": kw.get("strides", 1), "padding": kw["padding"], "dilation": kw.get("dilation", 1)}
     want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), **tkw)
@@ -127,7 +127,7 @@ def test_an_avx2_build_of_a_chunked_1x1_conv_matches_torch(x_shape: tuple[int, .
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(w_shape).astype(np.float32)
     mod = _blocked_module(x_shape, w, True, dict(padding=0), True)
-    exe = tvm.compile(mod, target=AVX2, relax_pipeline=cpu_pipeline(AVX2, fast_math=False))
+    exe = cpu_compile(mod, AVX2, cpu_pipeline(AVX2, fast_math=False))
     got = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(x))
     want = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double())
                       + torch.arange(w_shape[0], dtype=torch.float64).reshape(-1, 1, 1) / 10)
@@ -183,7 +183,7 @@ def test_a_3x3_blocked_conv_tile_divides_its_extents_and_fills_the_accumulators(
     assert tile["v0"] * tile["v1"] * tile["v2"] <= cpu_model(target).accumulators
     if target is AVX2 and width == 14:
         assert tile["v1"] == 2
-    tvm.compile(sch.mod, target=target)
+    cpu_compile(sch.mod, target)
 
 
 @pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
@@ -202,7 +202,7 @@ def test_a_3x3_blocked_conv_sums_its_input_channels_in_chunks_whose_weights_fit_
     lines = _register_tile(text)["v0"]
     assert 4 <= chunk < 64 and 64 % chunk == 0
     assert chunk * lines * lanes * 9 * 4 <= model.caches.l1d // 4
-    tvm.compile(sch.mod, target=target)
+    cpu_compile(sch.mod, target)
 
 def _first_thread_rows(text: str) -> set[int]:
     """The output rows a scheduled blocked conv's update block writes in the first half of its parallel loop's
@@ -327,7 +327,7 @@ def test_a_1x1_conv_tile_on_a_7_wide_map_hides_the_fma_latency(target: tvm.targe
     sch = CPUMatmul().apply(func, target, False)
     tile = _register_tile(sch.mod["main"].script())
     assert (tile["v1"], tile["v0"]) == shape, tile  # pixels (unit dims have no iterator), output-channel vectors
-    tvm.compile(sch.mod, target=target)
+    cpu_compile(sch.mod, target)
 
 
 @pytest.mark.parametrize("params", ["bound", "inputs"])

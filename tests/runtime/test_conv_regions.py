@@ -17,7 +17,7 @@ from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.conv_layout import BLOCKED_NAME, DEPTHWISE_NAME
 from kiln.runtime.tvm.conv_regions import block_conv_regions
 from kiln.runtime.tvm.lower import lower
-from kiln.runtime.tvm.pipeline import cpu_fusion_passes, cpu_pipeline
+from kiln.runtime.tvm.pipeline import cpu_compile, cpu_fusion_passes, cpu_pipeline
 from kiln.runtime.tvm.target import cpu_target
 
 TARGET = cpu_target()
@@ -153,7 +153,7 @@ def test_without_block_convs_the_program_stays_nchw() -> None:
 
 
 def _run(mod: tvm.IRModule, *args: np.ndarray) -> np.ndarray:
-    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math=False))
+    exe = cpu_compile(mod, TARGET, cpu_pipeline(TARGET, fast_math=False))
     return relax.VirtualMachine(exe, tvm.cpu())["main"](*(tvm.runtime.tensor(a) for a in args)).numpy()
 
 
@@ -216,7 +216,7 @@ def test_a_dynamic_batch_keeps_the_region_blocked(target: tvm.target.Target) -> 
 def test_the_dynamic_batch_chain_matches_torch_at_every_batch() -> None:
     """One build of the chain over a symbolic batch, run at batch 1 and 3, against torch."""
     mod = relax_module([(BATCH, 20, 36, 36)], _chain)
-    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math=False))
+    exe = cpu_compile(mod, TARGET, cpu_pipeline(TARGET, fast_math=False))
     vm = relax.VirtualMachine(exe, tvm.cpu())
     for batch in (1, 3):
         x = RNG.standard_normal((batch, 20, 36, 36)).astype(np.float32)
@@ -276,7 +276,7 @@ def test_a_1x1_convs_epilogue_fuses_into_its_kernel(target: tvm.target.Target) -
 def test_the_squeeze_excite_matches_torch_at_every_batch() -> None:
     """One build over a symbolic batch, run at batch 1 and 2, against torch's hardswish, mean and hardsigmoid."""
     mod = relax_module([(BATCH, 32, 14, 14)], _squeeze_excite)
-    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math=False)),
+    vm = relax.VirtualMachine(cpu_compile(mod, TARGET, cpu_pipeline(TARGET, fast_math=False)),
                               tvm.cpu())
     for batch in (1, 2):
         x = RNG.standard_normal((batch, 32, 14, 14)).astype(np.float32)
@@ -306,7 +306,7 @@ def test_a_residual_add_fuses_into_the_1x1_convs_kernel(target: tvm.target.Targe
 def test_the_bottleneck_tail_matches_torch() -> None:
     """The fused residual against torch, over a symbolic batch run at batch 2."""
     mod = relax_module([(BATCH, 32, 14, 14)], _bottleneck_tail)
-    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math=False)),
+    vm = relax.VirtualMachine(cpu_compile(mod, TARGET, cpu_pipeline(TARGET, fast_math=False)),
                               tvm.cpu())
     f, x = torch.nn.functional, RNG.standard_normal((2, 32, 14, 14)).astype(np.float32)
     t = {k: torch.from_numpy(v).double() for k, v in dict(SE, x=x).items()}

@@ -27,7 +27,7 @@ from kiln.runtime.tvm.calibrate import calibrate, calibrate_on_first_use, candid
 from kiln.runtime.tvm.calibration import CALIBRATE_ENV, calibration_path, stored_tile
 from kiln.runtime.tvm.compile import cache_key
 from kiln.runtime.tvm.cpu import CLASS_DEFAULTS, CacheSizes, cpu_model, host_caches
-from kiln.runtime.tvm.pipeline import cpu_pipeline
+from kiln.runtime.tvm.pipeline import cpu_compile, cpu_pipeline
 from kiln.runtime.tvm.schedules import CPUMatmul, default_cpu_rules
 from kiln.runtime.tvm.target import CPU_ENV, HOST_FEATURES, cpu_count, cpu_target, mattr_for, resolve_target
 
@@ -125,7 +125,7 @@ def test_contraction_tile_from_the_model() -> None:
 
 
 def _asm(target: Target, shapes: list[tuple[int, ...]], body) -> tuple[str, relax.VirtualMachine | None]:
-    library = tvm.compile(calibrate_mod.relax_module(shapes, body), target=target, relax_pipeline=cpu_pipeline(target))
+    library = cpu_compile(calibrate_mod.relax_module(shapes, body), target, cpu_pipeline(target))
     return library.mod.imports[0].inspect_source("asm"), library
 
 

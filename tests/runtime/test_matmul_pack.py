@@ -28,7 +28,7 @@ from kiln.runtime.tvm.matmul_layout import (
     packs_operand,
     panel_width,
 )
-from kiln.runtime.tvm.pipeline import cpu_pipeline
+from kiln.runtime.tvm.pipeline import cpu_compile, cpu_pipeline
 from kiln.runtime.tvm.relax_rewrite import static_shape
 from kiln.runtime.tvm.schedules import CPUMatmul
 from kiln.runtime.tvm.target import cpu_target
@@ -170,7 +170,7 @@ def test_avx512_cross_build_of_a_packed_matmul_uses_zmm() -> None:
     over a packed weight builds and its FMAs are on zmm registers."""
     w = np.random.default_rng(0).standard_normal((33, 64)).astype(np.float32)
     mod = relax_module([(28, 33)], lambda x: relax.op.matmul(x, relax.const(w)))
-    asm = tvm.compile(mod, target=AVX512, relax_pipeline=cpu_pipeline(AVX512)).mod.imports[0].inspect_source("asm")
+    asm = cpu_compile(mod, AVX512, cpu_pipeline(AVX512)).mod.imports[0].inspect_source("asm")
     assert re.search(r"vfmadd\d+ps\s+[^\n]*%zmm", asm)
     assert PACKED_NAME in _prim_names(mod, AVX512)
 
@@ -209,7 +209,7 @@ def test_batched_right_operand_packs_per_batch(a_shape: tuple, b_shape: tuple, p
     assert (PACKED_NAME in _prim_names(mod)) is packs
     rng = np.random.default_rng(len(a_shape) + a_shape[-1])
     a, b = (rng.standard_normal(s).astype(np.float32) for s in (a_shape, b_shape))
-    library = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET))
+    library = cpu_compile(mod, TARGET, cpu_pipeline(TARGET))
     got = relax.VirtualMachine(library, tvm.cpu())["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
     want = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
@@ -218,7 +218,7 @@ def test_batched_right_operand_packs_per_batch(a_shape: tuple, b_shape: tuple, p
 def test_avx512_cross_build_of_a_packed_batched_matmul() -> None:
     """The per-batch panels build for AVX-512 too (32-wide panels, zmm FMAs)."""
     mod = relax_module([(2, 129, 64), (2, 64, 77)], relax.op.matmul)
-    asm = tvm.compile(mod, target=AVX512, relax_pipeline=cpu_pipeline(AVX512)).mod.imports[0].inspect_source("asm")
+    asm = cpu_compile(mod, AVX512, cpu_pipeline(AVX512)).mod.imports[0].inspect_source("asm")
     assert re.search(r"vfmadd\d+ps\s+[^\n]*%zmm", asm) and PACKED_NAME in _prim_names(mod, AVX512)
 
 
@@ -238,7 +238,7 @@ def test_a_dynamic_batch_over_a_constant_weight_is_packed(transposed: bool) -> N
     mod = relax_module([(tirx.Var("batch", "int64"), 64)], lambda x: relax.op.matmul(
         x, relax.op.permute_dims(relax.const(w)) if transposed else relax.const(w)))
     assert any(PACKED_NAME in name for name in _fused_names(mod))
-    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math=False)),
+    vm = relax.VirtualMachine(cpu_compile(mod, TARGET, cpu_pipeline(TARGET, fast_math=False)),
                               tvm.cpu())
     for batch in (1, 5):
         x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
@@ -298,7 +298,7 @@ def test_flipped_matmul_matches_numpy(x_shape: tuple, w_shape: tuple) -> None:
     mod = relax_module([x_shape, w_shape], lambda x, w: relax.op.matmul(x, relax.op.permute_dims(w)))
     rng = np.random.default_rng(sum(x_shape))
     a, b = (rng.standard_normal(s).astype(np.float32) for s in (x_shape, w_shape))
-    library = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET))
+    library = cpu_compile(mod, TARGET, cpu_pipeline(TARGET))
     got = relax.VirtualMachine(library, tvm.cpu())["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
     want = a.astype(np.float64) @ b.T.astype(np.float64)
     assert got.shape == want.shape
@@ -336,5 +336,5 @@ def test_cross_builds_of_a_flipped_matmul(target: tvm.target.Target, register: s
     """The flipped `x @ W^T` builds for an AVX2 (haswell) and an AVX-512 target, its FMAs on that ISA's vectors."""
     assert flip_pays(40, 150, 200)
     mod = relax_module([(40, 200), (150, 200)], lambda x, w: relax.op.matmul(x, relax.op.permute_dims(w)))
-    asm = tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target)).mod.imports[0].inspect_source("asm")
+    asm = cpu_compile(mod, target, cpu_pipeline(target)).mod.imports[0].inspect_source("asm")
     assert re.search(rf"vfmadd\d+ps\s+[^\n]*%{register}", asm)

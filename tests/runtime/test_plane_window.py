@@ -18,7 +18,7 @@ from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.cpu import cpu_model
 from kiln.runtime.tvm.lower import lower
-from kiln.runtime.tvm.pipeline import cpu_fusion_passes, cpu_pipeline
+from kiln.runtime.tvm.pipeline import cpu_compile, cpu_fusion_passes, cpu_pipeline
 from kiln.runtime.tvm.plane_window import OUT_BLOCK, vector_width
 from kiln.runtime.tvm.schedules import CPUPlaneWindow
 from kiln.runtime.tvm.schedules.plane_window import row_tile
@@ -96,7 +96,7 @@ def test_a_lone_depthwise_conv_is_one_scheduled_plane_kernel(target: tvm.target.
     lanes = vector_width(14, cpu_model(target).lanes())
     assert "T.parallel(T.int64(24))" in text and f"T.vectorized(T.int64({lanes}))" in text
     assert text.count("with T.sblock(") - text.count('# with T.sblock("root")') == 5  # pad, init, update, tile, out
-    tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target, fast_math=False))
+    cpu_compile(mod, target, cpu_pipeline(target, fast_math=False))
 
 
 def test_convs_that_are_not_depthwise_keep_their_kernels() -> None:
@@ -113,7 +113,7 @@ def test_a_strided_pool_is_scheduled_and_builds_for_avx512() -> None:
     (kernel,) = _kernels(mod, AVX512)
     text = CPUPlaneWindow().apply(kernel, AVX512, False).mod["main"].script()
     assert "T.vectorized(T.int64(8))" in text and "T.unroll(T.int64(2))" in text  # 8 lanes; both phases per column
-    tvm.compile(mod, target=AVX512, relax_pipeline=cpu_pipeline(AVX512, fast_math=False))
+    cpu_compile(mod, AVX512, cpu_pipeline(AVX512, fast_math=False))
 
 
 @pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
@@ -127,7 +127,7 @@ def test_a_small_strided_plane_is_copied_by_unrolled_rows(target: tvm.target.Tar
         (kernel,) = _kernels(mod, target)
         text = CPUPlaneWindow().apply(kernel, target, False).mod["main"].script()
         assert (f"T.unroll(T.int64({rows}))" in text) == unrolled
-    library = tvm.compile(small, target=target, relax_pipeline=cpu_pipeline(target, fast_math=False))
+    library = cpu_compile(small, target, cpu_pipeline(target, fast_math=False))
     assembly = library.mod.imports[0].inspect_source("asm")
     assert "vmaxps" in assembly and "vscatter" not in assembly and "vgather" not in assembly
 
@@ -144,7 +144,7 @@ def test_asymmetric_padding_matches_torch() -> None:
     x, w = rng.standard_normal((1, 7, 15, 12)).astype(np.float32), rng.standard_normal((7, 1, 3, 3)).astype(np.float32)
     mod = relax_module([x.shape], lambda v: relax.op.nn.conv2d(v, relax.const(w), strides=2, padding=(0, 1, 2, 1),
                                                                groups=7))
-    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math=False))
+    exe = cpu_compile(mod, TARGET, cpu_pipeline(TARGET, fast_math=False))
     got = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     padded = torch.nn.functional.pad(torch.from_numpy(x).double(), (1, 1, 0, 2))
     want = torch.nn.functional.conv2d(padded, torch.from_numpy(w).double(), stride=2, groups=7).numpy()

@@ -27,7 +27,7 @@ from kiln.runtime.tvm.amx import bf16_products, padded
 from kiln.runtime.tvm.compile import cache_key, compile_graph
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.lowp import resolve_precision
-from kiln.runtime.tvm.pipeline import cpu_pipeline
+from kiln.runtime.tvm.pipeline import cpu_compile, cpu_pipeline
 from kiln.runtime.tvm.target import cpu_target
 
 K, N = 1000, 77
@@ -195,8 +195,8 @@ def _kernels(graph: Graph, precision: str) -> tuple[relax.Function, dict[str, ti
         return mod
 
     target = cpu_target()
-    library = tvm.compile(lower(graph, "bound", None, precision, target).module, target=target,
-                          relax_pipeline=cpu_pipeline(target, True, [capture]))
+    library = cpu_compile(lower(graph, "bound", None, precision, target).module, target,
+                          cpu_pipeline(target, True, [capture]))
     kernels = {gv.name_hint: f for gv, f in seen[0].functions_items() if isinstance(f, tirx.PrimFunc)}
     fn = next(f for _, f in seen[0].functions_items() if isinstance(f, relax.Function))
     return fn, kernels, relax.VirtualMachine(library, tvm.cpu())

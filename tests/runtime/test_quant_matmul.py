@@ -22,7 +22,7 @@ from kiln.runtime.backend import using_backend
 from kiln.runtime.tvm.backend import TVMBackend
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.lower import lower
-from kiln.runtime.tvm.pipeline import cpu_pipeline
+from kiln.runtime.tvm.pipeline import cpu_compile, cpu_pipeline
 from kiln.runtime.tvm.schedules import CPUMatmul
 from kiln.runtime.tvm.target import cpu_target
 
@@ -92,7 +92,7 @@ def fused(graph: Graph, params: str) -> tuple[relax.Function, dict[str, tirx.Pri
         seen.append(tvm.IRModule(dict(mod.functions_items())))  # a copy: the rules update the module in place
         return mod
 
-    tvm.compile(lower(graph, params).module, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, True, [capture]))
+    cpu_compile(lower(graph, params).module, TARGET, cpu_pipeline(TARGET, True, [capture]))
     (mod,) = seen
     kernels = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
     relax_fns = [f for _, f in mod.functions_items() if isinstance(f, relax.Function)]

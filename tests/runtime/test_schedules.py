@@ -19,7 +19,7 @@ from kiln.runtime.tvm import target as target_mod
 from kiln.runtime.tvm.calibrate import relax_module
 from kiln.runtime.tvm.conv_layout import from_blocked
 from kiln.runtime.tvm.cpu import cpu_model
-from kiln.runtime.tvm.pipeline import cpu_pipeline, cuda_pipeline
+from kiln.runtime.tvm.pipeline import cpu_compile, cpu_pipeline, cuda_pipeline
 from kiln.runtime.tvm.schedules import (
     CPUColumnReduction,
     CPUInjective,
@@ -55,13 +55,13 @@ def fused_prim_funcs(mod: tvm.IRModule, fast_math: bool = False, block_convs: bo
         seen.extend(f for _, f in m.functions_items() if isinstance(f, tirx.PrimFunc))
         return m
 
-    tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math, [capture], block_convs))
+    cpu_compile(mod, TARGET, cpu_pipeline(TARGET, fast_math, [capture], block_convs))
     return seen
 
 
 def run(mod: tvm.IRModule, *arrays: np.ndarray, fast_math: bool = False, block_convs: bool = True) -> np.ndarray:
     """Compile with kiln's CPU pipeline and run `main` on the arrays."""
-    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math, block_convs=block_convs))
+    exe = cpu_compile(mod, TARGET, cpu_pipeline(TARGET, fast_math, block_convs=block_convs))
     vm = relax.VirtualMachine(exe, tvm.cpu())
     return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
 
@@ -240,7 +240,7 @@ def test_dynamic_batch_one_compile_many_sizes() -> None:
     mod = relax_module(
         [(n, 33), (33, 40), (40,)], lambda x, w, b: relax.op.nn.relu(relax.op.matmul(x, w) + b)
     )
-    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET))
+    exe = cpu_compile(mod, TARGET, cpu_pipeline(TARGET))
     vm = relax.VirtualMachine(exe, tvm.cpu())
     w, b = rand(33, 40, seed=1), rand(40, seed=2)
     for batch in (1, 3, 64):
@@ -281,7 +281,7 @@ def test_kernels_keep_noalias_compute_bodies(dynamic: bool) -> None:
     as noalias `*_compute_` bodies (without them LLVM spills the register tiles: 2-2.5x slower)."""
     batch = tirx.Var("n", "int64") if dynamic else 4
     mod = relax_module([(batch, 8, 16, 16), (8, 8, 3, 3)], lambda x, w: relax.op.nn.conv2d(x, w, padding=1))
-    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET))
+    exe = cpu_compile(mod, TARGET, cpu_pipeline(TARGET))
     llvm_ir = exe.mod.imports[0].inspect_source("ll")
     assert re.search(r"define internal fastcc i32 @conv2d\w*_compute_\(", llvm_ir)  # NCHW or blocked kernel
     assert "ptr noalias align 64 %p0" in llvm_ir
@@ -539,7 +539,7 @@ def test_blocked_layout_exit_is_tiled_as_a_transpose(target: tvm.target.Target) 
     if target is TARGET:
         x = rand(1, 4, 6, 20, 16)
         got = tvm.runtime.empty((1, 64, 6, 20), "float32")
-        tvm.compile(sch.mod, target=target)["main"](tvm.runtime.tensor(x), got)
+        cpu_compile(sch.mod, target)["main"](tvm.runtime.tensor(x), got)
         np.testing.assert_array_equal(got.numpy(), x.transpose(0, 1, 4, 2, 3).reshape(1, 64, 6, 20))
 
 
@@ -900,7 +900,7 @@ def test_nchw_convs_over_widths_no_vector_divides_match_torch(width: int) -> Non
     rng = np.random.default_rng(width)
     x, w = rng.standard_normal((1, 12, width, width)).astype(np.float32), rng.standard_normal((8, 12, 3, 3))
     mod = relax_module([x.shape], lambda v: relax.op.nn.conv2d(v, relax.const(w.astype(np.float32)), padding=1))
-    exe = tvm.compile(mod, target=TARGET, relax_pipeline=cpu_pipeline(TARGET, fast_math=False, block_convs=False))
+    exe = cpu_compile(mod, TARGET, cpu_pipeline(TARGET, fast_math=False, block_convs=False))
     got = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w), padding=1).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
