@@ -34,11 +34,12 @@ from .calibrate import calibrate_on_first_use
 from .calibration import stored_tile
 from .cpu import cpu_model
 from .executable import Executable
-from .lower import LOWERING_VERSION, PARAM_MODES, lower, used_params
+from .lower import PARAM_MODES, lower, used_params
 from .lowp import resolve_precision
 from .memory_plan import DEFAULT_MAX_BATCH, batch_dims
 from .op_map import build_map, describe
 from .pipeline import cpu_compile, cpu_pipeline, cuda_pipeline
+from .source_digest import COMPILER_VERSION
 from .target import TargetLike, resolve_target
 from .tune import apply_database_pass, database_digest, find_database
 
@@ -56,7 +57,7 @@ def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: st
     h = hashlib.blake2b(digest_size=20)
     model = cpu_model(target)  # the schedules' sizes: sysfs caches and a calibration are not in str(target)
     parts = [structural_hash(graph, include_data=params == "bound"), tuple(functions), str(target), params,
-             fast_math, LOWERING_VERSION, tvm.__version__, model.key, stored_tile(model)]
+             fast_math, COMPILER_VERSION, tvm.__version__, model.key, stored_tile(model)]
     if params == "bound":
         parts += [(p.name, int(p.id), initializers.identity(p.init, p.type, p.id)) for p in graph.params.values()
                   if p.data is None and p.init is not None]

@@ -47,7 +47,6 @@ from .op_map import OpSources
 from .rule import NeedsSeed, OpCall
 from .signature import FunctionSignature
 
-LOWERING_VERSION = "56"  # bump when lowering or pipelines change what a compile-cache key builds
 PARAM_MODES = ("bound", "inputs")
 
 DimKey = tuple[int, int]  # (input index, axis)
