@@ -31,7 +31,10 @@ from .conv_bf16 import (
     depthwise_kernel,
     marked_cast,
     pack_conv_weight,
+    pack_row_pair_weight,
+    row_pairs_input,
     takes_conv,
+    takes_row_pairs,
 )
 from .conv_layout import (
     BLOCKED_NAME,
@@ -147,7 +150,9 @@ class _Regions(PyExprMutator):
         # 120 -> 40 channel convs of MobileNetV3's 28² blocks: 0.10 ms NCHW and 0.07 of conversion, blocked 0.05)
         inside = x in self.blocked
         w = call.args[1]
-        if self.bf16_model is not None and isinstance(w, tvm.ir.Constant) and takes_conv(x_shape[1], int(a.groups)):
+        if self.bf16_model is not None and isinstance(w, tvm.ir.Constant) and (
+                takes_conv(x_shape[1], int(a.groups))
+                or takes_row_pairs(w_shape, int(a.groups), ints[2][1])):
             return self._bf16_conv(x, w, ints, out)
         depthwise = depthwise_conv(call) and out[1] > 1 and inside
         if depthwise and self.bf16_model is not None and isinstance(w, tvm.ir.Constant):
@@ -171,15 +176,21 @@ class _Regions(PyExprMutator):
                                      primfunc_name_hint=BLOCKED_NAME)
 
     def _bf16_conv(self, x: relax.Expr, w: tvm.ir.Constant, ints: list[list[int]], out: Dims) -> relax.Expr:
-        """The conv on `vdpbf16ps` (`conv_bf16.py`): the input cast to bf16 pairs (NCHW at a region's start, else
-        blocked), the weight packed at build time, the result blocked f32."""
+        """The conv on `vdpbf16ps` (`conv_bf16.py`): the input cast to bf16 pairs of channels (NCHW at a region's
+        start, else blocked), or of window columns where too few channels fill a block, the weight packed at build
+        time, the result blocked f32."""
         strides, padding, dilation = ints
         weight = w.value.numpy()
-        a = self._pairs(x, weight.shape[1], padding)
-        packed = pack_conv_weight(weight)
-        in_shape = [int(d) for d in a.ty.shape.values[2:4]]
-        kernel = conv_kernel(packed.shape[1], in_shape, weight.shape[2:], strides, dilation, out[2:], packed.shape[0],
-                             self.bf16_model)
+        channels, kh, kw = weight.shape[1:]
+        if takes_conv(channels, 1):
+            a, packed, window = self._pairs(x, channels, padding), pack_conv_weight(weight), (kh, kw)
+        else:  # pair m of a window row is columns 2m and 2m + 1: ceil(kw / 2) pairs, 2 columns apart
+            a = self.builder_.emit(self.builder_.call_te(row_pairs_input, self.blocked.get(x, x), channels, padding,
+                                                         primfunc_name_hint="bf16_row_pairs"))
+            packed, window, dilation = pack_row_pair_weight(weight), (kh, -(-kw // 2)), [dilation[0], 2]
+        hp, wp, depth = (int(d) for d in a.ty.shape.values[2:5])
+        kernel = conv_kernel(packed.shape[1], (hp, wp), window, strides, dilation, out[2:], packed.shape[0],
+                             self.bf16_model, depth=depth)
         return self._bf16_call(kernel, CONV_KERNEL_NAME, a, packed, out)
 
     def _bf16_depthwise(self, x: relax.Expr, w: tvm.ir.Constant, ints: list[list[int]], out: Dims) -> relax.Expr:

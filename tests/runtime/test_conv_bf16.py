@@ -15,7 +15,14 @@ from tvm.target import Target
 import kiln
 from kiln.ir import Builder, Graph, verify
 from kiln.runtime.tvm.compile import compile_graph
-from kiln.runtime.tvm.conv_bf16 import CONV_KERNEL_NAME, pack_conv_weight, takes_conv
+from kiln.runtime.tvm.conv_bf16 import (
+    CONV_KERNEL_NAME,
+    pack_conv_weight,
+    pack_row_pair_weight,
+    row_pairs_input,
+    takes_conv,
+    takes_row_pairs,
+)
 from kiln.runtime.tvm.cpu import cpu_model
 from kiln.runtime.tvm.dot_bf16 import has_dot
 from kiln.runtime.tvm.lower import lower
@@ -85,6 +92,51 @@ def test_which_convs_the_kernel_takes(channels: int, groups: int, taken: bool) -
     assert takes_conv(channels, groups) is taken
 
 
+def _bf16_bits(v: np.ndarray) -> np.ndarray:
+    return np.asarray(v, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32)
+
+
+def test_the_row_pair_weight_pairs_columns_2m_and_2m_plus_1() -> None:
+    """Word (ob, c, y, m, 0, o) holds bf16(w[16 ob + o, c, y, 2m]) low and column 2m + 1 high (zero past the 7
+    columns and the 20 output channels): checked element by element."""
+    w = _tensor((20, 3, 2, 7), 6)
+    packed = pack_row_pair_weight(w)
+    assert packed.shape == (2, 3, 2, 4, 1, 16) and packed.dtype == np.uint32
+    padded = np.zeros((32, 3, 2, 8), np.float32)
+    padded[:20, :, :, :7] = w
+    for ob, c, y, m, _, o in np.ndindex(packed.shape):
+        want = _bf16_bits(padded[16 * ob + o, c, y, 2 * m]) | _bf16_bits(padded[16 * ob + o, c, y, 2 * m + 1]) << 16
+        assert packed[ob, c, y, m, 0, o] == want, (ob, c, y, m, o)
+
+
+def test_the_row_pairs_cast_holds_columns_j_and_j_plus_1_of_the_padded_map() -> None:
+    """`row_pairs_input` built and run: word (b, c, i, j) is the padded map's columns j and j + 1 as bf16, zero in
+    the padding (2 rows on top, 3 columns left, 1 bottom, 2 right) and past its width, which is rounded up to whole
+    16-word vectors."""
+    x = _tensor((2, 3, 5, 9), 7)
+    padding = [2, 3, 1, 2]
+    xt = tvm.te.placeholder(x.shape, "float32", name="x")
+    func = tvm.compile(tvm.IRModule({"main": tvm.te.create_prim_func([xt, row_pairs_input(xt, 3, padding)])}),
+                       target="llvm")
+    got = tvm.runtime.tensor(np.zeros((2, 3, 8, 16, 1), np.uint32))
+    func(tvm.runtime.tensor(x), got)
+    plane = np.zeros((2, 3, 8, 17), np.float32)
+    plane[:, :, 2:7, 3:12] = x
+    want = _bf16_bits(plane[..., :16]) | _bf16_bits(plane[..., 1:]) << 16
+    np.testing.assert_array_equal(got.numpy()[..., 0], want)
+
+
+@pytest.mark.parametrize(("weight", "groups", "dilation", "taken"), [
+    ((64, 3, 7, 7), 1, 1, True), ((64, 3, 3, 3), 1, 1, True), ((32, 8, 3, 3), 1, 1, True),  # 1728-9408 products
+    ((32, 3, 3, 3), 1, 1, False), ((16, 3, 3, 3), 1, 1, False),  # 864 and 432 products: f32 is faster
+    ((64, 3, 1, 1), 1, 1, False),  # one column: the pair's other half would be zero
+    ((64, 3, 7, 7), 1, 2, False),  # dilated columns are not adjacent
+    ((64, 1, 7, 7), 3, 1, False),  # grouped
+    ((64, 64, 3, 3), 1, 1, False)])  # channels that fill blocks take channel pairs
+def test_which_convs_take_column_pairs(weight: tuple[int, ...], groups: int, dilation: int, taken: bool) -> None:
+    assert takes_row_pairs(weight, groups, dilation) is taken
+
+
 def test_each_cpu_gets_its_conv() -> None:
     """A Zen 4 bf16 build computes a dense conv with the kernel, and leaves a depthwise one and an RGB input's
     in f32 (no bf16 cast in front of them); Zen 3 (no AVX512-BF16) and an f32 build never get it."""
@@ -132,6 +184,23 @@ def test_bf16_convs_are_within_the_bound(channels: int, out: int, size: int, ker
     program = compile_graph(graph, precision="bf16")
     for batch in (1, 3):
         _check(program, graph, batch, channels, size, stride, dilation)
+
+
+@needs_dot
+@pytest.mark.parametrize(("channels", "out", "size", "kernel", "stride"), [
+    (3, 64, 23, 7, 2),  # a ResNet stem: 7 columns as 4 pairs, the last half zero; an odd map
+    (3, 48, 12, 5, 1),  # 3 pairs at stride 1, output channels padded 48 -> 48 in 3 blocks
+    (8, 40, 9, 3, 1),  # 8 channels, 2 pairs; outputs 40 -> 48
+    (3, 64, 10, 4, 2)])  # an even window: 2 whole pairs
+def test_convs_over_column_pairs_are_within_the_bound(channels: int, out: int, size: int, kernel: int,
+                                                      stride: int) -> None:
+    """Convs over too few channels to fill a block run the bf16 kernel over column pairs, with their cast."""
+    graph = conv_graph(None, channels, out, size, kernel, stride)
+    names = fused_names(graph, cpu_target())
+    assert any(n.startswith(CONV_KERNEL_NAME) for n in names) and "bf16_row_pairs" in names, names
+    program = compile_graph(graph, precision="bf16")
+    for batch in (1, 3):
+        _check(program, graph, batch, channels, size, stride, 1)
 
 
 @needs_dot
