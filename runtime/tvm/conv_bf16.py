@@ -148,6 +148,40 @@ def marked_cast(builder: relax.BlockBuilder, x: relax.Expr, channels: int, paddi
     return cast
 
 
+def pairs_max_pool(pairs: te.Tensor, pool_size: list[int], strides: list[int], padding: list[int],
+                   out_shape: list[int]) -> te.Tensor:
+    """A max pool of an unpadded `bf16_input` map, computed on its pairs and stored as pairs: rounding to bf16 is
+    monotonic, so this is the bf16 rounding of the f32 pool, and the conv before the pool stores half the bytes
+    (ResNet's stem: a 26 MB f32 map at batch 8) with no cast after the pool. A window's rows and columns past the
+    map read its nearest edge, which lies in the same window (undilated, no ceil mode), so they change no max."""
+    h, w = (int(d) for d in pairs.shape[2:4])
+    (kh, kw), (sh, sw), (top, left) = pool_size, strides, padding[:2]
+    high = tirx.const(0xFFFF0000, "uint32")
+
+    def word(b: tirx.Var, cb: tirx.Var, i: tirx.Var, j: tirx.Var, q: tirx.Var) -> tirx.PrimExpr:
+        lo = hi = None
+        for ky in range(kh):
+            for kx in range(kw):
+                y = tirx.min(tirx.max(i * sh + ky - top, 0), h - 1)
+                x = tirx.min(tirx.max(j * sw + kx - left, 0), w - 1)
+                pair = pairs[b, cb, y, x, q]
+                low = tirx.reinterpret("float32", pair << tirx.const(16, "uint32"))
+                top_half = tirx.reinterpret("float32", pair & high)
+                lo = low if lo is None else tirx.max(lo, low)
+                hi = top_half if hi is None else tirx.max(hi, top_half)
+        return (tirx.reinterpret("uint32", lo) >> tirx.const(16, "uint32")) | (tirx.reinterpret("uint32", hi) & high)
+
+    return te.compute((pairs.shape[0], pairs.shape[1], *out_shape, HALF), word, name="bf16_max_pool")
+
+
+def marked_skip(builder: relax.BlockBuilder, pairs: relax.Expr) -> relax.Call:
+    """A call of `bf16_skip` on `pairs`, marked with `SKIP_PARAMS` so `conv_fold.py` reads the pairs in the store
+    of a conv that adds them."""
+    call = builder.call_te(bf16_skip, pairs, primfunc_name_hint="bf16_skip")
+    builder.update_func(call.args[0], builder.get()[call.args[0]].with_attr(SKIP_PARAMS, []))
+    return call
+
+
 def bf16_skip(pairs: te.Tensor) -> te.Tensor:
     """An unpadded `bf16_input` map back as NCHW16c f32: a residual's skip read as the bf16 values the next conv
     reads, so the conv producing it stores only its pairs (`conv_fold.py`)."""

@@ -27,8 +27,8 @@ from .conv_bf16 import (
     DEPTHWISE_PARAMS,
     INPUT_PARAMS,
     SKIP_PARAMS,
-    bf16_skip,
     marked_cast,
+    marked_skip,
     rebuilt_kernel,
 )
 from .conv_epilogue import CHANNEL, IMAGE, MAP, PAIRS, SCALAR_OPS, ConvEpilogue, PairsOutput, Term
@@ -289,9 +289,7 @@ def _skips_from_pairs(mod: tvm.IRModule, builder: relax.BlockBuilder, bindings: 
     after: dict[int, list[relax.VarBinding]] = {}
     for skip, var in skips.items():
         at, pairs = casts[skip]
-        call = builder.call_te(bf16_skip, pairs, primfunc_name_hint="bf16_skip")
-        builder.update_func(call.args[0], builder.get()[call.args[0]].with_attr(SKIP_PARAMS, []))
-        after.setdefault(at, []).append(relax.VarBinding(var, call))
+        after.setdefault(at, []).append(relax.VarBinding(var, marked_skip(builder, pairs)))
     return [new for j, b in enumerate(bindings)
             for new in [rewritten.get(j, b), *added.get(j, []), *after.get(j, [])]]
 

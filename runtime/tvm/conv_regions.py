@@ -25,13 +25,16 @@ from tvm.target import Target
 from .bf16_layout import N_TILE
 from .conv_bf16 import (
     CONV_KERNEL_NAME,
+    CONV_PARAMS,
     DEPTHWISE_KERNEL_NAME,
     bf16_convs,
     conv_kernel,
     depthwise_kernel,
     marked_cast,
+    marked_skip,
     pack_conv_weight,
     pack_row_pair_weight,
+    pairs_max_pool,
     row_pairs_input,
     takes_conv,
     takes_row_pairs,
@@ -63,6 +66,8 @@ from .schedules.matmul import CPUMatmul
 
 # pooling windows slide over H and W only, so on a blocked map (layout NCHW[b]c) they pool each lane's channel
 _POOL2D = {tvm.ir.Op.get(f"relax.nn.{kind}_pool2d"): getattr(relax.op.nn, f"{kind}_pool2d") for kind in ("max", "avg")}
+_MAX_POOL = tvm.ir.Op.get("relax.nn.max_pool2d")
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _MEAN = tvm.ir.Op.get("relax.mean")  # over H and W of a blocked map: each lane's channel, like the pools
 # ops computed lane by lane whatever the layout: on blocked operands they give the blocked result
 _ELEMENTWISE = frozenset(tvm.ir.Op.get(f"relax.{name}") for name in (
@@ -87,13 +92,18 @@ class _Regions(PyExprMutator):
         self.blocked: dict[relax.Var, relax.Expr] = {}  # an NCHW value of this dataflow block -> its NCHW[x]c form
         self.rows: dict[relax.Var, relax.Expr] = {}  # -> its `[N, C / b, 1, H * W, b]` form, where it was made so
         self.casts: dict[tuple, relax.Expr] = {}  # (a value, channels, padding) -> its bf16 pairs, made once
+        self.bf16_maps: set[relax.Var] = set()  # blocked values a bf16 conv's store computes (it can store pairs)
+
+    def _forget(self) -> None:
+        """A dataflow block's values are not visible from the next."""
+        self.blocked, self.rows, self.casts, self.bf16_maps = {}, {}, {}, set()
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.DataflowBlock:
-        self.blocked, self.rows, self.casts = {}, {}, {}  # a dataflow block's values are not visible from the next
+        self._forget()
         return super().visit_dataflow_block_(block)
 
     def visit_binding_block_(self, block: relax.BindingBlock) -> relax.BindingBlock:
-        self.blocked, self.rows, self.casts = {}, {}, {}
+        self._forget()
         return super().visit_binding_block_(block)
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
@@ -107,13 +117,15 @@ class _Regions(PyExprMutator):
             elif call.op in _ELEMENTWISE:
                 blocked = self._elementwise(call, out)
             elif call.op in _POOL2D:
-                blocked = self._pool(call)
+                blocked = self._pool(call, binding.var, out)
             elif call.op == _MEAN:
                 blocked = self._spatial_mean(call)
         if blocked is None:
             super().visit_var_binding_(binding)
             return
         yb = self.builder_.emit(blocked)
+        if self._from_bf16_conv(blocked):
+            self.bf16_maps.add(yb)
         if batched_f32_shape(yb.ty)[2:4] != out[2:4]:  # in rows (`_rows_of`), and the map is not one row
             self.rows[binding.var] = yb
             yb = self.builder_.emit(relax.op.reshape(yb, [out[0], int(yb.ty.shape[1]), out[2], out[3], self.block]))
@@ -230,11 +242,30 @@ class _Regions(PyExprMutator):
         shape = batched_f32_shape(x.ty)
         return self.builder_.emit(relax.op.reshape(x, [*shape[:2], 1, shape[2] * shape[3], *shape[4:]]))
 
-    def _pool(self, call: relax.Call) -> relax.Expr | None:
-        """Max or average pooling of a blocked map, in the blocked layout; None for an NCHW input (it stays so)."""
+    def _from_bf16_conv(self, value: relax.Expr) -> bool:
+        """Whether a blocked value is a bf16 conv's result, or computed from one lane by lane (`conv_fold.py` then
+        computes it in that conv's store, which can store it as bf16 pairs)."""
+        if not isinstance(value, relax.Call):
+            return False
+        if value.op == _CALL_TIR:
+            return CONV_PARAMS in (self.builder_.get()[value.args[0]].attrs or {})
+        return value.op in _ELEMENTWISE and any(arg in self.bf16_maps for arg in value.args)
+
+    def _pool(self, call: relax.Call, var: relax.Var, out: Dims) -> relax.Expr | None:
+        """Max or average pooling of a blocked map, in the blocked layout; None for an NCHW input (it stays so).
+        A max pool of a map a bf16 conv computes pools its bf16 pairs (`conv_bf16.pairs_max_pool`), so the conv
+        stores pairs; convs read the pooled pairs (`var`'s cast), other ops their f32 values."""
         x, a = call.args[0], call.attrs
         if not (isinstance(x, relax.Var) and x in self.blocked and a.layout == a.out_layout == "NCHW"):
             return None
+        pool_size, strides, padding, dilation = int_lists(a.pool_size, a.strides, a.padding, a.dilation)
+        if (call.op == _MAX_POOL and self.blocked[x] in self.bf16_maps and dilation == [1, 1] and not a.ceil_mode
+                and self.block == N_TILE):
+            pooled = self.builder_.emit(self.builder_.call_te(
+                pairs_max_pool, self._pairs(x, out[1], [0] * 4), pool_size, strides, padding, out[2:4],
+                primfunc_name_hint="bf16_max_pool"))
+            self.casts[(var, out[1], (0, 0, 0, 0))] = pooled
+            return marked_skip(self.builder_, pooled)
         return _POOL2D[call.op](self.blocked[x], a.pool_size, a.strides, a.padding, a.dilation, a.ceil_mode,
                                 a.count_include_pad, layout=f"NCHW{self.block}c")
 

@@ -19,6 +19,7 @@ from kiln.runtime.tvm.conv_bf16 import (
     CONV_KERNEL_NAME,
     pack_conv_weight,
     pack_row_pair_weight,
+    pairs_max_pool,
     row_pairs_input,
     takes_conv,
     takes_row_pairs,
@@ -109,6 +110,10 @@ def test_the_row_pair_weight_pairs_columns_2m_and_2m_plus_1() -> None:
         assert packed[ob, c, y, m, 0, o] == want, (ob, c, y, m, o)
 
 
+def _build_te(inputs: list[tvm.te.Tensor], output: tvm.te.Tensor) -> tvm.runtime.Module:
+    return tvm.compile(tvm.IRModule({"main": tvm.te.create_prim_func([*inputs, output])}), target="llvm")
+
+
 def test_the_row_pairs_cast_holds_columns_j_and_j_plus_1_of_the_padded_map() -> None:
     """`row_pairs_input` built and run: word (b, c, i, j) is the padded map's columns j and j + 1 as bf16, zero in
     the padding (2 rows on top, 3 columns left, 1 bottom, 2 right) and past its width, which is rounded up to whole
@@ -116,14 +121,32 @@ def test_the_row_pairs_cast_holds_columns_j_and_j_plus_1_of_the_padded_map() -> 
     x = _tensor((2, 3, 5, 9), 7)
     padding = [2, 3, 1, 2]
     xt = tvm.te.placeholder(x.shape, "float32", name="x")
-    func = tvm.compile(tvm.IRModule({"main": tvm.te.create_prim_func([xt, row_pairs_input(xt, 3, padding)])}),
-                       target="llvm")
+    func = _build_te([xt], row_pairs_input(xt, 3, padding))
     got = tvm.runtime.tensor(np.zeros((2, 3, 8, 16, 1), np.uint32))
     func(tvm.runtime.tensor(x), got)
     plane = np.zeros((2, 3, 8, 17), np.float32)
     plane[:, :, 2:7, 3:12] = x
     want = _bf16_bits(plane[..., :16]) | _bf16_bits(plane[..., 1:]) << 16
     np.testing.assert_array_equal(got.numpy()[..., 0], want)
+
+
+def test_the_pairs_max_pool_is_the_pool_of_the_unpacked_values() -> None:
+    """`pairs_max_pool` built and run on pairs of signed bf16 values: each half of each word is the max of its
+    channel's window, the padding (one row and column each side) never winning, as numpy's pool of the unpacked
+    map with -inf borders."""
+    values = _tensor((2, 1, 7, 9, 16), 8).astype(ml_dtypes.bfloat16).astype(np.float32)
+    words = _bf16_bits(values[..., :8]) | _bf16_bits(values[..., 8:]) << 16
+    pairs = tvm.te.placeholder(words.shape, "uint32", name="pairs")
+    func = _build_te([pairs], pairs_max_pool(pairs, [3, 3], [2, 2], [1, 1, 1, 1], [4, 5]))
+    got = tvm.runtime.tensor(np.zeros((2, 1, 4, 5, 8), np.uint32))
+    func(tvm.runtime.tensor(words), got)
+    padded = np.full((2, 1, 9, 11, 16), -np.inf, np.float32)
+    padded[:, :, 1:8, 1:10] = values
+    pooled = np.zeros((2, 1, 4, 5, 16), np.float32)
+    for i, j in np.ndindex(4, 5):
+        pooled[:, :, i, j] = padded[:, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max(axis=(2, 3))
+    want = _bf16_bits(pooled[..., :8]) | _bf16_bits(pooled[..., 8:]) << 16
+    np.testing.assert_array_equal(got.numpy(), want)
 
 
 @pytest.mark.parametrize(("weight", "groups", "dilation", "taken"), [

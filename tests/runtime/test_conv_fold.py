@@ -162,16 +162,70 @@ def test_the_fold_takes_the_epilogues_and_casts_and_leaves_no_kernel_between_con
 
 
 def test_an_op_reading_the_conv_through_an_op_not_taken_ends_the_epilogue() -> None:
-    """conv -> max pool -> + conv: the pool is not elementwise, so the add (whose other operand is computed from
+    """conv -> avg pool -> + conv: the pool is not elementwise, so the add (whose other operand is computed from
     the conv) stays out of the kernel; the pool reads the kernel's f32 result."""
     b = Builder("pool")
     x = b.input("x", ((None, 32, 8, 8), "f32"))
     w = b.param("w", (32, 32, 3, 3), data=_tensor((32, 32, 3, 3), 1))
     y = b.conv2d(x, w, padding=(1, 1))
-    b.ret(b.add(b.max_pool2d(y, kernel=(3, 3), stride=(1, 1), padding=(1, 1)), b.relu(y)))
+    b.ret(b.add(b.avg_pool2d(y, kernel=(3, 3), stride=(1, 1), padding=(1, 1)), b.relu(y)))
     text = str(fused(verify(b.build()), ZEN4)["forward"])
     assert text.count(f"{CONV_KERNEL_NAME}_epilogue") == 1  # the relu is taken, the conv's map stored for the pool
-    assert "max_pool2d" in text and "R.add" not in text.split(f"{CONV_KERNEL_NAME}_epilogue")[0]
+    assert "avg_pool2d" in text and "R.add" not in text.split(f"{CONV_KERNEL_NAME}_epilogue")[0]
+
+
+def _pooled_block(channels: int, size: int, head: int = 3) -> Graph:
+    """ResNet-18's stem and first block in small: conv 3x3 + bias -> relu -> max pool 3x3/2 -> conv `head`x`head`
+    -> relu -> conv 3x3, + the pool's map -> relu."""
+    b = Builder("pooled")
+    x = b.input("x", ((None, channels, size, size), "f32"))
+
+    def conv(v, seed: int, k: int = 3):
+        shape = (channels, channels, k, k)
+        w = b.param(f"w{seed}", shape, data=_tensor(shape, seed) * (2 / (channels * k * k)) ** 0.5)
+        return b.conv2d(v, w, b.param(f"b{seed}", (channels,), data=_tensor((channels,), seed + 10) * 0.1),
+                        padding=(k // 2, k // 2))
+
+    pooled = b.max_pool2d(b.relu(conv(x, 1)), kernel=(3, 3), stride=(2, 2), padding=(1, 1))
+    b.ret(b.relu(b.add(conv(b.relu(conv(pooled, 2, head)), 3), pooled)))
+    return verify(b.build())
+
+
+@pytest.mark.parametrize("head", [1, 3])
+def test_a_max_pool_after_a_bf16_conv_pools_its_pairs(head: int) -> None:
+    """The stem's kernel stores only bf16 pairs; the pool reads and writes pairs (no f32 pool); the block's last
+    conv reads them for its residual add in its store, and its first conv reads them too where it pads nothing (a
+    1x1 head, ResNet-50's), else one cast pads them; no kernel of its own unpacks them. An f32 build keeps its f32
+    pool."""
+    mod = fused(_pooled_block(32, 12, head), ZEN4)
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    calls = _epilogue_calls(mod)
+    assert [out for _, _, out in calls] == [["uint32"], ["uint32"], ["float32"]], calls
+    pool = re.search(r"(\w+) = R\.call_tir\(bf16_max_pool, \((\w+),\)", str(mod["forward"]))
+    assert pool is not None and pool.group(2) == calls[0][0], names
+    assert pool.group(1) in calls[2][1] and (pool.group(1) in calls[1][1]) == (head == 1), calls
+    padded = [n for n in names if n.startswith("fused_bf16_skip_bf16_conv_input")]  # the pooled pairs padded
+    assert len(padded) == (head == 3) and not any(n == "bf16_skip" or "max_pool2d" in n for n in names), names
+    assert "max_pool2d" in str(fused(_pooled_block(32, 12, head), ZEN4, "f32")["forward"])
+
+
+@needs_dot
+def test_a_block_after_a_pooled_bf16_conv_is_within_bf16_error_of_float64_torch() -> None:
+    """The pool of bf16 pairs is the bf16 rounding of the f32 pool: batch 1 and 3 within the composed bf16 error
+    (2^-6 of the output's scale), not an f32 result."""
+    graph = _pooled_block(32, 12)
+    program = kiln.compile(graph, precision="bf16")
+    t = {n: torch.from_numpy(np.asarray(p.data, np.float64)) for n, p in graph.params.items()}
+    conv = torch.nn.functional.conv2d
+    for batch in (1, 3):
+        x = _tensor((batch, 32, 12, 12), batch)
+        pooled = torch.nn.functional.max_pool2d(torch.relu(conv(torch.from_numpy(x.astype(np.float64)), t["w1"],
+                                                                t["b1"], padding=1)), 3, 2, 1)
+        inner = torch.relu(conv(pooled, t["w2"], t["b2"], padding=1))
+        exact = torch.relu(conv(inner, t["w3"], t["b3"], padding=1) + pooled).numpy()
+        err = np.abs(np.asarray(program(x)) - exact)
+        assert err.max() <= 2.0 ** -6 * np.abs(exact).max()
+        assert err.max() > 2.0 ** -16 * np.abs(exact).max()
 
 
 @needs_dot
