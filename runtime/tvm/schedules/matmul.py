@@ -27,8 +27,6 @@ PANEL_TILE_ROWS = 8  # a matmul streaming its operand in L2 panels uses at least
 # loads a cycle from L1, and about one vector a cycle from L2 (32 B on Zen, half of what L1 delivers elsewhere)
 L1_LOADS_PER_CYCLE = 2
 L2_VECTORS_PER_CYCLE = 1
-WEIGHT_L1_SHARE = 4  # a window conv's weight slab for one chunk of input channels takes 1/4 of L1 (`_channel_chunk`)
-MIN_CHANNEL_CHUNK = 4  # fewer input channels a chunk would reload its sums too often
 ROW_CHUNK_SHARE = 4  # a chunk of a conv's pixels takes at most 1/4 of L2 with its input slab (`_row_chunks`)
 CHANNEL_CHUNK_BLOCKS = 8  # input-channel blocks (one memory stream each) a 1x1 conv's chunk of channels reads at once
 
@@ -483,21 +481,13 @@ class CPUMatmul(dl.ScheduleRule):
             row_inner = [height_i, *row_inner]
         *red_outer, red_last = roles.reduction
         k_o, k_i = sch.split(red_last, [None, split_factor(loop_extent(sch, red_last), self.k_unroll)])
-        chunked = None if padded or roles.height is None or not red_outer else self._channel_chunk(
-            sch, main, [*red_outer, k_o, k_i], lines * (static_extent(loop_extent(sch, vec_i)) or self.lanes))
         chunk: list[s_tir.schedule.LoopRV] = []
-        if chunked is not None:
-            chunk, red_outer = [chunked[0]], [chunked[1], *red_outer[1:]]
         line = line_o if lines > 1 else roles.line
         if line is not None and self._split_pixels(sch, main, roles):
-            # the line loop innermost of the parallel loops where a task computes a chunked conv's row of tiles,
-            # else between chunks of pixels and the tiles of a chunk
+            # the line loop between chunks of pixels and the tiles of a chunk
             spatial = [loop for loop in spatial if loop is not line]
-            if chunk:
-                spatial = [*spatial, line]
-            else:
-                spatial, chunk, row_tile, k_o = self._pixel_sweep(sch, main, spatial, line, row_tile, rows, lines,
-                                                                  [*red_outer, k_o, k_i], vec_i)
+            spatial, chunk, row_tile, k_o = self._pixel_sweep(sch, main, spatial, line, row_tile, rows, lines,
+                                                              [*red_outer, k_o, k_i], vec_i)
         sch.reorder(*panel, *spatial, *chunk, *row_tile, vec_o, *red_outer, k_o, k_i, *row_inner, *line_inner, vec_i)
 
         store = sch.cache_write(main, 0, "local")
@@ -678,6 +668,11 @@ class CPUMatmul(dl.ScheduleRule):
         model picks the 1x1 convs' tiles measured best as well: on AVX-512 7 pixels x 2 lines on a 7² map (512x7²
         201 -> 150 us against 7 x 1, one Emerald Rapids core) and on 14² and 28² maps (0.70-0.83x the time of 14 or
         16 x 1, whose broadcasts bound it); on AVX2 4 x 2 (the 256x14² conv 82 GFLOP/s against 56 in 2 x 4, Zen 3).
+
+        Every tile sums all input channels in registers. Summing a row of tiles one chunk of 4 input channels at a
+        time, so that the chunk's weights stayed in L1, stored and reloaded a tile's sums per chunk (16 stores per
+        576 FMAs, 6% of a 3x3 kernel's samples on Zen 4): without chunks ResNet's 3x3 convs ran 1-3% faster alone at
+        batch 1 and 3-10% at batch 8 on Zen 4, and AVX2 builds of them on that CPU level at batch 8 (Session 26).
         """
         extents = [static_extent(loop_extent(sch, loop)) if loop is not None else 1
                    for loop in (roles.row, roles.line, roles.height)]
@@ -709,30 +704,6 @@ class CPUMatmul(dl.ScheduleRule):
                                    lines))
         *_, heights, rows, lines = min(shapes)
         return rows, lines, heights
-
-    def _channel_chunk(self, sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV,
-                       reduction: list[s_tir.schedule.LoopRV], columns: int
-                       ) -> tuple[s_tir.schedule.LoopRV, s_tir.schedule.LoopRV] | None:
-        """Split a window conv's input-channel loop (the first of its `reduction` loops) into chunks whose weight slab
-        (`columns` output channels x the chunk x the window) takes at most `1 / WEIGHT_L1_SHARE` of L1: (chunk loop,
-        channel loop), or None when all channels' slab fits already, an extent is symbolic or no divisor of at least
-        `MIN_CHANNEL_CHUNK` fits. The chunk loop goes outside the tiles of one output row (the sums of that row stay
-        in a local buffer between chunks), so every tile of the row reuses the chunk's slab from L1 rather than
-        streaming all of the weight from L2. On a Zen 3 core (one thread) the 64x56², 128x28² and 256x14² kernels
-        ran 5-7% faster in chunks of 4-16 channels than whole (2.73-2.82 -> 2.56-2.61 ms).
-        """
-        channels, *window = (static_extent(loop_extent(sch, loop)) for loop in reduction)
-        if channels is None or None in window:
-            return None
-        per_channel = columns * math.prod(window) * sch.get(main).writes[0].source.dtype.bits // 8
-        fit = self.l1_bytes // WEIGHT_L1_SHARE // per_channel
-        if channels <= fit:
-            return None
-        chunk = max((d for d in range(MIN_CHANNEL_CHUNK, fit + 1) if channels % d == 0), default=None)
-        if chunk is None:
-            return None
-        outer, inner = sch.split(reduction[0], [None, chunk])
-        return outer, inner
 
     def _resident_lines(self, sch: s_tir.Schedule, roles: _Contraction, width: int) -> int:
         """The most lines of a register tile over a 1x1 conv that `_window_tile` leaves (its one reduction is over the
