@@ -114,6 +114,7 @@ def _padded_bits(x: te.Tensor, channels: int, padding: list[int]
 
 
 def _padded_map(x: te.Tensor, padding: list[int]) -> tuple[int, int]:
+    """(height, width) of `x`'s map padded by `padding` (top, left, bottom, right)."""
     top, left, bottom, right = padding
     return int(x.shape[2]) + top + bottom, int(x.shape[3]) + left + right
 
@@ -166,9 +167,9 @@ def pairs_max_pool(pairs: te.Tensor, pool_size: list[int], strides: list[int], p
                 x = tirx.min(tirx.max(j * sw + kx - left, 0), w - 1)
                 pair = pairs[b, cb, y, x, q]
                 low = tirx.reinterpret("float32", pair << tirx.const(16, "uint32"))
-                top_half = tirx.reinterpret("float32", pair & high)
+                upper = tirx.reinterpret("float32", pair & high)
                 lo = low if lo is None else tirx.max(lo, low)
-                hi = top_half if hi is None else tirx.max(hi, top_half)
+                hi = upper if hi is None else tirx.max(hi, upper)
         return (tirx.reinterpret("uint32", lo) >> tirx.const(16, "uint32")) | (tirx.reinterpret("uint32", hi) & high)
 
     return te.compute((pairs.shape[0], pairs.shape[1], *out_shape, HALF), word, name="bf16_max_pool")
