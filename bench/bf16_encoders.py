@@ -26,7 +26,7 @@ from timing import Runner, best_ms
 import kiln
 from kiln import nn
 from kiln.runtime.onnx.export import to_onnx
-from kiln.runtime.tvm.source_digest import COMPILER_VERSION
+from kiln.runtime.tvm.source_digest import compiler_version
 
 ROWS = ("256x1", "256x8", "512x1", "512x8", "768x1", "768x8")
 
@@ -52,7 +52,7 @@ def main() -> None:
                         help="calls per block of `timing.best_ms`, 5 blocks a round (a third of them at batch 8)")
     parser.add_argument("rows", nargs="*", default=list(ROWS), help="DxB: width D at batch B x 128 tokens")
     a = parser.parse_args()
-    print(f"COMPILER_VERSION {COMPILER_VERSION}, 1 thread, CPU time, best of {a.calls} calls x {a.rounds} rounds")
+    print(f"compiler {compiler_version()}, 1 thread, CPU time, best of {a.calls} calls x {a.rounds} rounds")
     print("| encoder layer | kiln bf16 ms | OpenVINO default ms | kiln / OpenVINO | load |\n|---|---:|---:|---:|---:|")
     for row in a.rows:
         d, batch = (int(v) for v in row.split("x"))

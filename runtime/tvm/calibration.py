@@ -1,6 +1,6 @@
 """Stored calibrations: the contraction tile a timed run chose for one CPU model, where the model alone is not enough.
 
-A calibration lives in `$KILN_CACHE_DIR/calibration/<cpu model key>-tvm<version>-v<COMPILER_VERSION>.json` as
+A calibration lives in `$KILN_CACHE_DIR/calibration/<cpu model key>-tvm<version>-v<compiler digest>.json` as
 `{"cpu": "<describe()>", "contraction": {"mr": 4, "nr": 16, ...}}`, the `CPUMatmul` parameters that won
 (`calibrate.py` measures them). A new TVM, any edit of the compiler's source (`source_digest.py`) or another CPU
 finds no file and uses the model.
@@ -19,7 +19,7 @@ from kiln.runtime.atomic import atomic_file
 
 from .compile_cache import cache_dir
 from .cpu import CPUModel
-from .source_digest import COMPILER_VERSION
+from .source_digest import compiler_version
 
 CALIBRATE_ENV = "KILN_CALIBRATE"  # "1": calibrate a CPU model on its first build (else only `kiln calibrate` does)
 TILE_FIELDS = ("mr", "nr", "k_unroll", "accumulators")  # the CPUMatmul parameters a calibration may set
@@ -29,7 +29,7 @@ log = logging.getLogger("kiln.compile")
 
 def calibration_path(model: CPUModel) -> Path:
     """Where the calibration of `model` is stored for this TVM and lowering version."""
-    return Path(cache_dir()) / "calibration" / f"{model.key}-tvm{tvm.__version__}-v{COMPILER_VERSION}.json"
+    return Path(cache_dir()) / "calibration" / f"{model.key}-tvm{tvm.__version__}-v{compiler_version()}.json"
 
 
 def stored_tile(model: CPUModel) -> dict[str, int] | None:

@@ -39,7 +39,7 @@ from .lowp import resolve_precision
 from .memory_plan import DEFAULT_MAX_BATCH, batch_dims
 from .op_map import build_map, describe
 from .pipeline import cpu_compile, cpu_pipeline, cuda_pipeline
-from .source_digest import COMPILER_VERSION
+from .source_digest import compiler_version
 from .target import TargetLike, resolve_target
 from .tune import apply_database_pass, database_digest, find_database
 
@@ -57,7 +57,7 @@ def cache_key(graph: Graph, functions: Sequence[str], target: Target, params: st
     h = hashlib.blake2b(digest_size=20)
     model = cpu_model(target)  # the schedules' sizes: sysfs caches and a calibration are not in str(target)
     parts = [structural_hash(graph, include_data=params == "bound"), tuple(functions), str(target), params,
-             fast_math, COMPILER_VERSION, tvm.__version__, model.key, stored_tile(model)]
+             fast_math, compiler_version(), tvm.__version__, model.key, stored_tile(model)]
     if params == "bound":
         parts += [(p.name, int(p.id), initializers.identity(p.init, p.type, p.id)) for p in graph.params.values()
                   if p.data is None and p.init is not None]

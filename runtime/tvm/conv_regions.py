@@ -82,6 +82,11 @@ def _per_channel(shape: Dims, out: Dims) -> bool:
             and (padded[0] == 1 or padded[1] == out[1] and same_dims(padded[:1], out[:1])))
 
 
+def _cast_key(x: relax.Expr, channels: int, padding: list[int]) -> tuple:
+    """The key of `x`'s bf16 pairs (its channels, padded by `padding`) among the casts a dataflow block made."""
+    return x, channels, tuple(padding)
+
+
 @mutator
 class _Regions(PyExprMutator):
     def __init__(self, mod: tvm.IRModule, rule: CPUMatmul, model: CPUModel | None) -> None:
@@ -226,7 +231,7 @@ class _Regions(PyExprMutator):
         """`x` (NCHW at a region's start, else blocked) cast into a bf16 kernel's padded pairs (`bf16_input`), the
         cast marked so `conv_fold.py` can compute it in the store of x's conv; made once for the convs reading the
         same pairs (a ResNet stage's first block: its first conv and its projection, both 1x1 and unpadded)."""
-        key = (x, channels, tuple(padding))
+        key = _cast_key(x, channels, padding)
         if key not in self.casts:
             self.casts[key] = self.builder_.emit(marked_cast(self.builder_, self.blocked.get(x, x), channels, padding))
         return self.casts[key]
@@ -264,7 +269,7 @@ class _Regions(PyExprMutator):
             pooled = self.builder_.emit(self.builder_.call_te(
                 pairs_max_pool, self._pairs(x, out[1], [0] * 4), pool_size, strides, padding, out[2:4],
                 primfunc_name_hint="bf16_max_pool"))
-            self.casts[(var, out[1], (0, 0, 0, 0))] = pooled
+            self.casts[_cast_key(var, out[1], [0] * 4)] = pooled
             return marked_skip(self.builder_, pooled)
         return _POOL2D[call.op](self.blocked[x], a.pool_size, a.strides, a.padding, a.dilation, a.ceil_mode,
                                 a.count_include_pad, layout=f"NCHW{self.block}c")

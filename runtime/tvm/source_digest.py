@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 
 import kiln.ir
@@ -31,4 +32,8 @@ def compiler_roots() -> list[tuple[str, Path]]:
             for folder in package.__path__]
 
 
-COMPILER_VERSION = source_digest(compiler_roots())
+@cache
+def compiler_version() -> str:
+    """The digest of the installed compiler's source, read once per process on first use (not at import: a
+    process that never builds, `kiln opt` on a pass, pays nothing)."""
+    return source_digest(compiler_roots())

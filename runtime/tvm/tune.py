@@ -40,7 +40,7 @@ from kiln.runtime.progress import is_terminal
 from . import compile_cache
 from .lower import PARAM_MODES, lower
 from .pipeline import cpu_fusion_passes
-from .source_digest import COMPILER_VERSION
+from .source_digest import compiler_version
 from .stack_buffers import CPU_TIR_PIPELINE
 from .target import resolve_target
 from .tune_db import DONE_FILE, RECORD_FILE, WORKLOAD_FILE, damage, mark_done, rewrite_database
@@ -55,7 +55,7 @@ _MS_LOGGER = "tvm.s_tir.meta_schedule"
 def tuning_key(graph: Graph, target: Target, params: str = "bound", fast_math: bool = True) -> str:
     """The digest naming the tuning database of (graph structure, target, options)."""
 
-    parts = [structural_hash(graph, include_data=False), str(target), params, fast_math, COMPILER_VERSION,
+    parts = [structural_hash(graph, include_data=False), str(target), params, fast_math, compiler_version(),
              TUNING_VERSION, tvm.__version__]
     return hashlib.blake2b(repr(parts).encode(), digest_size=20).hexdigest()
 
