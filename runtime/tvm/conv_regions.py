@@ -82,9 +82,10 @@ def _per_channel(shape: Dims, out: Dims) -> bool:
             and (padded[0] == 1 or padded[1] == out[1] and same_dims(padded[:1], out[:1])))
 
 
-def _cast_key(x: relax.Expr, channels: int, padding: list[int]) -> tuple:
-    """The key of `x`'s bf16 pairs (its channels, padded by `padding`) among the casts a dataflow block made."""
-    return x, channels, tuple(padding)
+def _cast_key(x: relax.Expr, channels: int, padding: list[int], columns: bool = False) -> tuple:
+    """The key of `x`'s bf16 pairs (its channels, padded by `padding`; pairs of columns where `columns`) among the
+    casts a dataflow block made."""
+    return x, channels, tuple(padding), columns
 
 
 @mutator
@@ -202,8 +203,7 @@ class _Regions(PyExprMutator):
         if takes_conv(channels, 1):
             a, packed, window = self._pairs(x, channels, padding), pack_conv_weight(weight), (kh, kw)
         else:  # pair m of a window row is columns 2m and 2m + 1: ceil(kw / 2) pairs, 2 columns apart
-            a = self.builder_.emit(self.builder_.call_te(row_pairs_input, self.blocked.get(x, x), channels, padding,
-                                                         primfunc_name_hint="bf16_row_pairs"))
+            a = self._pairs(x, channels, padding, columns=True)
             packed, window, dilation = pack_row_pair_weight(weight), (kh, -(-kw // 2)), [dilation[0], 2]
         hp, wp, depth = (int(d) for d in a.ty.shape.values[2:5])
         kernel = conv_kernel(packed.shape[1], (hp, wp), window, strides, dilation, out[2:], packed.shape[0],
@@ -227,13 +227,18 @@ class _Regions(PyExprMutator):
         return relax.call_tir(self.builder_.add_func(kernel, name), [pairs, relax.const(packed)],
                               relax.TensorType([out[0], packed.shape[0], *out[2:], N_TILE], "float32"))
 
-    def _pairs(self, x: relax.Expr, channels: int, padding: list[int]) -> relax.Expr:
-        """`x` (NCHW at a region's start, else blocked) cast into a bf16 kernel's padded pairs (`bf16_input`), the
-        cast marked so `conv_fold.py` can compute it in the store of x's conv; made once for the convs reading the
-        same pairs (a ResNet stage's first block: its first conv and its projection, both 1x1 and unpadded)."""
-        key = _cast_key(x, channels, padding)
+    def _pairs(self, x: relax.Expr, channels: int, padding: list[int], columns: bool = False) -> relax.Expr:
+        """`x` (NCHW at a region's start, else blocked) cast into a bf16 kernel's padded pairs of channels
+        (`bf16_input`, the cast marked so `conv_fold.py` can compute it in the store of x's conv) or, with
+        `columns`, of columns (`row_pairs_input`); made once for the convs reading the same pairs (a ResNet stage's
+        first block: its first conv and its projection, both 1x1 and unpadded)."""
+        key = _cast_key(x, channels, padding, columns)
         if key not in self.casts:
-            self.casts[key] = self.builder_.emit(marked_cast(self.builder_, self.blocked.get(x, x), channels, padding))
+            source = self.blocked.get(x, x)
+            cast = self.builder_.call_te(row_pairs_input, source, channels, padding,
+                                         primfunc_name_hint="bf16_row_pairs") if columns else \
+                marked_cast(self.builder_, source, channels, padding)
+            self.casts[key] = self.builder_.emit(cast)
         return self.casts[key]
 
     def _rows_of(self, x: relax.Expr, blocked: bool = False) -> relax.Expr:

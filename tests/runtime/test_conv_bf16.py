@@ -69,6 +69,11 @@ def fused_names(graph: Graph, target: Target, precision: str = "bf16") -> list[s
     return sorted(gv.name_hint for gv in fused(graph, target, precision).get_global_vars())
 
 
+def _bf16_bits(v: np.ndarray) -> np.ndarray:
+    """The nearest-even bf16 bits of `v` as uint32."""
+    return np.asarray(v, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32)
+
+
 def test_the_packed_weight_pairs_channels_c_and_c_plus_8() -> None:
     """Word (ob, cb, y, x, q, o) holds bf16(w[16 ob + o, 16 cb + q, y, x]) low and channel 16 cb + q + 8 high, rounded
     to nearest even, zero past O and I: checked element by element against that definition."""
@@ -77,8 +82,7 @@ def test_the_packed_weight_pairs_channels_c_and_c_plus_8() -> None:
     assert packed.shape == (2, 2, 3, 2, 8, 16) and packed.dtype == np.uint32
 
     def bits(o: int, i: int, y: int, x: int) -> int:
-        inside = o < 20 and i < 24
-        return int(np.array(w[o, i, y, x] if inside else 0, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16))
+        return int(_bf16_bits(w[o, i, y, x] if o < 20 and i < 24 else 0))
 
     for ob, cb, y, x, q, o in np.ndindex(packed.shape):
         want = bits(16 * ob + o, 16 * cb + q, y, x) | bits(16 * ob + o, 16 * cb + q + 8, y, x) << 16
@@ -91,10 +95,6 @@ def test_the_packed_weight_pairs_channels_c_and_c_plus_8() -> None:
     (64, 2, False), (64, 64, False)])  # grouped and depthwise convs stay f32
 def test_which_convs_the_kernel_takes(channels: int, groups: int, taken: bool) -> None:
     assert takes_conv(channels, groups) is taken
-
-
-def _bf16_bits(v: np.ndarray) -> np.ndarray:
-    return np.asarray(v, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32)
 
 
 def test_the_row_pair_weight_pairs_columns_2m_and_2m_plus_1() -> None:
