@@ -81,18 +81,25 @@ def pack_te(w: te.Tensor, width: int) -> te.Tensor:
         tirx.const(0, w.dtype)), name="pack")
 
 
-def packed_matmul(x: te.Tensor, wp: te.Tensor, n: int) -> te.Tensor:
+def packed_matmul(x: te.Tensor, wp: te.Tensor, n: int, rows: int | None = None) -> te.Tensor:
     """`x @ w` with `w` packed: `[.., M, K] x [.., N / w, K, w] -> [.., M, N]` (`wp` 3-D: one weight for every
     batch; else batch dims equal to `x`'s); the panel index `j % w` is what `CPUMatmul` recognizes as a packed
-    operand, taking `w` as its vector tile. With padded panels the sums cover every panel column and a second block
-    keeps the first `n`: the rule fuses it into the register tile's store, which alone is guarded."""
+    operand, taking `w` as its vector tile. With padded panels the sums cover every panel column, and with `rows`
+    past M (`CPUMatmul.padded_rows`) that many rows, the last row of x read again; a second block keeps the first
+    M x `n`: the rule computes it at the register tile, whose store alone is guarded."""
     *_, panels, k, width = (int(d) for d in wp.shape)
     batched = len(wp.shape) > 3
+    m = x.shape[-2]
+    rows = m if rows is None else rows
     r = te.reduce_axis((0, k), "k")
-    sums = te.compute((*x.shape[:-1], panels * width), lambda *i: te.sum(
-        x[(*i[:-1], r)] * wp[(*(i[:-2] if batched else ()), i[-1] // width, r, i[-1] % width)], axis=r),
+
+    def row(i: tirx.Expr) -> tirx.Expr:
+        return i if rows == m else tirx.min(i, m - 1)
+
+    sums = te.compute((*x.shape[:-2], rows, panels * width), lambda *i: te.sum(
+        x[(*i[:-2], row(i[-2]), r)] * wp[(*(i[:-2] if batched else ()), i[-1] // width, r, i[-1] % width)], axis=r),
         name="matmul_packed")
-    if panels * width == n:
+    if panels * width == n and rows == m:
         return sums
     return te.compute((*x.shape[:-1], n), lambda *i: sums(*i), name="matmul_columns")
 
@@ -128,7 +135,8 @@ class _Packer(PyExprMutator):
             wp = self.builder_.emit(self.builder_.call_te(pack_te, w, width, primfunc_name_hint="pack_matmul_weight"))
         else:
             return call
-        return self.builder_.call_te(packed_matmul, x, wp, w_shape[-1], primfunc_name_hint=PACKED_NAME)
+        padded = self.rule.padded_rows(rows, width) if isinstance(rows, int) else None
+        return self.builder_.call_te(packed_matmul, x, wp, w_shape[-1], padded, primfunc_name_hint=PACKED_NAME)
 
     def _transpose_of(self, w: relax.Expr) -> relax.Expr | None:
         """The 2-D tensor whose transpose `w` is bound to (`permute_dims` of its two axes), else None."""

@@ -185,6 +185,29 @@ def test_padded_panels_guard_only_the_store() -> None:
     assert "T.where" not in head + update and "T.where" in store
 
 
+@pytest.mark.parametrize(("target", "rows", "width", "padded"), [
+    (AVX512, 197, 32, 210), (AVX512, 196, 32, 196), (AVX512, 50, 32, 50), (AVX512, 13, 32, 13), (AVX2, 37, 16, 42),
+    (AVX2, 36, 16, 36)])
+def test_a_row_count_no_tile_divides_is_summed_in_whole_tiles(target: tvm.target.Target, rows: int, width: int,
+                                                              padded: int) -> None:
+    """197 tokens (a prime) over 32-wide panels take 15 tiles of 14 rows (`packed_rows`) on AVX-512, 37 rows 7 tiles
+    of 6 on AVX2; a count a tile of 4 rows or more divides (196 = 14 x 14, 50 = 5 x 10, 36 = 6 x 6), or one tile
+    takes whole (13), is summed as it is."""
+    assert _rule(target).padded_rows(rows, width) == padded
+
+
+def test_padded_rows_read_the_last_row_again_and_guard_only_the_store() -> None:
+    """197 rows summed as 210 (the last row of x read again for the 13 past it): no predicate in the k loop, and the
+    store keeps only the 197 real rows."""
+    x, wp = te.placeholder((197, 64), name="x"), te.placeholder((2, 64, 32), name="wp")
+    func = te.create_prim_func([x, wp, packed_matmul(x, wp, 64, rows=210)])
+    text = _rule(AVX512).apply(func, AVX512, False).mod["main"].script()
+    head, after = text.split('T.sblock("matmul_packed_update")')
+    update, store = after.split("T.sblock(", 1)
+    assert "T.where" not in head + update and "T.unroll(14)" in head + update
+    assert "< 197" in re.search(r"T\.where\((.*)\)", store).group(1)
+
+
 def test_a_row_tail_over_padded_panels_guards_rows_and_columns() -> None:
     """37 rows (tiles of 8 and a tail) over 77 columns in padded panels, with a relu: the store keeps both bounds
     (fused into the tile's store, the column guard replaced the row guard, and the tail wrote past the output)."""
@@ -199,12 +222,14 @@ def test_a_row_tail_over_padded_panels_guards_rows_and_columns() -> None:
 
 @pytest.mark.parametrize(("a_shape", "b_shape", "packs"), [
     ((2, 3, 129, 64), (2, 3, 64, 77), True), ((3, 7, 37), (3, 37, 1000), False), ((4, 129, 37), (4, 37, 10), True),
-    ((2, 129, 64), (1, 64, 48), False), ((1, 12, 1, 64), (1, 12, 64, 128), False)],
-    ids=["heads-n77", "m7-n1000", "n10", "broadcast-batch", "m1"])
+    ((2, 129, 64), (1, 64, 48), False), ((1, 12, 1, 64), (1, 12, 64, 128), False),
+    ((2, 2, 197, 64), (2, 2, 64, 197), True), ((2, 2, 197, 197), (2, 2, 197, 64), True)],
+    ids=["heads-n77", "m7-n1000", "n10", "broadcast-batch", "m1", "scores-m197", "context-m197"])
 def test_batched_right_operand_packs_per_batch(a_shape: tuple, b_shape: tuple, packs: bool) -> None:
     """Attention's `q @ k^T` and `p @ v` (batch dims equal on both sides) pack their right operand batch by batch
     where its rows amortize the copy (129 rows, not 7 or 1), into whole-vector panels for odd widths; a
-    broadcasting batch stays `[.., K, N]`. Numbers against float64 numpy either way, on odd M, K and N."""
+    broadcasting batch stays `[.., K, N]`. Numbers against float64 numpy either way, on odd M, K and N (197 tokens:
+    rows summed in whole tiles, `CPUMatmul.padded_rows`)."""
     mod = relax_module([a_shape, b_shape], relax.op.matmul)
     assert (PACKED_NAME in _prim_names(mod)) is packs
     rng = np.random.default_rng(len(a_shape) + a_shape[-1])
