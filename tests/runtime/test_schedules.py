@@ -545,13 +545,22 @@ def test_blocked_layout_exit_is_tiled_as_a_transpose(target: tvm.target.Target) 
 
 @pytest.mark.parametrize(("fast_math", "rtol"), [(False, EXACT), (True, FAST)], ids=["exact", "fast-math"])
 @pytest.mark.parametrize(("rows", "width", "partial"), [(6, 128, True), (6, 100, True), (6, 77, False),
-                                                        (3, 16, False)],
-                         ids=["lanes-multiple", "four-lanes-multiple", "odd-width", "one-vector"])
+                                                        (3, 16, False), (5, 197, False)],
+                         ids=["lanes-multiple", "four-lanes-multiple", "odd-width", "one-vector", "prime-width"])
 def test_softmax(fast_math: bool, rtol: float, rows: int, width: int, partial: bool) -> None:
     mod = relax_module([(rows, width)], lambda x: relax.op.nn.softmax(x, axis=-1))
     x = rand(rows, width) * 4
     check(run(mod, x, fast_math=fast_math), softmax_ref(x), rtol)
     assert_row_rule(fused_prim_funcs(mod, fast_math), partial)
+
+
+def test_a_row_no_vector_divides_is_computed_in_whole_vectors_and_a_peeled_tail() -> None:
+    """Softmax over rows of 197 (a prime: no divisor of 4 to 16 lanes): its exp and its division run in 16-lane
+    vectors whose guarded last one TVM's loop partitioning peels off (they had run one element at a time)."""
+    for func in fused_prim_funcs(relax_module([(5, 197)], lambda x: relax.op.nn.softmax(x, axis=-1))):
+        text = CPURowReduction().apply(func, AVX512, False).mod["main"].script()
+        hinted = [line for line in text.splitlines() if "pragma_loop_partition_hint" in line]
+        assert len(hinted) == 2 and "T.vectorized(T.int64(16))" in text, text
 
 
 def test_softmax_computes_its_shifted_logits_inside_the_exp() -> None:

@@ -90,14 +90,19 @@ def worth_parallel(sch: s_tir.Schedule, loops: list[s_tir.schedule.LoopRV]) -> b
     return total >= _MIN_PARALLEL_ELEMS
 
 
-def vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int
+def vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, peel_tail: bool = False
                     ) -> list[s_tir.schedule.LoopRV]:
-    """Vectorize the block's innermost loop (split to a divisor near `lanes`); returns the loops outside it."""
+    """Vectorize the block's innermost loop (split to a divisor near `lanes`); returns the loops outside it. With
+    `peel_tail`, a static extent no such divisor takes (a row of 197) has its guarded last vector peeled off by TVM's
+    loop partitioning, so the whole vectors run unguarded (the caller must not fuse the loop outside them)."""
     *outer, inner = sch.get_loops(block)
+    extent = static_extent(loop_extent(sch, inner))
     factor = split_factor(loop_extent(sch, inner), lanes, minimum=4)
-    if static_extent(loop_extent(sch, inner)) != factor:
+    if extent != factor:
         inner_o, inner = sch.split(inner, [None, factor])
         outer.append(inner_o)
+        if peel_tail and extent is not None and extent % factor:
+            sch.annotate(inner_o, "pragma_loop_partition_hint", 1)
     sch.vectorize(inner)
     return outer
 

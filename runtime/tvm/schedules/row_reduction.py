@@ -58,7 +58,7 @@ class CPURowReduction(dl.ScheduleRule):
             elif all(iv.iter_type == tirx.IterVar.DataPar for iv in stmt.iter_vars):
                 loops = sch.get_loops(block)
                 if len(loops) > 1 and static_extent(sch.get(loops[-1]).extent) != 1:  # not the row loop itself
-                    vectorize_inner(sch, block, lanes)
+                    vectorize_inner(sch, block, lanes, peel_tail=True)
             else:  # a reduction left whole, or the final sum of the partial results: unroll its reduction loop
                 reduce_at = next(i for i, iv in enumerate(stmt.iter_vars) if iv.iter_type != tirx.IterVar.DataPar)
                 loop = sch.get_loops(block)[reduce_at - len(stmt.iter_vars)]
