@@ -29,6 +29,7 @@ from .amx_epilogue import amx_epilogues
 from .const_fold import fold_constant_kernels
 from .conv_fold import fold_conv_epilogues
 from .conv_regions import block_conv_regions
+from .cpu import cpu_model
 from .donation import donate_inputs
 from .matmul_layout import pack_matmul_weights
 from .memory_plan import bound_batches
@@ -75,7 +76,8 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
     `precision` is the build's resolved mode (a bf16 build's convs may run a bf16 kernel)."""
     return [relax.transform.DeadCodeElimination(),  # a weight decoded inside its matmul leaves its dequantize unused
             relax.transform.EliminateCommonSubexpr(),  # one bf16 cast of x for q, k and v (each rule casts its own)
-            *(fast_math_passes() if fast_math else []), *cpu_passes.library_dispatch_passes(target),
+            *(fast_math_passes(cpu_model(target).lanes()) if fast_math else []),
+            *cpu_passes.library_dispatch_passes(target),
             *([block_conv_regions(target, precision)] if block_convs else []),  # NCHW[x]c regions (CPU model)
             fold_conv_epilogues(target),  # a bf16 conv's bias, activation, residual and next casts in its store
             plane_windows(target),  # the NCHW depthwise convs and pools left, plane by plane

@@ -31,6 +31,7 @@ from kiln.runtime.tvm.schedules import (
     Safe,
     default_cpu_rules,
 )
+from kiln.runtime.tvm.schedules.fastmath import padded_row
 from kiln.runtime.tvm.schedules.safe import DEBUG_ENV
 from kiln.runtime.tvm.target import configure_threads, cpu_count, cpu_target, cuda_target
 
@@ -544,14 +545,39 @@ def test_blocked_layout_exit_is_tiled_as_a_transpose(target: tvm.target.Target) 
 
 
 @pytest.mark.parametrize(("fast_math", "rtol"), [(False, EXACT), (True, FAST)], ids=["exact", "fast-math"])
-@pytest.mark.parametrize(("rows", "width", "partial"), [(6, 128, True), (6, 100, True), (6, 77, False),
-                                                        (3, 16, False), (5, 197, False)],
-                         ids=["lanes-multiple", "four-lanes-multiple", "odd-width", "one-vector", "prime-width"])
-def test_softmax(fast_math: bool, rtol: float, rows: int, width: int, partial: bool) -> None:
+@pytest.mark.parametrize(("rows", "width", "partial", "padded"), [
+    (6, 128, True, True), (6, 100, True, True), (6, 77, False, True), (3, 16, False, False), (5, 197, False, True),
+    (4, 17, False, True)],
+    ids=["lanes-multiple", "four-lanes-multiple", "odd-width", "one-vector", "prime-width", "one-vector-and-one"])
+def test_softmax(fast_math: bool, rtol: float, rows: int, width: int, partial: bool, padded: bool) -> None:
+    """Softmax rows against float64 numpy; vector partial results where a width of 4 or more divides the row, and
+    under fast math (kiln's own softmax kernel) also where none does, its rows padded to whole vectors
+    (`fastmath.padded_row`)."""
     mod = relax_module([(rows, width)], lambda x: relax.op.nn.softmax(x, axis=-1))
     x = rand(rows, width) * 4
     check(run(mod, x, fast_math=fast_math), softmax_ref(x), rtol)
-    assert_row_rule(fused_prim_funcs(mod, fast_math), partial)
+    assert_row_rule(fused_prim_funcs(mod, fast_math), padded if fast_math else partial)
+
+
+@pytest.mark.parametrize(("width", "lanes", "padded"), [
+    (197, 16, 208), (197, 8, 200), (77, 16, 80), (17, 16, 32), (100, 16, None), (13, 16, None), (128, 8, None)])
+def test_a_softmax_row_no_vector_divides_is_padded_to_whole_vectors(width: int, lanes: int, padded: int | None
+                                                                   ) -> None:
+    """197 tokens and 77 round up to whole vectors of the target's lanes; a row a width of 4 or more divides (100,
+    128), or one vector takes whole (13), stays as it is."""
+    assert padded_row(width, lanes) == padded
+
+
+def test_a_padded_softmax_row_stores_only_its_real_elements() -> None:
+    """The padded kernel copies each row of 197 into 208 (its last element repeated), takes every reduction in
+    whole 16-lane vectors, sums only the first 197 exps and stores 197; with the score scale taken in, against
+    float64 numpy."""
+    mod = relax_module([(3, 2, 197)], lambda x: relax.op.nn.softmax(x * relax.const(0.125, "float32"), axis=-1))
+    (func,) = fused_prim_funcs(mod, fast_math=True)
+    text = CPURowReduction(lanes=16).apply(func, AVX512, False).mod["main"].script()
+    assert 'T.sblock("row_padded")' in text and "T.if_then_else(" in text and "< T.int64(197)" in text
+    x = rand(3, 2, 197) * 30
+    check(run(mod, x, fast_math=True), softmax_ref(x.astype(np.float64) * 0.125), FAST)
 
 
 def test_a_row_no_vector_divides_is_computed_in_whole_vectors_and_a_peeled_tail() -> None:
