@@ -6,13 +6,13 @@ torch eager, with GFLOP/s and % of the measured FMA peak, on MLPs, encoder layer
 `KILN_CPU=haswell ... --isa avx2` measures kiln's AVX2 build on this CPU against peak.c's AVX2 peak.
 
 Rows: the MLP 784-512-512-10 at batch 1 and 256, the odd MLP 37-77-1000-10 at batch 7; encoder layers
-(`inference.encoder_widths(d)`: d/64 heads, 4d) with
-d = 256/512/768 at batch 1 x 128 and 8 x 128 tokens; conv 1x1, 3x3, depthwise 3x3 and strided 3x3/2 at 56² (64
-channels), 28² (128), 14² (256) and 7² (512), batch 1. onnxruntime and both OpenVINO columns run one ONNX file
-(`kiln.runtime.onnx.export`) with all graph optimizations; OpenVINO f32 is `INFERENCE_PRECISION_HINT=f32`,
-OpenVINO default lets it choose (bf16 through AMX where the CPU has it); kiln bf16 is `precision="bf16!"` (AMX
-tiles or `vdpbf16ps` kernels where the CPU has them, elsewhere bf16 operands widened to f32: docs/precision.md), on
-every row. Every output is checked against onnxruntime's (the bf16 engines within bf16's 3e-2). Each cell: ms (median of
+(`inference.encoder_widths(d)`: d/64 heads, 4d) with d = 256/512/768 at batch 1 x 128 and 8 x 128 tokens, and d =
+768 at ViT-B/16's 1 x 197 and 8 x 197; conv 1x1, 3x3, depthwise 3x3 and strided 3x3/2 at 56² (64 channels), 28²
+(128), 14² (256) and 7² (512), batch 1. onnxruntime and both OpenVINO columns run one ONNX file
+(`kiln.runtime.onnx.export`) with all graph optimizations; OpenVINO f32 is `INFERENCE_PRECISION_HINT=f32`, OpenVINO
+default lets it choose (bf16 through AMX where the CPU has it); kiln bf16 is `precision="bf16!"` (AMX tiles or
+`vdpbf16ps` kernels where the CPU has them, elsewhere bf16 operands widened to f32: docs/precision.md), on every
+row. Every output is checked against onnxruntime's (the bf16 engines within bf16's 3e-2). Each cell: ms (median of
 per-round medians) / GFLOP/s / % peak; "kiln vs best f32" is kiln over the faster of onnxruntime and OpenVINO f32,
 "kiln bf16 vs OpenVINO default" kiln bf16 over OpenVINO default (medians of per-round ratios).
 """
@@ -70,6 +70,9 @@ def rows() -> list[Workload]:
         layer = nn.TransformerEncoderLayer(*encoder_widths(d))
         out += [Workload(f"encoder d{d} {b}x128", layer, (b, 128, d), torch_encoder(*encoder_widths(d)))
                 for b in (1, 8)]
+        if d == 768:  # ViT-B/16's 197 tokens (a prime: rows and attention widths no tile or vector divides)
+            out += [Workload(f"encoder d768 {b}x197 (ViT-B)", layer, (b, 197, d), torch_encoder(*encoder_widths(d)))
+                    for b in (1, 8)]
     for size, c in ((56, 64), (28, 128), (14, 256), (7, 512)):
         for kind, k, stride, groups in (("1x1", 1, 1, 1), ("3x3", 3, 1, 1), ("depthwise 3x3", 3, 1, c),
                                         ("strided 3x3/2", 3, 2, 1)):
