@@ -13,6 +13,7 @@ transpose, a reduction, padding, symbolic shapes the consumer's indices cannot b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import tvm
@@ -77,7 +78,9 @@ def _static(shape: list[tirx.PrimExpr]) -> bool:
 def consumer_epilogue(func: tirx.PrimFunc, c_at: int, target: Target) -> Epilogue | None:
     """`func` (an elementwise kernel whose parameter `c_at` is a tile product C [batch, Mp, Np] and whose last is
     its output) as an `Epilogue` of the product, or None: it must inline to one block storing each output element
-    from C's element at the same flat position, with the same last dim (static shapes)."""
+    from C's element at the same flat position, with the same last dim (static shapes). An output of fewer rows
+    (M without the padding of C's `Mp`) keeps its own: the rows past it, wrapped by the flat index, had overwritten
+    its first rows with the padding's products (a 37-row bf16 linear lost 27 rows to its bias)."""
     params = list(func.params)
     c, out = params[c_at], params[-1]  # a TIR parameter is its buffer
     sch, infos = cpu_blocks(func, target)
@@ -107,10 +110,13 @@ def consumer_epilogue(func: tirx.PrimFunc, c_at: int, target: Target) -> Epilogu
             analyzer.can_prove_equal(ld.indices[-1], index[-1])
             and analyzer.can_prove_equal(_flattened(tuple(ld.indices[:-1]), c_lead), flat) for ld in loads):
         return None
-    rows = c.shape[1]
+    rows, stored = c.shape[1], math.prod(int(d) for d in lead)  # C's rows a batch; the output's rows in all
 
     def at(b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr) -> list[tirx.PrimExpr]:
         return [*_unflattened(b * rows + row, lead), col]
+
+    def inside(b: tirx.PrimExpr, row: tirx.PrimExpr) -> tirx.PrimExpr:
+        return b * rows + row < stored
 
     def value(b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr, c_value: tirx.PrimExpr) -> tirx.PrimExpr:
         where = at(b, row, col)
@@ -122,7 +128,7 @@ def consumer_epilogue(func: tirx.PrimFunc, c_at: int, target: Target) -> Epilogu
             return c_value if e.source.same_as(c) else tirx.BufferLoad(e.source, indices)
         return _rebuilt(store.value, var, load)
     inputs = tuple(p for i, p in enumerate(params[:-1]) if i != c_at)
-    return Epilogue(inputs, out, value, at)
+    return Epilogue(inputs, out, value, at, inside if stored < math.prod(int(d) for d in c_lead) else None)
 
 
 def _tiled(mod: tvm.IRModule, call: relax.Expr) -> list[int] | None:

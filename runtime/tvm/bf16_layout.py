@@ -19,13 +19,15 @@ TILE_PARAMS = "kiln.amx_tiles"  # a kernel's attribute: its builder's arguments 
 class Epilogue:
     """An elementwise consumer of the product, computed by a product kernel as it stores C (`amx_epilogue.py`
     finds them): `inputs` (its other operands) and `output` are the kernel's parameters after A and B, and for the
-    product's element (b, row, col) = c it stores `value(b, row, col, c)` at `at(b, row, col)` of `output`. The
-    product itself is never written."""
+    product's element (b, row, col) = c it stores `value(b, row, col, c)` at `at(b, row, col)` of `output`, for
+    the rows `inside(b, row)` holds (all where it is None: an output with fewer rows than C, M without its padding,
+    keeps only its own). The product itself is never written."""
 
     inputs: tuple[tirx.Buffer, ...]
     output: tirx.Buffer
     value: Callable[[tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr], tirx.PrimExpr]
     at: Callable[[tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr], list[tirx.PrimExpr]]
+    inside: Callable[[tirx.PrimExpr, tirx.PrimExpr], tirx.PrimExpr] | None = None
 
 
 def result_params(epilogue: Epilogue | None, batch: tirx.Var, mp: tirx.Var, np_: int) -> tirx.Buffer:
@@ -40,8 +42,12 @@ def result_params(epilogue: Epilogue | None, batch: tirx.Var, mp: tirx.Var, np_:
 
 def store_epilogue(epilogue: Epilogue, b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr,
                    c: tirx.PrimExpr) -> None:
-    """Emit the epilogue's store of the product's element (b, row, col) = c."""
-    ib.buffer_store(epilogue.output, epilogue.value(b, row, col, c), epilogue.at(b, row, col))
+    """Emit the epilogue's store of the product's element (b, row, col) = c, guarded by `inside` where it has one."""
+    if epilogue.inside is None:
+        ib.buffer_store(epilogue.output, epilogue.value(b, row, col, c), epilogue.at(b, row, col))
+        return
+    with ib.If(epilogue.inside(b, row)), ib.Then():
+        ib.buffer_store(epilogue.output, epilogue.value(b, row, col, c), epilogue.at(b, row, col))
 
 
 def bf16_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:

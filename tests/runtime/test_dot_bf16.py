@@ -20,6 +20,8 @@ from kiln.runtime.tvm.bf16_layout import even_chunks, task_place
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.cpu import cpu_model
 from kiln.runtime.tvm.dot_bf16 import DOT_KERNEL_NAME, dot_tile, has_dot
+from kiln.runtime.tvm.lower import lower
+from kiln.runtime.tvm.pipeline import cpu_fusion_passes
 from kiln.runtime.tvm.target import cpu_target
 
 ZEN4 = Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})  # AVX512-BF16, no AMX
@@ -82,11 +84,24 @@ def test_bias_activation_and_residual_run_in_the_dot_kernels_store(consumer: str
 
 
 @needs_dot
-@pytest.mark.parametrize(("rows", "k", "n"), [(128, 96, 64), (7, 77, 64), (608, 1000, 96)])
+@pytest.mark.parametrize(("rows", "k", "n"), [(128, 96, 64), (7, 77, 64), (608, 1000, 96), (37, 96, 64),
+                                              (197, 64, 96)])
 def test_dot_epilogues_are_within_the_bf16_bound(rows: int, k: int, n: int) -> None:
     """`check_epilogues` from the dot kernel's store: 7 rows (one short row tile), 608 rows of K = 1000 (M in L2
-    chunks, the last row tile moved back, so its epilogue stores some rows twice)."""
+    chunks, the last row tile moved back, so its epilogue stores some rows twice); 37 and 197 rows, C padded to 64
+    and 224 (its padding's products had overwritten the first 27 rows)."""
     check_epilogues(rows, k, n, ZEN4)
+
+
+def test_an_epilogue_stores_only_the_rows_of_its_output() -> None:
+    """37 rows of a product C padded to 64: the epilogue's store is guarded to the output's 37 rows (its flat index
+    would wrap past them)."""
+    graph = consumer_graph(37, _weight(96, 64), "residual")
+    module = lower(graph, "bound", None, "bf16", ZEN4).module
+    with ZEN4:
+        module = tvm.transform.Sequential(cpu_fusion_passes(ZEN4))(module)
+    (text,) = [f.script() for g, f in module.functions_items() if g.name_hint.startswith(f"{DOT_KERNEL_NAME}_epilogue")]
+    assert re.search(r"if .*< T.int64\(37\):", text), text
 
 
 @needs_dot
