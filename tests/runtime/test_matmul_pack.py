@@ -209,6 +209,16 @@ def test_padded_rows_read_the_last_row_again_and_guard_only_the_store() -> None:
     assert "< 197" in re.search(r"T\.where\((.*)\)", store).group(1)
 
 
+def test_a_dynamic_batch_over_padded_panels_guards_its_columns() -> None:
+    """A symbolic row count over 77 columns in padded panels (ResNet's 1000 classes at a dynamic batch): the store
+    keeps the column guard; compared as static dims the two symbolic row counts looked different, the epilogue was
+    fused into the store and wrote every panel column past the output."""
+    x, wp = te.placeholder((te.var("n", "int64"), 37), name="x"), te.placeholder((5, 37, 16), name="wp")
+    text = _rule(AVX2).apply(te.create_prim_func([x, wp, packed_matmul(x, wp, 77)]), AVX2, False).mod["main"].script()
+    store = text.split('T.sblock("matmul_columns")')[1]
+    assert "< 77" in re.search(r"T\.where\((.*)\)", store).group(1)
+
+
 def test_a_row_tail_over_padded_panels_guards_rows_and_columns() -> None:
     """37 rows (tiles of 8 and a tail) over 77 columns in padded panels, with a relu: the store keeps both bounds
     (fused into the tile's store, the column guard replaced the row guard, and the tail wrote past the output)."""

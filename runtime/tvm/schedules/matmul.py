@@ -3,6 +3,7 @@
 import math
 from dataclasses import dataclass
 
+import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
@@ -251,15 +252,24 @@ def _schedule_padding(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> No
 
 
 def _sums_wider(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, epilogue: list[s_tir.schedule.SBlockRV]) -> bool:
-    """Whether the contraction sums more columns than its last epilogue stores (a packed weight's zero-padded last
-    panel): that epilogue is then computed at the register tile with its own bounds, as after `_pad_tails` (inlined
-    into the tile's store instead, its column guard replaced the store's row guard, and a row tail wrote past C)."""
+    """Whether the contraction sums more columns (a packed weight's zero-padded last panel) or rows (`padded_rows`)
+    than its last epilogue stores: that epilogue is then computed at the register tile with its own bounds, as after
+    `_pad_tails` (inlined into the tile's store instead, its column guard replaced the store's row guard, and a row
+    tail wrote past C). The other dims, a symbolic batch among them, must be the same."""
     if not epilogue:
         return False
-    sums, out = ([static_extent(d) for d in sch.get(b).writes[0].source.shape] for b in (main, epilogue[-1]))
-    if len(sums) != len(out) or sums[:-2] != out[:-2] or None in (*sums[-2:], *out[-2:]):
+    sums, out = (sch.get(b).writes[0].source.shape for b in (main, epilogue[-1]))
+    if len(sums) != len(out) or not all(tvm_ffi.structural_equal(s, o) for s, o in zip(sums[:-2], out[:-2])):
         return False
-    return all(o <= s for o, s in zip(out[-2:], sums[-2:], strict=True)) and out[-2:] != sums[-2:]
+    wider = False
+    for s, o in zip(sums[-2:], out[-2:]):
+        if tvm_ffi.structural_equal(s, o):
+            continue
+        s, o = static_extent(s), static_extent(o)
+        if s is None or o is None or o > s:
+            return False
+        wider = True
+    return wider
 
 
 def _broadcast_read(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
