@@ -259,17 +259,22 @@ def _sums_wider(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, epilogue: li
     if not epilogue:
         return False
     sums, out = (sch.get(b).writes[0].source.shape for b in (main, epilogue[-1]))
-    if len(sums) != len(out) or not all(tvm_ffi.structural_equal(s, o) for s, o in zip(sums[:-2], out[:-2])):
+    if len(sums) != len(out) or not all(_same_dim(s, o) for s, o in zip(sums[:-2], out[:-2])):
         return False
     wider = False
     for s, o in zip(sums[-2:], out[-2:]):
-        if tvm_ffi.structural_equal(s, o):
+        if _same_dim(s, o):
             continue
         s, o = static_extent(s), static_extent(o)
         if s is None or o is None or o > s:
             return False
         wider = True
     return wider
+
+
+def _same_dim(a: tirx.Expr, b: tirx.Expr) -> bool:
+    """Whether two buffer dims are the same extent: equal constants (of any integer type), or the same expression."""
+    return static_extent(a) == static_extent(b) if static_extent(a) is not None else tvm_ffi.structural_equal(a, b)
 
 
 def _broadcast_read(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
