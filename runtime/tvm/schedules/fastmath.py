@@ -20,6 +20,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, topi
 
+from .row_reduction import partial_lanes
+
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 
@@ -30,10 +32,10 @@ def _fast_gelu(x: tvm.te.Tensor) -> tvm.te.Tensor:
 
 def padded_row(width: int, lanes: int) -> int | None:
     """The width a softmax row of `width` elements is computed over: `width` rounded up to whole vectors of `lanes`
-    where it spans more than one and no width of 4 or more divides it (197 tokens, 77), else None. The row rule
-    (`CPURowReduction`) sums such a row one element after another: its vector partial sums need a width that
-    divides the row, and a guarded last vector lost its guard when the rule moved it under the row loop."""
-    return -(-width // lanes) * lanes if width > lanes and width % 4 else None
+    where it spans more than one and the row rule takes no vector partial results of it (`partial_lanes`: 197
+    tokens, 77), else None. That rule sums such a row one element after another (a guarded last vector lost its
+    guard when the rule moved it under the row loop)."""
+    return -(-width // lanes) * lanes if width > lanes and partial_lanes(width, lanes) is None else None
 
 
 def _fast_softmax(x: tvm.te.Tensor, axis: int, scale: float = 1.0, lanes: int | None = None) -> tvm.te.Tensor:

@@ -24,6 +24,13 @@ def _chains(lanes: int) -> int:
     return min((d for d in range(1, lanes + 1) if lanes % d == 0), key=lambda d: (lanes // d + d, -d))
 
 
+def partial_lanes(width: int, lanes: int) -> int | None:
+    """The lanes of a row's vector partial results: `lanes`, or a half or a quarter of them (at least 4) where that
+    divides the row's `width` and `lanes` does not; None where none does (a split with a tail is not one rfactor
+    can take: the row is then summed one element after another)."""
+    return next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 4 and width % w == 0), None)
+
+
 def _leading_spatial(dom_kind: str) -> int:
     return len(dom_kind) - len(dom_kind.lstrip("S"))
 
@@ -82,19 +89,18 @@ class CPURowReduction(dl.ScheduleRule):
 
     @staticmethod
     def _split_partial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> list[str]:
-        """Split the innermost reduction into `lanes` partial results (or a half or a quarter of them, at least 4,
-        where that divides the extent and `lanes` does not: a split with a tail is not one rfactor can take), and
-        those into `chains` partial results of their own (`_chains`); the partial blocks' names, none where the extent
-        is symbolic, short or a multiple of no such width, or the reduced axis is not contiguous in memory (the lanes
-        would be a gather). Rows of 244 in 4 lanes: the 1024x244 layer norm 0.276 -> 0.089 ms (2 threads, Zen 4;
-        onnxruntime 0.077-0.10), where it had summed one element after another."""
+        """Split the innermost reduction into `partial_lanes` partial results, and those into `chains` partial results
+        of their own (`_chains`); the partial blocks' names, none where the extent is symbolic, short or a multiple
+        of no such width, or the reduced axis is not contiguous in memory (the lanes would be a gather). Rows of 244
+        in 4 lanes: the 1024x244 layer norm 0.276 -> 0.089 ms (2 threads, Zen 4; onnxruntime 0.077-0.10), where it
+        had summed one element after another."""
         inner = sch.get_loops(block)[-1]
         n = static_extent(sch.get(inner).extent)
         reduced = sch.get(block).iter_vars[-1].var
-        if n is not None:
-            lanes = next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 4 and n % w == 0), lanes)
-        if n is None or n % lanes or n < 2 * lanes:
+        width = None if n is None else partial_lanes(n, lanes)
+        if width is None or n < 2 * width:
             return []
+        lanes = width
         if not any(uses_var(read.region[-1].min, reduced) for read in sch.get(block).reads):
             return []
         _, inner_lanes = sch.split(inner, [None, lanes])
