@@ -274,7 +274,8 @@ def _sums_wider(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, epilogue: li
 
 def _same_dim(a: tirx.Expr, b: tirx.Expr) -> bool:
     """Whether two buffer dims are the same extent: equal constants (of any integer type), or the same expression."""
-    return static_extent(a) == static_extent(b) if static_extent(a) is not None else tvm_ffi.structural_equal(a, b)
+    constant = static_extent(a)
+    return constant == static_extent(b) if constant is not None else tvm_ffi.structural_equal(a, b)
 
 
 def _broadcast_read(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
