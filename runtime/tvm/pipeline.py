@@ -35,6 +35,7 @@ from .matmul_layout import pack_matmul_weights
 from .memory_plan import bound_batches
 from .output_fusion import fuse_output_producers
 from .plane_window import plane_windows
+from .pool_rows import row_pools
 from .schedules import Safe, default_cpu_rules
 from .stack_buffers import CPU_TIR_PIPELINE
 from .target import configure_threads
@@ -80,7 +81,8 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
             *cpu_passes.library_dispatch_passes(target),
             *([block_conv_regions(target, precision)] if block_convs else []),  # NCHW[x]c regions (CPU model)
             fold_conv_epilogues(target),  # a bf16 conv's bias, activation, residual and next casts in its store
-            plane_windows(target),  # the NCHW depthwise convs and pools left, plane by plane
+            plane_windows(target),  # the NCHW depthwise convs left, plane by plane
+            row_pools(target),  # the NCHW pools left, down columns then along rows
             pack_matmul_weights(target),  # 2-D matmul weights in the panel order of the register tile
             vnni_int8_matmuls(target),  # int8 products of bound Q8 codes as vpdpbusd kernels where the CPU has VNNI
             *_with_output_fusion(cpu_passes.legalize_passes(target)),

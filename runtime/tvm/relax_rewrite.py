@@ -36,6 +36,19 @@ def batched_f32_shape(ty: object) -> Dims | None:
     return [int(d) if isinstance(d, tirx.IntImm) else d for d in dims]
 
 
+def batched_nchw(call: relax.Call) -> Dims | None:
+    """The float32 shape of `call`'s first operand when it and the result are 4-D, non-empty and static but for the
+    batch (`batched_f32_shape`: a dynamic batch only bounds a kernel's parallel loop over images and channels)."""
+    x, out = batched_f32_shape(call.args[0].ty), batched_f32_shape(call.ty)
+    return x if x is not None and out is not None and len(x) == len(out) == 4 and min(x[1:] + out[1:]) > 0 else None
+
+
+def window_out_size(size: int, before: int, after: int, kernel: int, stride: int, dilation: int) -> int:
+    """Outputs along one axis of a conv or pool window (no `ceil_mode`) over `size` elements padded before and
+    after."""
+    return (size + before + after - dilation * (kernel - 1) - 1) // stride + 1
+
+
 def same_dims(a: Dims, b: Dims) -> bool:
     """Whether two `batched_f32_shape`s are equal (a symbolic batch: the same variable or expression)."""
     return len(a) == len(b) and all(

@@ -1,9 +1,8 @@
-"""CPU schedule for the depthwise convs and pools computed plane by plane (`runtime/tvm/plane_window.py`).
+"""CPU schedule for the depthwise convs computed plane by plane (`runtime/tvm/plane_window.py`).
 
 Channels in parallel; under each, the channel's padded plane is filled (a few KiB, in L1), then register tiles of
-`row_tile` output rows x one vector of columns reduce the window (its taps unrolled, each a vector multiply-add or
-maximum of a contiguous load), and the channel's real columns are stored with any elementwise epilogue (bias,
-relu) fused.
+`row_tile` output rows x one vector of columns reduce the window (its taps unrolled, each a vector multiply-add of a
+contiguous load), and the channel's real columns are stored with any elementwise epilogue (bias, relu) fused.
 """
 
 from tvm import s_tir, tirx
@@ -16,8 +15,8 @@ from .injective import largest_divisor, static_extent
 
 
 def row_tile(rows: int, weights: int, shifts: int, model: CPUModel) -> int:
-    """Output rows per register tile: as many accumulators as fit beside the window's `weights` (a depthwise conv's
-    taps; none for a pool) and the `shifts` vectors of one input row in the register file, as a divisor of `rows`;
+    """Output rows per register tile: as many accumulators as fit beside the window's `weights` (the conv's taps)
+    and the `shifts` vectors of one input row in the register file, as a divisor of `rows`;
     when that divisor is under half of them (7 or 13 rows), all `rows` up to `model.accumulators`."""
     fit = max(1, min(model.accumulators, model.vector_registers - weights - shifts))
     divisor = largest_divisor(rows, fit)
@@ -26,8 +25,9 @@ def row_tile(rows: int, weights: int, shifts: int, model: CPUModel) -> int:
 
 # Elements of a stride's phase-split plane (rows x phases x columns) copied by fully unrolled rows: ~2 instructions
 # each, a few KiB of code at most. As a loop nest LLVM vectorized the copy across rows, into gathers and (on AVX-512)
-# scatters: the 3x3/2 max pool of 96x27² took 36 us against 16 unrolled (AVX2 build: 20 against 18); past this
-# size (64x56², 3.8k elements) the unrolled copy was the slower one, with the gathers kept and 14x the code.
+# scatters: the 3x3/2 plane of 96x27² (then a max pool's) took 36 us against 16 unrolled (AVX2 build: 20 against
+# 18); past this size (64x56², 3.8k elements) the unrolled copy was the slower one, with the gathers kept and 14x
+# the code.
 UNROLLED_PLANE = 1024
 
 
@@ -44,8 +44,7 @@ def _fuse_epilogue(sch: s_tir.Schedule, epilogue: list[s_tir.schedule.SBlockRV])
 
 
 class CPUPlaneWindow(dl.ScheduleRule):
-    """The kernels of `plane_depthwise` and `plane_pool` (their three blocks by name, then elementwise epilogues),
-    else None."""
+    """The kernels of `plane_depthwise` (its three blocks by name, then elementwise epilogues), else None."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
@@ -64,10 +63,7 @@ class CPUPlaneWindow(dl.ScheduleRule):
             return None
         symbolic = static_extent(sch.get(batch).extent) is None
         channels = sch.fuse(batch, channel)
-        stmt = sch.get(acc)
-        operands = [r for r in stmt.reads if not r.source.same_as(stmt.writes[0].source)]
-        weights = kernel[0] * kernel[1] if len(operands) > 1 else 0  # a conv's weight beside the plane
-        row_o, row_i = sch.split(row, [None, row_tile(rows, weights, kernel[1], model)])
+        row_o, row_i = sch.split(row, [None, row_tile(rows, kernel[0] * kernel[1], kernel[1], model)])
         column_o, column_i = sch.split(column, [None, vector])
         sch.reorder(channels, row_o, column_o, *taps, row_i, column_i)
         tile = sch.cache_write(acc, 0, "local")
