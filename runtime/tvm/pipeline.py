@@ -37,8 +37,8 @@ from .output_fusion import fuse_output_producers
 from .plane_window import plane_windows
 from .pool_rows import row_pools
 from .schedules import Safe, default_cpu_rules
-from .stack_buffers import CPU_TIR_PIPELINE
 from .target import configure_threads
+from .tir_pipeline import CPU_TIR_PIPELINE
 from .vnni_matmul import vnni_int8_matmuls
 
 
@@ -136,7 +136,7 @@ def cpu_pipeline(
 
 def cpu_compile(mod: tvm.IRModule | tvm.tirx.PrimFunc, target: Target,
                 relax_pipeline: tvm.transform.Pass | str = "default") -> tvm.runtime.Executable:
-    """`tvm.compile` for an LLVM target through kiln's TIR pipeline (`stack_buffers.CPU_TIR_PIPELINE`): every build of
+    """`tvm.compile` for an LLVM target through kiln's TIR pipeline (`tir_pipeline.CPU_TIR_PIPELINE`): every build of
     kiln's CPU kernels, so the kernels calibrated, tuned, benched and tested are the ones a compile runs."""
     return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline, tir_pipeline=CPU_TIR_PIPELINE)
 

@@ -1,4 +1,4 @@
-"""Register tiles on the stack: kiln's TIR pipeline for CPU builds (`CPU_TIR_PIPELINE`).
+"""Register tiles on the stack: the pass of kiln's CPU TIR pipeline (`tir_pipeline.py`) that keeps them there.
 
 TVM 0.27's `LowerTVMBuiltin` keeps only small *global*-scope allocations on the stack; every `local` one, such
 as the register tile `cache_write(..., "local")` gives a conv or matmul kernel, becomes a
@@ -15,11 +15,8 @@ import math
 
 import tvm
 from tvm import tirx
-from tvm.s_tir.pipeline import default_s_tir_pipeline
-from tvm.tirx.compilation_pipeline import PIPELINE_MAP
 from tvm_ffi.structural import structural_map
 
-CPU_TIR_PIPELINE = "kiln_cpu"  # the name `tvm.compile(..., tir_pipeline=)` takes for kiln's CPU builds
 STACK_LIMIT = 64 * 1024  # bytes; a larger local buffer stays a workspace (TVM's worker threads have 8 MiB stacks)
 _KEEP = "disable_lower_builtin"  # TVM's annotation: LowerTVMBuiltin leaves the allocation as it is
 
@@ -39,12 +36,3 @@ def _on_stack(alloc: tirx.AllocBuffer) -> tirx.AllocBuffer:
 def stack_local_buffers(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tirx.PrimFunc:
     """Keep each kernel's constant-size local buffers on the stack (run before `LowerTVMBuiltin`)."""
     return func.with_body(structural_map(func.body, [(tirx.AllocBuffer, _on_stack)]))
-
-
-def _cpu_tir_pipeline() -> tuple:
-    """TVM's s_tir pipeline with `stack_local_buffers` first among the host module's final passes."""
-    lower, finalize_host, finalize_device = default_s_tir_pipeline()
-    return lower, lambda: tvm.transform.Sequential([stack_local_buffers, finalize_host()]), finalize_device
-
-
-PIPELINE_MAP[CPU_TIR_PIPELINE] = _cpu_tir_pipeline

@@ -41,8 +41,8 @@ from . import compile_cache
 from .lower import PARAM_MODES, lower
 from .pipeline import cpu_fusion_passes
 from .source_digest import compiler_version
-from .stack_buffers import CPU_TIR_PIPELINE
 from .target import resolve_target
+from .tir_pipeline import CPU_TIR_PIPELINE
 from .tune_db import DONE_FILE, RECORD_FILE, WORKLOAD_FILE, damage, mark_done, rewrite_database
 from .tune_prune import prune_database
 

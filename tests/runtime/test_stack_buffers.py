@@ -9,8 +9,9 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from kiln.runtime.tvm.stack_buffers import CPU_TIR_PIPELINE, STACK_LIMIT
+from kiln.runtime.tvm.stack_buffers import STACK_LIMIT
 from kiln.runtime.tvm.target import cpu_target
+from kiln.runtime.tvm.tir_pipeline import CPU_TIR_PIPELINE
 
 TASKS, ROWS, LANES = 6, 8, 16
 ALLOC = "TVMBackendAllocWorkspace"

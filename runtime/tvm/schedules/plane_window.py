@@ -11,7 +11,7 @@ from tvm.target import Target
 
 from ..cpu import CPUModel, cpu_model
 from ..plane_window import ACC_BLOCK, OUT_BLOCK, PAD_BLOCK, vector_width
-from .injective import largest_divisor, static_extent
+from .injective import largest_divisor, static_extent, vectorize_inner
 
 
 def row_tile(rows: int, weights: int, shifts: int, model: CPUModel) -> int:
@@ -71,6 +71,7 @@ class CPUPlaneWindow(dl.ScheduleRule):
         own = (pad, acc, out)
         _fuse_epilogue(sch, [b for b in names.values() if not any(sch.get(b).same_as(sch.get(k)) for k in own)])
         sch.reverse_compute_at(out, channels)
+        vectorize_inner(sch, out, model.lanes(), peel_tail=not symbolic)
         sch.compute_at(pad, channels)
         sch.parallel(channels)
         for loop in (*taps, row_i):
