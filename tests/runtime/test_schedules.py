@@ -569,13 +569,19 @@ def test_a_softmax_row_no_vector_divides_is_padded_to_whole_vectors(width: int, 
 
 
 def test_a_padded_softmax_row_stores_only_its_real_elements() -> None:
-    """The padded kernel copies each row of 197 into 208 (its last element repeated), takes every reduction in
-    whole 16-lane vectors, sums only the first 197 exps and stores 197; with the score scale taken in, against
-    float64 numpy."""
+    """The padded kernel copies each row of 197 into 208 (its last element repeated, the guard partitioned off the
+    whole vectors), takes every reduction in whole 16-lane vectors, sums only the first 197 exps (a select) and
+    stores 197; built for AVX-512 with no gather (the copy had been one per vector), and with the score scale taken
+    in, against float64 numpy."""
     mod = relax_module([(3, 2, 197)], lambda x: relax.op.nn.softmax(x * relax.const(0.125, "float32"), axis=-1))
     (func,) = fused_prim_funcs(mod, fast_math=True)
-    text = CPURowReduction(lanes=16).apply(func, AVX512, False).mod["main"].script()
-    assert 'T.sblock("row_padded")' in text and "T.if_then_else(" in text and "< T.int64(197)" in text
+    sch = CPURowReduction(lanes=16).apply(func, AVX512, False)
+    text = sch.mod["main"].script()
+    assert "T.if_then_else(" in text and "T.Select(" in text and "< T.int64(197)" in text
+    copy = sch.get_loops(sch.get_sblock("row_padded"))[-2]
+    assert "pragma_loop_partition_hint" in sch.get(copy).annotations
+    assembly = cpu_compile(mod, AVX512, cpu_pipeline(AVX512, True)).mod.imports[0].inspect_source("asm")
+    assert "vgather" not in assembly
     x = rand(3, 2, 197) * 30
     check(run(mod, x, fast_math=True), softmax_ref(x.astype(np.float64) * 0.125), FAST)
 

@@ -57,14 +57,17 @@ def _padded_softmax(x: tvm.te.Tensor, width: int, scale: float) -> tvm.te.Tensor
     """`_fast_softmax` over the last axis computed in rows of `width` (past its n elements): the row is copied with
     its last element repeated (the maximum is unchanged), its exps summed only over the first n, and only those
     stored, so every vector of the maximum, the exps and the sum is whole (the 48x197x197 attention softmax:
-    2.7 ms one element at a time, bench/RESULTS.md session 27)."""
+    2.7 ms one element at a time, bench/RESULTS.md session 27). The copy is guarded, a branch the row rule's loop
+    partitioning leaves in the last vector alone (as `x[min(k, n - 1)]` every vector was a gather), and the sum
+    selects, which vectorizes (a guarded load made it a scalar loop)."""
     *rows, n = x.shape
     n = int(n)
-    row = tvm.te.compute((*rows, width), lambda *i: x[(*i[:-1], tvm.tirx.min(i[-1], n - 1))], name="row_padded")
+    row = tvm.te.compute((*rows, width), lambda *i: tvm.tirx.if_then_else(
+        i[-1] < n, x[i], x[(*i[:-1], n - 1)]), name="row_padded")
     shifted = row - topi.max(row, axis=-1, keepdims=True)
     exps = topi.fast_exp(shifted if scale == 1.0 else shifted * tvm.tirx.const(scale, x.dtype))
     k = tvm.te.reduce_axis((0, width), "k")
-    total = tvm.te.compute((*rows, 1), lambda *i: tvm.te.sum(tvm.tirx.if_then_else(
+    total = tvm.te.compute((*rows, 1), lambda *i: tvm.te.sum(tvm.tirx.Select(
         k < n, exps[(*i[:-1], k)], tvm.tirx.const(0, x.dtype)), axis=k), name="row_sum")
     inverse = topi.divide(tvm.tirx.const(1, x.dtype), total)
     return tvm.te.compute(x.shape, lambda *i: exps(*i) * inverse[(*i[:-1], 0)], name="softmax")

@@ -1,6 +1,6 @@
 """CPU schedule rule for injective PrimFuncs (elementwise, broadcast, reshape, transpose)."""
 
-from tvm import s_tir, sym, tirx
+from tvm import ir, s_tir, sym, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
@@ -90,18 +90,26 @@ def worth_parallel(sch: s_tir.Schedule, loops: list[s_tir.schedule.LoopRV]) -> b
     return total >= _MIN_PARALLEL_ELEMS
 
 
+def stores_guarded(stmt: s_tir.SBlock) -> bool:
+    """Whether the block stores a guarded load, `if_then_else(inside, x[..], other)` (a conv's zero padding, a
+    padded row's copy): TVM's vectorizer makes each lane of it a scalar branch."""
+    value = stmt.body.value if isinstance(stmt.body, tirx.BufferStore) else None
+    return isinstance(value, ir.Call) and getattr(value.op, "name", "") == "prim.if_then_else"
+
+
 def vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, peel_tail: bool = False
                     ) -> list[s_tir.schedule.LoopRV]:
     """Vectorize the block's innermost loop (split to a divisor near `lanes`); returns the loops outside it. With
-    `peel_tail`, a static extent no such divisor takes (a row of 197) has its guarded last vector peeled off by TVM's
-    loop partitioning, so the whole vectors run unguarded (the caller must not fuse the loop outside them)."""
+    `peel_tail`, a static extent no such divisor takes (a row of 197), or a guarded store (`stores_guarded`), has its
+    guarded vectors peeled off by TVM's loop partitioning, so the whole vectors inside run unguarded (the caller
+    must not fuse the loop outside them)."""
     *outer, inner = sch.get_loops(block)
     extent = static_extent(loop_extent(sch, inner))
     factor = split_factor(loop_extent(sch, inner), lanes, minimum=4)
     if extent != factor:
         inner_o, inner = sch.split(inner, [None, factor])
         outer.append(inner_o)
-        if peel_tail and extent is not None and extent % factor:
+        if peel_tail and extent is not None and (extent % factor or stores_guarded(sch.get(block))):
             sch.annotate(inner_o, "pragma_loop_partition_hint", 1)
     sch.vectorize(inner)
     return outer

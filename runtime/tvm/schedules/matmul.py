@@ -16,6 +16,7 @@ from .injective import (
     schedule_elementwise,
     split_factor,
     static_extent,
+    stores_guarded,
     stride,
     uses_var,
 )
@@ -235,12 +236,6 @@ def _operand_bytes(stmt: s_tir.SBlock, vector_var: tirx.Var) -> tuple[int, int] 
     return vector, other
 
 
-def _is_padding(stmt: s_tir.SBlock) -> bool:
-    """Whether the block stores a guarded load, `if_then_else(inside, x[..], 0)`: a conv's zero padding."""
-    value = stmt.body.value if isinstance(stmt.body, tirx.BufferStore) else None
-    return isinstance(value, ir.Call) and getattr(value.op, "name", "") == "prim.if_then_else"
-
-
 def _schedule_padding(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
     """Parallel rows, and the innermost loop split by TVM's loop partitioning at the guard's bounds: the border
     elements store zeros, the interior copies without a branch (which LLVM vectorizes). Vectorized as one loop,
@@ -354,7 +349,7 @@ class CPUMatmul(dl.ScheduleRule):
         epilogue = self._inline_side_blocks(sch, infos, main, producers)
         self._block_contraction(sch, main, roles, epilogue, padded or _sums_wider(sch, main, epilogue))
         for block in producers:
-            if _is_padding(sch.get(block)):
+            if stores_guarded(sch.get(block)):
                 _schedule_padding(sch, block)
             else:
                 schedule_elementwise(sch, block, self.lanes)
@@ -564,7 +559,7 @@ class CPUMatmul(dl.ScheduleRule):
         if sizes is None:
             return False
         weight, image = sizes
-        pads = any(_is_padding(sch.get(block)) for block in sch.get_producers(main))
+        pads = any(stores_guarded(sch.get(block)) for block in sch.get_producers(main))
         return image > weight or (self.cores > 1 and pads and weight <= self.l2_bytes // 2)
 
     def _pixel_sweep(self, sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, spatial: list[s_tir.schedule.LoopRV],
