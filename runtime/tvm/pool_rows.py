@@ -29,27 +29,10 @@ from tvm.target import Target
 
 from .cpu import cpu_model
 from .relax_rewrite import batched_nchw, int_lists, rewrite_functions, window_out_size
+from .row_vectors import at, row_vector, splat
 
 _POOLS = {tvm.ir.Op.get(f"relax.nn.{kind}_pool2d"): kind for kind in ("max", "avg")}
 KERNEL_NAME = "pool_rows"
-
-
-def row_vector(extent: int, lanes: int) -> int:
-    """Lanes of the vectors a row of `extent` elements is computed in: the widest power of two up to `lanes` that
-    is no wider than the row (its last vector overlaps the one before it)."""
-    width = 1
-    while width * 2 <= min(extent, lanes):
-        width *= 2
-    return width
-
-
-def _at(start: tirx.PrimExpr, lanes: int) -> tirx.PrimExpr:
-    """The index of `lanes` consecutive elements from `start` (one element: the scalar index)."""
-    return start if lanes == 1 else tirx.Ramp(start, 1, lanes)
-
-
-def _splat(value: tirx.PrimExpr, lanes: int) -> tirx.PrimExpr:
-    return value if lanes == 1 else tirx.Broadcast(value, lanes)
 
 
 def pool_rows_kernel(kind: str, channels: int, height: int, width: int, kernel: list[int], strides: list[int],
@@ -76,28 +59,28 @@ def pool_rows_kernel(kind: str, channels: int, height: int, width: int, kernel: 
         """The window's `vin` columns from `c0` down the input rows of output row `i`."""
         rows = [i * sh + ry * dh - top for ry in range(kh)]
         return functools.reduce(combine, [tirx.Select(
-            inside(row), x[image, channel, tirx.max(tirx.min(row, height - 1), 0), _at(c0, vin)],
-            _splat(fill, vin)) for row in rows])
+            inside(row), x[image, channel, tirx.max(tirx.min(row, height - 1), 0), at(c0, vin)],
+            splat(fill, vin)) for row in rows])
 
     def tap(buffer: tirx.Buffer, start: tirx.PrimExpr, offset: int) -> tirx.PrimExpr:
         """`vout` lanes `sw` apart from `start + offset` in the row buffer."""
         if sw == 1 or vout == 1:
-            return buffer[_at(start + offset, vout)]
+            return buffer[at(start + offset, vout)]
         wide = buffer[tirx.Ramp(start + offset // sw * sw, 1, vout * sw)]
         return tirx.Shuffle([wide], [tirx.const(t * sw + offset % sw, "int32") for t in range(vout)])
 
     def scale(i: tirx.PrimExpr, j0: tirx.PrimExpr) -> tirx.PrimExpr:
         """1 / the elements averaged per output of the vector at `j0` in row `i`."""
         if count_include_pad:
-            return _splat(tirx.const(1 / (kh * kw), "float32"), vout)
+            return splat(tirx.const(1 / (kh * kw), "float32"), vout)
         rows = functools.reduce(lambda a, b: a + b, [tirx.Select(inside(i * sh + ry * dh - top), 1, 0)
                                                      for ry in range(kh)])
-        columns = _at(j0, vout) * sw - left
+        columns = at(j0, vout) * sw - left
+        one, zero = splat(1, vout, "int32"), splat(0, vout, "int32")
         across = functools.reduce(lambda a, b: a + b, [tirx.Select(
-            tirx.all(columns + rx * dw >= 0, columns + rx * dw < width), _splat(1, vout), _splat(0, vout))
-            for rx in range(kw)])
-        return _splat(tirx.const(1, "float32"), vout) / tirx.Cast(
-            "float32" if vout == 1 else f"float32x{vout}", across * _splat(rows, vout))
+            tirx.all(columns + rx * dw >= 0, columns + rx * dw < width), one, zero) for rx in range(kw)])
+        return splat(tirx.const(1, "float32"), vout) / tirx.Cast(
+            "float32" if vout == 1 else f"float32x{vout}", across * splat(rows, vout))
 
     def row(buffer: tirx.Buffer, r: tirx.PrimExpr, i: tirx.PrimExpr, j0: tirx.PrimExpr) -> tirx.PrimExpr:
         """Output row `i`'s vector at `j0` from buffer row `r`."""
@@ -122,11 +105,11 @@ def pool_rows_kernel(kind: str, channels: int, height: int, width: int, kernel: 
                     for r in range(block):
                         for v in T.unroll(-(-width // vin)):
                             c0 = T.bind(T.min(v * vin, width - vin))
-                            buffer[_at(r * span + left + c0, vin)] = column(x, image, channel, i0 + r, c0)
+                            buffer[at(r * span + left + c0, vin)] = column(x, image, channel, i0 + r, c0)
                     for r in range(block):
                         for v in T.unroll(-(-ow // vout)):
                             j0 = T.bind(T.min(v * vout, ow - vout))
-                            out[image, channel, i0 + r, _at(j0, vout)] = row(buffer, r, i0 + r, j0)
+                            out[image, channel, i0 + r, at(j0, vout)] = row(buffer, r, i0 + r, j0)
 
     return pool
 

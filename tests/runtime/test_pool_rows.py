@@ -21,7 +21,8 @@ from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.cpu import cpu_model
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.pipeline import cpu_compile, cpu_fusion_passes, cpu_pipeline
-from kiln.runtime.tvm.pool_rows import KERNEL_NAME, pool_rows_kernel, row_vector
+from kiln.runtime.tvm.pool_rows import KERNEL_NAME, pool_rows_kernel
+from kiln.runtime.tvm.row_vectors import row_vector
 from kiln.runtime.tvm.target import cpu_target
 
 TARGET = cpu_target()

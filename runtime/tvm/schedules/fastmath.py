@@ -1,4 +1,5 @@
-"""Fast-math Relax passes: gelu via a polynomial erf, softmax/exp/erf/tanh via TVM's fast variants.
+"""Fast-math Relax passes: gelu via a polynomial erf, softmax via kiln's row kernel (`softmax_rows.py`) or TVM's
+fast variant, exp/erf/tanh via TVM's fast variants.
 
 Exact `erf` and `exp` lower to scalar libm calls inside vectorized loops, which made a gelu epilogue cost
 more than the matmul it follows; these passes run before legalization and replace them with polynomial
@@ -8,9 +9,9 @@ Measured error of the float32 kernels against exact float64 math (`bench/tvm_rul
 TVM 0.27, x86-64 AVX-512):
 * gelu over 2M points in [-20, 20]: max abs error 1.5e-6; max rel error 4.5e-4 where |gelu(x)| >= 1e-3
   (x >= -3.4); further left gelu itself is below 1e-3 and only the abs bound is meaningful.
-* softmax over 512 rows of 1000 logits ~ N(0, s^2), s in {1, 10, 30}: max abs error 1.1e-6; max rel
-  error 1.8e-6 on probabilities >= 1e-6 (topi's `fast_softmax`; kiln's multiplies by the reciprocal of each
-  row's sum instead, one more rounding).
+* softmax over 512 rows of 1000 logits ~ N(0, s^2), s in {1, 10, 30}: max abs error 2.3e-7; max rel
+  error 5.8e-7 on probabilities >= 1e-6 (`softmax_rows.py`'s kernel and exp; TVM's `fast_exp`, still used over
+  other axes, gave 1.1e-6 and 1.8e-6).
 Both are inside the 3e-3 relative tolerance kiln's tests allow for fast-math kernels.
 """
 
@@ -20,7 +21,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, topi
 
-from .row_reduction import partial_lanes
+from ..softmax_rows import is_row_softmax, softmax_rows
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
@@ -30,47 +31,14 @@ def _fast_gelu(x: tvm.te.Tensor) -> tvm.te.Tensor:
     return x * (0.5 + 0.5 * topi.fast_erf(x * _INV_SQRT2))
 
 
-def padded_row(width: int, lanes: int) -> int | None:
-    """The width a softmax row of `width` elements is computed over: `width` rounded up to whole vectors of `lanes`
-    where it spans more than one and the row rule takes no vector partial results of it (`partial_lanes`: 197
-    tokens, 77), else None. That rule sums such a row one element after another (a guarded last vector lost its
-    guard when the rule moved it under the row loop)."""
-    return -(-width // lanes) * lanes if width > lanes and partial_lanes(width, lanes) is None else None
-
-
-def _fast_softmax(x: tvm.te.Tensor, axis: int, scale: float = 1.0, lanes: int | None = None) -> tvm.te.Tensor:
+def _fast_softmax(x: tvm.te.Tensor, axis: int, scale: float = 1.0) -> tvm.te.Tensor:
     """softmax(scale * x) for a positive `scale` with `topi.fast_exp`, scaled by the reciprocal of each row's sum:
     one division a row, not one an element (a vector division takes about as long as 5-10 FMAs; topi's
     `fast_softmax` divides every element). max(scale * x) = scale * max(x), so the scale multiplies inside the exp
-    and x is read as it is. A last axis `padded_row` widens goes through `_padded_softmax`."""
-    last = axis in (-1, len(x.shape) - 1)
-    padded = padded_row(int(x.shape[-1]), lanes) if last and lanes and isinstance(x.shape[-1], tvm.tirx.IntImm) \
-        else None
-    if padded is not None:
-        return _padded_softmax(x, padded, scale)
+    and x is read as it is."""
     shifted = x - topi.max(x, axis=axis, keepdims=True)
     shifted = topi.fast_exp(shifted if scale == 1.0 else shifted * tvm.tirx.const(scale, x.dtype))
     return shifted * topi.divide(tvm.tirx.const(1, x.dtype), topi.sum(shifted, axis=axis, keepdims=True))
-
-
-def _padded_softmax(x: tvm.te.Tensor, width: int, scale: float) -> tvm.te.Tensor:
-    """`_fast_softmax` over the last axis computed in rows of `width` (past its n elements): the row is copied with
-    its last element repeated (the maximum is unchanged), its exps summed only over the first n, and only those
-    stored, so every vector of the maximum, the exps and the sum is whole (the 48x197x197 attention softmax:
-    2.7 ms one element at a time, bench/RESULTS.md session 27). The copy is guarded, a branch the row rule's loop
-    partitioning leaves in the last vector alone (as `x[min(k, n - 1)]` every vector was a gather), and the sum
-    selects, which vectorizes (a guarded load made it a scalar loop)."""
-    *rows, n = x.shape
-    n = int(n)
-    row = tvm.te.compute((*rows, width), lambda *i: tvm.tirx.if_then_else(
-        i[-1] < n, x[i], x[(*i[:-1], n - 1)]), name="row_padded")
-    shifted = row - topi.max(row, axis=-1, keepdims=True)
-    exps = topi.fast_exp(shifted if scale == 1.0 else shifted * tvm.tirx.const(scale, x.dtype))
-    k = tvm.te.reduce_axis((0, width), "k")
-    total = tvm.te.compute((*rows, 1), lambda *i: tvm.te.sum(tvm.tirx.Select(
-        k < n, exps[(*i[:-1], k)], tvm.tirx.const(0, x.dtype)), axis=k), name="row_sum")
-    inverse = topi.divide(tvm.tirx.const(1, x.dtype), total)
-    return tvm.te.compute(x.shape, lambda *i: exps(*i) * inverse[(*i[:-1], 0)], name="softmax")
 
 
 def _positive_scalar(expr: relax.Expr) -> float | None:
@@ -85,7 +53,8 @@ def _positive_scalar(expr: relax.Expr) -> float | None:
 class _FastRewriter(relax.PyExprMutator):
     """Replace each `relax.nn.gelu` call by a TE kernel using `topi.fast_erf`, and each float32 `relax.nn.softmax`
     by `_fast_softmax`, taking in a positive scalar multiply of its input (attention's score scale); `lanes`: the
-    target's vector lanes (None: rows are never padded)."""
+    CPU's float32 vector lanes, where a softmax over a last axis of static width is `softmax_rows`' kernel (None:
+    `_fast_softmax` for every softmax, scheduled by the rules)."""
 
     def __init__(self, mod: tvm.IRModule, lanes: int | None) -> None:
         super().__init__(mod)
@@ -97,7 +66,9 @@ class _FastRewriter(relax.PyExprMutator):
             return self.builder_.call_te(_fast_gelu, call.args[0], primfunc_name_hint="fast_gelu")
         if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.softmax" and call.ty.dtype == "float32":
             x, scale = self._scaled(call.args[0])
-            return self.builder_.call_te(_fast_softmax, x, int(call.attrs.axis), scale, self.lanes,
+            if self.lanes and is_row_softmax(call):
+                return softmax_rows(self.builder_, x, scale, self.lanes)
+            return self.builder_.call_te(_fast_softmax, x, int(call.attrs.axis), scale,
                                          primfunc_name_hint="fast_softmax")
         return call
 
@@ -118,8 +89,8 @@ class _FastRewriter(relax.PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="FastGeluSoftmax")
 class FastGeluSoftmax:
     """Rewrite gelu with fast_erf (FastMathTransform misses gelu, which legalizes straight to T.erf) and softmax
-    with one division a row (FastMathTransform's `fast_softmax` divides each element), its rows padded to whole
-    vectors of `lanes` where `padded_row` says so."""
+    with one division a row (FastMathTransform's `fast_softmax` divides each element), over a last axis as
+    `softmax_rows` for a CPU of `lanes` float32 lanes."""
 
     def __init__(self, lanes: int | None = None) -> None:
         self.lanes = lanes

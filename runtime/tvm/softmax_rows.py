@@ -1,0 +1,111 @@
+"""Fast-math softmax over the last axis as one hand-scheduled CPU kernel: each row's maximum, exps, sum and scaled
+store in vectors, the exps kept in a buffer on the stack between the sum and the store.
+
+The row rule (`schedules/row_reduction.py`) takes vector partial sums only of a row some vector width divides, so a
+row of 197 (ViT-B/16's tokens) or 77 ran as a copy padded to whole vectors, its last element repeated (memcpy and a
+permute a row, then five passes over the copy): 610 us for the 48x197x197 attention softmax on Zen 4, where rows of
+208 took 365. Here a row's last vector overlaps the one before it (`row_vectors`): its repeated lanes change no
+maximum, a select that is constant per lane keeps them out of the sum, and they are stored twice with the same
+value. That kernel takes 340 us, and rows a vector divides gain too (6x8x197x208: 365 -> 327; 1024x244, whose
+partial sums were 4 lanes: 140 -> 44; bench/RESULTS.md, session 29).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+
+import tvm
+from tvm import relax, tirx
+from tvm.script import tirx as T
+
+from .row_vectors import across, at, row_vector, splat
+
+KERNEL_NAME = "softmax_rows"
+_SOFTMAX = tvm.ir.Op.get("relax.nn.softmax")
+# exp(t) = 2^k exp(r) with k = round(t / ln 2) and r = t - k ln 2 in [-ln2/2, ln2/2], ln 2 split in two so k ln 2_hi
+# is exact for the k a float32 exp can have; exp(r) its Taylor polynomial of degree 6 (truncation below 1.2e-7)
+_LN2_HI, _LN2_LO = 0.693145751953125, 1.4286068203094173e-06
+_TAYLOR = [1 / math.factorial(i) for i in range(6, -1, -1)]  # highest power first, for Horner's rule
+_SMALLEST = -87.33654  # ln of float32's least normal: below it 2^k has no exponent field, so t is clamped there
+
+
+def exp_nonpositive(t: tirx.PrimExpr, lanes: int) -> tirx.PrimExpr:
+    """exp(t) for float32 `t` <= 0 in `lanes` lanes, within 4e-7 relative of exp for t >= -87.3 (at or below that,
+    the least normal float32, 1.2e-38: a softmax's smallest weights, not its sums); about 16 vector operations."""
+    def const(value: float) -> tirx.PrimExpr:
+        return splat(value, lanes)
+
+    t = tirx.max(t, const(_SMALLEST))
+    k = tirx.floor(t * const(1 / math.log(2)) + const(0.5))
+    r = t - k * const(_LN2_HI) - k * const(_LN2_LO)
+    poly = functools.reduce(lambda p, c: p * r + const(c), _TAYLOR[1:], const(_TAYLOR[0]))
+    ints = "int32" if lanes == 1 else f"int32x{lanes}"
+    exponent = (tirx.Cast(ints, k) + splat(127, lanes, "int32")) << splat(23, lanes, "int32")
+    return poly * tirx.call_intrin("float32" if lanes == 1 else f"float32x{lanes}", "tirx.reinterpret", exponent)
+
+
+def softmax_rows_kernel(width: int, lanes: int, scale: float = 1.0) -> tirx.PrimFunc:
+    """The scheduled kernel of softmax(`scale` x) over the rows of float32 [rows, `width`] (rows symbolic), in
+    vectors of at most `lanes` (`row_vector`); `scale` > 0, so max(scale x) = scale max(x) and x is read as is."""
+    step = row_vector(width, lanes)
+    whole = (width - 1) // step  # vectors before the last, which starts at width - step
+    tail = width - step
+    new_lanes = at(tail, step) >= splat(whole * step, step, "int32") if tail < whole * step else None
+
+    def scaled(value: tirx.PrimExpr, lanes: int = step) -> tirx.PrimExpr:
+        return value if scale == 1.0 else value * splat(scale, lanes)
+
+    def summed(exps: tirx.PrimExpr) -> tirx.PrimExpr:
+        """The last vector's exps with the lanes the vector before it has already summed as 0."""
+        return exps if new_lanes is None else tirx.Select(new_lanes, exps, splat(0.0, step))
+
+    @T.prim_func(private=True, check_well_formed=False)
+    def softmax(x_handle: T.handle, out_handle: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        rows = T.int64()
+        x = T.match_buffer(x_handle, (rows, width), "float32")
+        out = T.match_buffer(out_handle, (rows, width), "float32")
+        with T.sblock("root"):  # TVM's reshape detection (RewriteDataflowReshape) reads a kernel's root block
+            for row in T.parallel(rows):
+                exps = T.decl_buffer(((whole + 1) * step,), "float32", scope="local")
+                sums = T.decl_buffer((step,), "float32", scope="local")
+                sums[at(0, step)] = x[row, at(tail, step)]
+                for v in range(whole):
+                    sums[at(0, step)] = T.max(sums[at(0, step)], x[row, at(v * step, step)])
+                top = T.bind(scaled(across(sums[at(0, step)], step, tirx.max), 1))
+                for v in range(whole):
+                    exps[at(v * step, step)] = exp_nonpositive(scaled(x[row, at(v * step, step)]) - splat(top, step),
+                                                               step)
+                exps[at(whole * step, step)] = exp_nonpositive(scaled(x[row, at(tail, step)]) - splat(top, step), step)
+                sums[at(0, step)] = summed(exps[at(whole * step, step)])
+                for v in range(whole):
+                    sums[at(0, step)] = sums[at(0, step)] + exps[at(v * step, step)]
+                inverse = T.bind(T.float32(1) / across(sums[at(0, step)], step, operator.add))
+                for v in range(whole):
+                    out[row, at(v * step, step)] = exps[at(v * step, step)] * splat(inverse, step)
+                out[row, at(tail, step)] = exps[at(whole * step, step)] * splat(inverse, step)
+
+    return softmax
+
+
+def is_row_softmax(call: relax.Call) -> bool:
+    """Whether `call` is a float32 softmax over a last axis of static, non-zero width."""
+    if call.op != _SOFTMAX or call.ty.dtype != "float32" or call.ty.ndim < 1:
+        return False
+    width = call.ty.shape[-1]
+    return int(call.attrs.axis) in (-1, call.ty.ndim - 1) and isinstance(width, tirx.IntImm) and int(width) > 0
+
+
+def softmax_rows(builder: relax.BlockBuilder, x: relax.Expr, scale: float, lanes: int) -> relax.Expr:
+    """softmax(`scale` `x`) over its last axis (a call `is_row_softmax` takes) as `softmax_rows_kernel`, `x` viewed
+    as [rows, width] (reshapes of a dataflow value are views, no copy)."""
+    *outer, width = x.ty.shape
+    rows = tvm.sym.Analyzer().simplify(functools.reduce(operator.mul, outer, tirx.IntImm("int64", 1)))
+    gvar = builder.add_func(softmax_rows_kernel(int(width), lanes, scale), KERNEL_NAME)
+    flat = [rows, width]
+    if len(outer) != 1:
+        x = builder.emit(relax.op.reshape(x, flat))
+    out = relax.call_tir(gvar, [x], relax.TensorType(flat, "float32"))
+    return out if len(outer) == 1 else relax.op.reshape(builder.emit(out), [*outer, width])
