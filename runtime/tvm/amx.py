@@ -277,7 +277,7 @@ def _on_tiles(call: OpCall, b: relax.Expr, outer: int, batch: tirx.PrimExpr, m: 
     """A @ B in the product's shape `shape` on tiles, for A = call's first operand ([*batch, *m, k] f32, `outer`
     batch dims) and B already packed [batch or 1, np_/16, kp/2, 16] (pairs): A's cast and padding in front, the kernel,
     and the copy dropping the padding (FuseOps joins it to the consumer). Where A is whole tiles its cast is
-    elementwise and keeps A's shape, so FuseOps can put it in A's producer's epilogue (softmax's, the FFN's);
+    elementwise and keeps A's shape, so FuseOps can put it in A's producer's epilogue (the FFN's gelu);
     where C is, a reshape (a view) is left."""
     mp, kp, np_ = padded(m, k, n)
     whole_rows = tvm.sym.Analyzer().can_prove_equal(mp, m)

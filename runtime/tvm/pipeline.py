@@ -33,6 +33,7 @@ from .cpu import cpu_model
 from .donation import donate_inputs
 from .matmul_layout import pack_matmul_weights
 from .memory_plan import bound_batches
+from .norm_rows import row_norms
 from .output_fusion import fuse_output_producers
 from .plane_window import plane_windows
 from .pool_rows import row_pools
@@ -83,6 +84,7 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
             fold_conv_epilogues(target),  # a bf16 conv's bias, activation, residual and next casts in its store
             plane_windows(target),  # the NCHW depthwise convs left, plane by plane
             row_pools(target),  # the NCHW pools left, down columns then along rows
+            row_norms(target),  # layer and RMS norms over a last axis, a row in vectors
             pack_matmul_weights(target),  # 2-D matmul weights in the panel order of the register tile
             vnni_int8_matmuls(target),  # int8 products of bound Q8 codes as vpdpbusd kernels where the CPU has VNNI
             *_with_output_fusion(cpu_passes.legalize_passes(target)),

@@ -3,6 +3,9 @@ on, their attributes as Python ints, and running a mutator over every Relax func
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import tvm
 import tvm_ffi
 from tvm import relax, tirx
@@ -92,3 +95,17 @@ def rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator) -> tvm.IRModul
         if isinstance(func, relax.Function):
             rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
     return rewriter.builder_.get()
+
+
+def call_on_rows(builder: relax.BlockBuilder, kernel: tvm.ir.GlobalVar, x: relax.Expr, *operands: relax.Expr
+                 ) -> relax.Expr:
+    """`kernel` (float32 [rows, width] in, then `operands`, [rows, width] out) on `x` viewed as the rows of its last
+    axis, its result in `x`'s shape: the row kernels (`softmax_rows.py`, `norm_rows.py`) take any rank, symbolic
+    leading dims included, and a reshape of a dataflow value is a view, no copy."""
+    *outer, width = x.ty.shape
+    rows = tvm.sym.Analyzer().simplify(functools.reduce(operator.mul, outer, tirx.IntImm("int64", 1)))
+    flat = [rows, width]
+    if len(outer) != 1:
+        x = builder.emit(relax.op.reshape(x, flat))
+    out = relax.call_tir(kernel, [x, *operands], relax.TensorType(flat, "float32"))
+    return out if len(outer) == 1 else relax.op.reshape(builder.emit(out), [*outer, width])

@@ -20,6 +20,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.script import tirx as T
 
+from .relax_rewrite import call_on_rows
 from .row_vectors import across, at, row_vector, splat
 
 KERNEL_NAME = "softmax_rows"
@@ -99,13 +100,6 @@ def is_row_softmax(call: relax.Call) -> bool:
 
 
 def softmax_rows(builder: relax.BlockBuilder, x: relax.Expr, scale: float, lanes: int) -> relax.Expr:
-    """softmax(`scale` `x`) over its last axis (a call `is_row_softmax` takes) as `softmax_rows_kernel`, `x` viewed
-    as [rows, width] (reshapes of a dataflow value are views, no copy)."""
-    *outer, width = x.ty.shape
-    rows = tvm.sym.Analyzer().simplify(functools.reduce(operator.mul, outer, tirx.IntImm("int64", 1)))
-    gvar = builder.add_func(softmax_rows_kernel(int(width), lanes, scale), KERNEL_NAME)
-    flat = [rows, width]
-    if len(outer) != 1:
-        x = builder.emit(relax.op.reshape(x, flat))
-    out = relax.call_tir(gvar, [x], relax.TensorType(flat, "float32"))
-    return out if len(outer) == 1 else relax.op.reshape(builder.emit(out), [*outer, width])
+    """softmax(`scale` `x`) over its last axis (a call `is_row_softmax` takes) as `softmax_rows_kernel`."""
+    kernel = softmax_rows_kernel(int(x.ty.shape[-1]), lanes, scale)
+    return call_on_rows(builder, builder.add_func(kernel, KERNEL_NAME), x)

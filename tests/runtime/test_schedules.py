@@ -595,47 +595,15 @@ def test_row_lanes_follow_the_target() -> None:
 @pytest.mark.parametrize(("target", "lanes"), [(AVX512, 16), (AVX2, 8)], ids=["avx512", "avx2"])
 def test_row_partials_fold_in_independent_chains(target: tvm.target.Target, lanes: int) -> None:
     """Each row's `lanes` partial results fold into 4 independent partial results of their own before the last
-    sum (16 lanes: 4 + 4 dependent steps, not 16), every partial update vectorized; softmax and layer norm values
-    against float64 numpy."""
-    for mod, ref, x in [
-        (relax_module([(5, 256)], lambda x: relax.op.nn.softmax(x, axis=-1)), softmax_ref, rand(5, 256) * 4),
-        (relax_module([(5, 256), (256,), (256,)], lambda x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1])),
-         None, rand(5, 256))]:
-        (func,) = fused_prim_funcs(mod)
-        text = CPURowReduction().apply(func, target, False).mod["main"].script()
-        assert f"T.vectorized(T.int64({lanes}))" in text and "T.vectorized(T.int64(4))" in text
-        assert_row_rule([func], True, target)
-        if ref is None:
-            g, b = np.ones(256, np.float32), np.zeros(256, np.float32)
-            (xd,) = f64(x)
-            want = (xd - xd.mean(-1, keepdims=True)) / np.sqrt(xd.var(-1, keepdims=True) + 1e-5)
-            check(run(mod, x, g, b), want, EXACT)
-        else:
-            check(run(mod, x), ref(x), EXACT)
-
-
-@pytest.mark.parametrize(("width", "partial"), [(48, True), (50, False)], ids=["lanes-multiple", "odd-width"])
-def test_layer_norm(width: int, partial: bool) -> None:
-    mod = relax_module(
-        [(5, 7, width), (width,), (width,)],
-        lambda x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1], epsilon=1e-5),
-    )
-    x, g, b = rand(5, 7, width) * 3 + 1, rand(width, seed=1), rand(width, seed=2)
-    xd, gd, bd = f64(x, g, b)
-    mean, var = xd.mean(-1, keepdims=True), xd.var(-1, keepdims=True)
-    check(run(mod, x, g, b), (xd - mean) / np.sqrt(var + 1e-5) * gd + bd, EXACT)
-    assert_row_rule(fused_prim_funcs(mod), partial)
-
-
-def test_rms_norm_over_a_dynamic_row_count() -> None:
-    n = tirx.Var("n", "int64")
-    mod = relax_module([(n, 64), (64,)], lambda x, g: relax.op.nn.rms_norm(x, g, axes=[-1], epsilon=1e-6))
-    assert_row_rule(fused_prim_funcs(mod), partial=True)
-    g = rand(64, seed=3)
-    for rows in (1, 5):
-        x = rand(rows, 64)
-        xd, gd = f64(x, g)
-        check(run(mod, x, g), xd / np.sqrt((xd * xd).mean(-1, keepdims=True) + 1e-6) * gd, EXACT)
+    sum (16 lanes: 4 + 4 dependent steps, not 16), every partial update vectorized; softmax values against float64
+    numpy (layer norms are `norm_rows.py`'s, tests/runtime/test_norm_rows.py)."""
+    mod = relax_module([(5, 256)], lambda x: relax.op.nn.softmax(x, axis=-1))
+    (func,) = fused_prim_funcs(mod)
+    text = CPURowReduction().apply(func, target, False).mod["main"].script()
+    assert f"T.vectorized(T.int64({lanes}))" in text and "T.vectorized(T.int64(4))" in text
+    assert_row_rule([func], True, target)
+    x = rand(5, 256) * 4
+    check(run(mod, x), softmax_ref(x), EXACT)
 
 
 def test_row_mean_has_no_lanes_after_its_rows() -> None:

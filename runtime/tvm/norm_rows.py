@@ -1,0 +1,137 @@
+"""Layer and RMS norms over the last axis as one hand-scheduled CPU kernel: a row's mean, its variance about the mean
+(or its mean square) and the affine store, each a pass over the row in vectors.
+
+TVM legalizes a layer norm into a mean and a mean square in one pass (the variance as their difference, which loses
+digits where the mean is large against the spread) and the row rule takes vector partial sums only of a row some
+width divides: 1024 rows of 244 summed 4 lanes at a time. Here the row's last vector overlaps the one before it
+(`row_vectors`), a select constant per lane keeps its repeated lanes out of the sums, and the variance is summed
+about the mean, the row read again from L1. Each sum runs in `CHAINS` independent vector accumulators.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.script import tirx as T
+from tvm.target import Target
+
+from .cpu import cpu_model
+from .relax_rewrite import call_on_rows, rewrite_functions
+from .row_vectors import across, at, row_vector, splat
+
+KERNEL_NAME = "norm_rows"
+CHAINS = 4  # independent accumulators a sum over a row's vectors alternates between (an add's latency is 3-4 cycles)
+_NORMS = {tvm.ir.Op.get("relax.nn.layer_norm"): True, tvm.ir.Op.get("relax.nn.rms_norm"): False}
+
+
+def norm_rows_kernel(width: int, lanes: int, epsilon: float, centered: bool) -> tirx.PrimFunc:
+    """The scheduled kernel of a layer norm (`centered`: (x - mean) / sqrt(var + eps) * gamma + beta) or an RMS norm
+    (x / sqrt(mean(x²) + eps) * gamma) over the rows of float32 [rows, `width`] (rows symbolic), in vectors of at
+    most `lanes` (`row_vector`)."""
+    step = row_vector(width, lanes)
+    whole = (width - 1) // step  # vectors before the last, which starts at width - step
+    tail = width - step
+    chains = max(1, min(CHAINS, whole))
+    groups, rest = divmod(whole, chains)
+    new_lanes = at(tail, step) >= splat(whole * step, step, "int32") if tail < whole * step else None
+
+    def counted(value: tirx.PrimExpr) -> tirx.PrimExpr:
+        """The last vector's `value` with the lanes the vector before it has already summed as 0."""
+        return value if new_lanes is None else tirx.Select(new_lanes, value, splat(0.0, step))
+
+    def total(sums: tirx.Buffer) -> tirx.PrimExpr:
+        """The sum of the accumulators' lanes over the row's width."""
+        vectors = [sums[at(c * step, step)] for c in range(chains)]
+        return across(functools.reduce(operator.add, vectors), step, operator.add) * tirx.const(1 / width, "float32")
+
+    def affine(x: tirx.Buffer, gamma: tirx.Buffer, beta: tirx.Buffer, row: tirx.PrimExpr, start: tirx.PrimExpr,
+               mean: tirx.PrimExpr, inverse: tirx.PrimExpr) -> tirx.PrimExpr:
+        value = (x[row, at(start, step)] - splat(mean, step)) * splat(inverse, step) * gamma[at(start, step)]
+        return value + beta[at(start, step)] if centered else value
+
+    @T.prim_func(private=True, check_well_formed=False)
+    def norm(x_handle: T.handle, gamma: T.Buffer((width,), "float32"), beta: T.Buffer((width,), "float32"),
+             out_handle: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        rows = T.int64()
+        x = T.match_buffer(x_handle, (rows, width), "float32")
+        out = T.match_buffer(out_handle, (rows, width), "float32")
+        with T.sblock("root"):  # TVM's reshape detection (RewriteDataflowReshape) reads a kernel's root block
+            for row in T.parallel(rows):
+                sums = T.decl_buffer((chains * step,), "float32", scope="local")
+                for c in T.unroll(chains):
+                    sums[at(c * step, step)] = splat(0.0, step)
+                if centered:
+                    sums[at(0, step)] = counted(x[row, at(tail, step)])
+                    for g in range(groups):
+                        for c in T.unroll(chains):
+                            sums[at(c * step, step)] = sums[at(c * step, step)] + x[row, at((g * chains + c) * step,
+                                                                                            step)]
+                    for c in T.unroll(rest):
+                        sums[at(c * step, step)] = sums[at(c * step, step)] + x[row, at((groups * chains + c) * step,
+                                                                                        step)]
+                mean = T.bind(total(sums) if centered else T.float32(0))
+                for c in T.unroll(chains):
+                    sums[at(c * step, step)] = splat(0.0, step)
+                sums[at(0, step)] = counted(_square(x[row, at(tail, step)] - splat(mean, step)))
+                for g in range(groups):
+                    for c in T.unroll(chains):
+                        sums[at(c * step, step)] = sums[at(c * step, step)] + _square(
+                            x[row, at((g * chains + c) * step, step)] - splat(mean, step))
+                for c in T.unroll(rest):
+                    sums[at(c * step, step)] = sums[at(c * step, step)] + _square(
+                        x[row, at((groups * chains + c) * step, step)] - splat(mean, step))
+                inverse = T.bind(T.float32(1) / T.sqrt(total(sums) + T.float32(epsilon)))
+                for v in range(whole):
+                    out[row, at(v * step, step)] = affine(x, gamma, beta, row, v * step, mean, inverse)
+                out[row, at(tail, step)] = affine(x, gamma, beta, row, tail, mean, inverse)
+
+    return norm
+
+
+def _square(value: tirx.PrimExpr) -> tirx.PrimExpr:
+    return value * value
+
+
+def is_row_norm(call: relax.Call) -> bool:
+    """Whether `call` is a float32 layer or RMS norm over its last axis alone, of static non-zero width, with
+    float32 gamma (and beta) of that width."""
+    if call.op not in _NORMS or call.ty.dtype != "float32" or call.ty.ndim < 1:
+        return False
+    width = call.ty.shape[-1]
+    axes = [int(a) % call.ty.ndim for a in call.attrs.axes]
+    return axes == [call.ty.ndim - 1] and isinstance(width, tirx.IntImm) and int(width) > 0 and all(
+        a.ty.dtype == "float32" and a.ty.ndim == 1 for a in call.args[1:])
+
+
+@mutator
+class _RowNorms(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, lanes: int) -> None:
+        super().__init__(mod)
+        self.lanes = lanes
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not is_row_norm(call):
+            return call
+        centered, width = _NORMS[call.op], int(call.ty.shape[-1])
+        kernel = norm_rows_kernel(width, self.lanes, float(call.attrs.epsilon), centered)
+        x, gamma, *beta = call.args
+        beta = beta or [relax.const(np.zeros(width, np.float32))]  # an RMS norm: nothing added
+        return call_on_rows(self.builder_, self.builder_.add_func(kernel, KERNEL_NAME), x, gamma, *beta)
+
+
+def row_norms(target: Target) -> tvm.transform.Pass:
+    """The module pass computing every layer and RMS norm `is_row_norm` takes with `norm_rows_kernel`."""
+    lanes = cpu_model(target).lanes()
+
+    @tvm.transform.module_pass(opt_level=0, name="KilnRowNorms")
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return rewrite_functions(mod, _RowNorms(mod, lanes))
+
+    return _pass
