@@ -22,7 +22,7 @@ from tvm.target import Target
 
 from .cpu import cpu_model
 from .relax_rewrite import call_on_rows, rewrite_functions
-from .row_vectors import across, at, row_vector, splat
+from .row_vectors import RowSplit, across, at, splat
 
 KERNEL_NAME = "norm_rows"
 CHAINS = 4  # independent accumulators a sum over a row's vectors alternates between (an add's latency is 3-4 cycles)
@@ -32,17 +32,11 @@ _NORMS = {tvm.ir.Op.get("relax.nn.layer_norm"): True, tvm.ir.Op.get("relax.nn.rm
 def norm_rows_kernel(width: int, lanes: int, epsilon: float, centered: bool) -> tirx.PrimFunc:
     """The scheduled kernel of a layer norm (`centered`: (x - mean) / sqrt(var + eps) * gamma + beta) or an RMS norm
     (x / sqrt(mean(x²) + eps) * gamma) over the rows of float32 [rows, `width`] (rows symbolic), in vectors of at
-    most `lanes` (`row_vector`)."""
-    step = row_vector(width, lanes)
-    whole = (width - 1) // step  # vectors before the last, which starts at width - step
-    tail = width - step
+    most `lanes` (`RowSplit`)."""
+    split = RowSplit.of(width, lanes)
+    step, whole, tail = split.step, split.whole, split.tail
     chains = max(1, min(CHAINS, whole))
     groups, rest = divmod(whole, chains)
-    new_lanes = at(tail, step) >= splat(whole * step, step, "int32") if tail < whole * step else None
-
-    def counted(value: tirx.PrimExpr) -> tirx.PrimExpr:
-        """The last vector's `value` with the lanes the vector before it has already summed as 0."""
-        return value if new_lanes is None else tirx.Select(new_lanes, value, splat(0.0, step))
 
     def total(sums: tirx.Buffer) -> tirx.PrimExpr:
         """The sum of the accumulators' lanes over the row's width."""
@@ -67,7 +61,7 @@ def norm_rows_kernel(width: int, lanes: int, epsilon: float, centered: bool) -> 
                 for c in T.unroll(chains):
                     sums[at(c * step, step)] = splat(0.0, step)
                 if centered:
-                    sums[at(0, step)] = counted(x[row, at(tail, step)])
+                    sums[at(0, step)] = split.fresh(x[row, at(tail, step)])
                     for g in range(groups):
                         for c in T.unroll(chains):
                             sums[at(c * step, step)] = sums[at(c * step, step)] + x[row, at((g * chains + c) * step,
@@ -78,7 +72,7 @@ def norm_rows_kernel(width: int, lanes: int, epsilon: float, centered: bool) -> 
                 mean = T.bind(total(sums) if centered else T.float32(0))
                 for c in T.unroll(chains):
                     sums[at(c * step, step)] = splat(0.0, step)
-                sums[at(0, step)] = counted(_square(x[row, at(tail, step)] - splat(mean, step)))
+                sums[at(0, step)] = split.fresh(_square(x[row, at(tail, step)] - splat(mean, step)))
                 for g in range(groups):
                     for c in T.unroll(chains):
                         sums[at(c * step, step)] = sums[at(c * step, step)] + _square(

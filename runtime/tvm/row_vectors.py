@@ -7,6 +7,7 @@ ever guarded; one lane is a scalar, so a row narrower than two elements needs no
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tvm import tirx
 
@@ -40,3 +41,32 @@ def across(vector: tirx.PrimExpr, lanes: int, combine: Callable[[tirx.PrimExpr, 
                            for start in (0, half)))
         lanes = half
     return vector
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """A row of `width` elements in vectors of `step` lanes (`row_vector`): `whole` vectors from element 0, then the
+    last from `tail`, overlapping the one before it where `step` does not divide the width."""
+
+    width: int
+    step: int
+
+    @classmethod
+    def of(cls, width: int, lanes: int) -> RowSplit:
+        return cls(width, row_vector(width, lanes))
+
+    @property
+    def whole(self) -> int:
+        return (self.width - 1) // self.step
+
+    @property
+    def tail(self) -> int:
+        return self.width - self.step
+
+    def fresh(self, value: tirx.PrimExpr) -> tirx.PrimExpr:
+        """The last vector's float32 `value` with the lanes the vector before it covered as 0, for a sum: a select
+        whose condition is constant per lane (none where the vectors tile the row)."""
+        if self.tail == self.whole * self.step:
+            return value
+        ahead = at(self.tail, self.step) >= splat(self.whole * self.step, self.step, "int32")
+        return tirx.Select(ahead, value, splat(0.0, self.step))

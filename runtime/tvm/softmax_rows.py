@@ -21,7 +21,7 @@ from tvm import relax, tirx
 from tvm.script import tirx as T
 
 from .relax_rewrite import call_on_rows
-from .row_vectors import across, at, row_vector, splat
+from .row_vectors import RowSplit, across, at, splat
 
 KERNEL_NAME = "softmax_rows"
 _SOFTMAX = tvm.ir.Op.get("relax.nn.softmax")
@@ -49,18 +49,12 @@ def exp_nonpositive(t: tirx.PrimExpr, lanes: int) -> tirx.PrimExpr:
 
 def softmax_rows_kernel(width: int, lanes: int, scale: float = 1.0) -> tirx.PrimFunc:
     """The scheduled kernel of softmax(`scale` x) over the rows of float32 [rows, `width`] (rows symbolic), in
-    vectors of at most `lanes` (`row_vector`); `scale` > 0, so max(scale x) = scale max(x) and x is read as is."""
-    step = row_vector(width, lanes)
-    whole = (width - 1) // step  # vectors before the last, which starts at width - step
-    tail = width - step
-    new_lanes = at(tail, step) >= splat(whole * step, step, "int32") if tail < whole * step else None
+    vectors of at most `lanes` (`RowSplit`); `scale` > 0, so max(scale x) = scale max(x) and x is read as is."""
+    split = RowSplit.of(width, lanes)
+    step, whole, tail = split.step, split.whole, split.tail
 
     def scaled(value: tirx.PrimExpr, lanes: int = step) -> tirx.PrimExpr:
         return value if scale == 1.0 else value * splat(scale, lanes)
-
-    def summed(exps: tirx.PrimExpr) -> tirx.PrimExpr:
-        """The last vector's exps with the lanes the vector before it has already summed as 0."""
-        return exps if new_lanes is None else tirx.Select(new_lanes, exps, splat(0.0, step))
 
     @T.prim_func(private=True, check_well_formed=False)
     def softmax(x_handle: T.handle, out_handle: T.handle):
@@ -80,7 +74,7 @@ def softmax_rows_kernel(width: int, lanes: int, scale: float = 1.0) -> tirx.Prim
                     exps[at(v * step, step)] = exp_nonpositive(scaled(x[row, at(v * step, step)]) - splat(top, step),
                                                                step)
                 exps[at(whole * step, step)] = exp_nonpositive(scaled(x[row, at(tail, step)]) - splat(top, step), step)
-                sums[at(0, step)] = summed(exps[at(whole * step, step)])
+                sums[at(0, step)] = split.fresh(exps[at(whole * step, step)])
                 for v in range(whole):
                     sums[at(0, step)] = sums[at(0, step)] + exps[at(v * step, step)]
                 inverse = T.bind(T.float32(1) / across(sums[at(0, step)], step, operator.add))
