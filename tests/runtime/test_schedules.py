@@ -569,13 +569,17 @@ def test_a_row_no_vector_divides_is_computed_in_whole_vectors_and_a_peeled_tail(
         assert len(hinted) == 2 and "T.vectorized(T.int64(16))" in text, text
 
 
-@pytest.mark.parametrize(("scale", "kernels"), [(0.125, 1), (-0.5, 2)], ids=["positive", "negative"])
-def test_fast_softmax_takes_in_a_positive_score_scale(scale: float, kernels: int) -> None:
-    """softmax(x * s) for a positive scalar s (attention's 1/sqrt(d_head)) is one kernel that scales inside the
-    exp, not a multiply kernel writing the scores back first (FuseOps leaves an elementwise producer of a row
-    reduction on its own); a negative s (max(s x) is not s max(x)) keeps the multiply. Values against float64."""
+@pytest.mark.parametrize(("scale", "divide", "kernels"), [(0.125, False, 1), (-0.5, False, 2), (0.125, True, 1)],
+                         ids=["positive", "negative", "divided"])
+def test_fast_softmax_takes_in_a_positive_score_scale(scale: float, divide: bool, kernels: int) -> None:
+    """softmax(x * s) for a positive scalar s (attention's 1/sqrt(d_head)), or softmax(x / (1 / s)) (an imported
+    BERT's), is one kernel that scales inside the exp, not a multiply kernel writing the scores back first (FuseOps
+    leaves an elementwise producer of a row reduction on its own); a negative s (max(s x) is not s max(x)) keeps
+    the multiply. Values against float64."""
     def body(x: relax.Expr) -> relax.Expr:
-        return relax.op.nn.softmax(relax.op.multiply(x, relax.const(scale, "float32")), axis=-1)
+        scaled = relax.op.divide(x, relax.const(1 / scale, "float32")) if divide else \
+            relax.op.multiply(x, relax.const(scale, "float32"))
+        return relax.op.nn.softmax(scaled, axis=-1)
 
     mod = relax_module([(12, 128)], body)
     assert len(fused_prim_funcs(mod, True)) == kernels

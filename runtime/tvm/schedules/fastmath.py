@@ -73,16 +73,17 @@ class _FastRewriter(relax.PyExprMutator):
         return call
 
     def _scaled(self, x: relax.Expr) -> tuple[relax.Expr, float]:
-        """(y, s) where `x` is bound to y * s for a positive scalar constant s (then the softmax reads y and the
-        multiply, left unused, is dead: an elementwise kernel before a row reduction is one FuseOps does not
-        join to it), else (x, 1)."""
+        """(y, s) where `x` is bound to y * s or y / (1 / s) for a positive scalar constant s (attention's score
+        scale: an imported BERT divides by 8); then the softmax reads y and the multiply or divide, left unused, is
+        dead (an elementwise kernel before a row reduction is one FuseOps does not join to it), else (x, 1)."""
         bound = self.lookup_binding(x) if isinstance(x, relax.Var) else None
-        if isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op) and bound.op.name == "relax.multiply":
-            for value, factor in (bound.args, reversed(bound.args)):
-                scale = _positive_scalar(factor)
-                if scale is not None and value.ty.dtype == "float32" and \
-                        tvm_ffi.structural_equal(value.ty.shape, x.ty.shape):
-                    return value, scale
+        name = bound.op.name if isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op) else None
+        pairs = {"relax.multiply": lambda a: (a, reversed(a)), "relax.divide": lambda a: (a,)}.get(name)
+        for value, factor in pairs(bound.args) if pairs else ():
+            scale = _positive_scalar(factor)
+            if scale is not None and value.ty.dtype == "float32" and \
+                    tvm_ffi.structural_equal(value.ty.shape, x.ty.shape):
+                return value, scale if name == "relax.multiply" else 1 / scale
         return x, 1.0
 
 
