@@ -78,8 +78,10 @@ class _FastRewriter(relax.PyExprMutator):
         dead (an elementwise kernel before a row reduction is one FuseOps does not join to it), else (x, 1)."""
         bound = self.lookup_binding(x) if isinstance(x, relax.Var) else None
         name = bound.op.name if isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op) else None
-        pairs = {"relax.multiply": lambda a: (a, reversed(a)), "relax.divide": lambda a: (a,)}.get(name)
-        for value, factor in pairs(bound.args) if pairs else ():
+        if name not in ("relax.multiply", "relax.divide"):
+            return x, 1.0
+        a, b = bound.args
+        for value, factor in [(a, b), (b, a)] if name == "relax.multiply" else [(a, b)]:
             scale = _positive_scalar(factor)
             if scale is not None and value.ty.dtype == "float32" and \
                     tvm_ffi.structural_equal(value.ty.shape, x.ty.shape):
