@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Callable
 
 import numpy as np
 import tvm
 from tvm import relax, tirx
-from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.script import tirx as T
 from tvm.target import Target
 
 from .cpu import cpu_model
-from .relax_rewrite import call_on_rows, rewrite_functions
+from .relax_rewrite import call_on_rows, call_rewrites
 from .row_vectors import RowSplit, across, at, splat
 
 KERNEL_NAME = "norm_rows"
@@ -38,8 +38,8 @@ def norm_rows_kernel(width: int, lanes: int, epsilon: float, centered: bool) -> 
     chains = max(1, min(CHAINS, whole))
     groups, rest = divmod(whole, chains)
 
-    def total(sums: tirx.Buffer) -> tirx.PrimExpr:
-        """The sum of the accumulators' lanes over the row's width."""
+    def mean_of(sums: tirx.Buffer) -> tirx.PrimExpr:
+        """The accumulators' lanes summed, over the row's width."""
         vectors = [sums[at(c * step, step)] for c in range(chains)]
         return across(functools.reduce(operator.add, vectors), step, operator.add) * tirx.const(1 / width, "float32")
 
@@ -47,6 +47,19 @@ def norm_rows_kernel(width: int, lanes: int, epsilon: float, centered: bool) -> 
                mean: tirx.PrimExpr, inverse: tirx.PrimExpr) -> tirx.PrimExpr:
         value = (x[row, at(start, step)] - splat(mean, step)) * splat(inverse, step) * gamma[at(start, step)]
         return value + beta[at(start, step)] if centered else value
+
+    @T.macro
+    def row_sum(sums: T.Buffer, term: Callable[[tirx.PrimExpr], tirx.PrimExpr]):
+        """`term` (the vector from a start element) over the row, the last vector's repeated lanes left out,
+        alternating between the `chains` accumulators of `sums`."""
+        for c in T.unroll(chains):
+            sums[at(c * step, step)] = splat(0.0, step)
+        sums[at(0, step)] = split.fresh(term(tail))
+        for g in range(groups):
+            for c in T.unroll(chains):
+                sums[at(c * step, step)] = sums[at(c * step, step)] + term((g * chains + c) * step)
+        for c in T.unroll(rest):
+            sums[at(c * step, step)] = sums[at(c * step, step)] + term((groups * chains + c) * step)
 
     @T.prim_func(private=True, check_well_formed=False)
     def norm(x_handle: T.handle, gamma: T.Buffer((width,), "float32"), beta: T.Buffer((width,), "float32"),
@@ -58,29 +71,11 @@ def norm_rows_kernel(width: int, lanes: int, epsilon: float, centered: bool) -> 
         with T.sblock("root"):  # TVM's reshape detection (RewriteDataflowReshape) reads a kernel's root block
             for row in T.parallel(rows):
                 sums = T.decl_buffer((chains * step,), "float32", scope="local")
-                for c in T.unroll(chains):
-                    sums[at(c * step, step)] = splat(0.0, step)
                 if centered:
-                    sums[at(0, step)] = split.fresh(x[row, at(tail, step)])
-                    for g in range(groups):
-                        for c in T.unroll(chains):
-                            sums[at(c * step, step)] = sums[at(c * step, step)] + x[row, at((g * chains + c) * step,
-                                                                                            step)]
-                    for c in T.unroll(rest):
-                        sums[at(c * step, step)] = sums[at(c * step, step)] + x[row, at((groups * chains + c) * step,
-                                                                                        step)]
-                mean = T.bind(total(sums) if centered else T.float32(0))
-                for c in T.unroll(chains):
-                    sums[at(c * step, step)] = splat(0.0, step)
-                sums[at(0, step)] = split.fresh(_square(x[row, at(tail, step)] - splat(mean, step)))
-                for g in range(groups):
-                    for c in T.unroll(chains):
-                        sums[at(c * step, step)] = sums[at(c * step, step)] + _square(
-                            x[row, at((g * chains + c) * step, step)] - splat(mean, step))
-                for c in T.unroll(rest):
-                    sums[at(c * step, step)] = sums[at(c * step, step)] + _square(
-                        x[row, at((groups * chains + c) * step, step)] - splat(mean, step))
-                inverse = T.bind(T.float32(1) / T.sqrt(total(sums) + T.float32(epsilon)))
+                    row_sum(sums, lambda start, row=row: x[row, at(start, step)])
+                mean = T.bind(mean_of(sums) if centered else T.float32(0))
+                row_sum(sums, lambda start, row=row, mean=mean: _square(x[row, at(start, step)] - splat(mean, step)))
+                inverse = T.bind(T.float32(1) / T.sqrt(mean_of(sums) + T.float32(epsilon)))
                 for v in range(whole):
                     out[row, at(v * step, step)] = affine(x, gamma, beta, row, v * step, mean, inverse)
                 out[row, at(tail, step)] = affine(x, gamma, beta, row, tail, mean, inverse)
@@ -103,29 +98,17 @@ def is_row_norm(call: relax.Call) -> bool:
         a.ty.dtype == "float32" and a.ty.ndim == 1 for a in call.args[1:])
 
 
-@mutator
-class _RowNorms(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, lanes: int) -> None:
-        super().__init__(mod)
-        self.lanes = lanes
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if not is_row_norm(call):
-            return call
-        centered, width = _NORMS[call.op], int(call.ty.shape[-1])
-        kernel = norm_rows_kernel(width, self.lanes, float(call.attrs.epsilon), centered)
-        x, gamma, *beta = call.args
-        beta = beta or [relax.const(np.zeros(width, np.float32))]  # an RMS norm: nothing added
-        return call_on_rows(self.builder_, self.builder_.add_func(kernel, KERNEL_NAME), x, gamma, *beta)
-
-
 def row_norms(target: Target) -> tvm.transform.Pass:
     """The module pass computing every layer and RMS norm `is_row_norm` takes with `norm_rows_kernel`."""
     lanes = cpu_model(target).lanes()
 
-    @tvm.transform.module_pass(opt_level=0, name="KilnRowNorms")
-    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return rewrite_functions(mod, _RowNorms(mod, lanes))
+    def rewrite(builder: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
+        if not is_row_norm(call):
+            return None
+        centered, width = _NORMS[call.op], int(call.ty.shape[-1])
+        kernel = norm_rows_kernel(width, lanes, float(call.attrs.epsilon), centered)
+        x, gamma, *beta = call.args
+        beta = beta or [relax.const(np.zeros(width, np.float32))]  # an RMS norm: nothing added
+        return call_on_rows(builder, builder.add_func(kernel, KERNEL_NAME), x, gamma, *beta)
 
-    return _pass
+    return call_rewrites("KilnRowNorms", rewrite)

@@ -15,11 +15,10 @@ from collections.abc import Callable
 
 import tvm
 from tvm import relax, te, tirx
-from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
 from .cpu import cpu_model
-from .relax_rewrite import batched_nchw, depthwise_conv, int_lists, rewrite_functions, window_out_size
+from .relax_rewrite import batched_nchw, call_rewrites, depthwise_conv, int_lists, window_out_size
 
 PAD_BLOCK, ACC_BLOCK, OUT_BLOCK = "plane_window_pad", "plane_window_acc", "plane_window"
 
@@ -72,27 +71,15 @@ def is_plane_depthwise(call: relax.Call) -> bool:
     return depthwise_conv(call) and batched_nchw(call) is not None
 
 
-@mutator
-class _Planes(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, lanes: int) -> None:
-        super().__init__(mod)
-        self.lanes = lanes
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if not is_plane_depthwise(call):
-            return call
-        ints = int_lists(call.attrs.strides, call.attrs.padding, call.attrs.dilation)
-        return self.builder_.call_te(plane_depthwise, call.args[0], call.args[1], *ints, self.lanes,
-                                     primfunc_name_hint="depthwise_plane")
-
-
 def plane_windows(target: Target) -> tvm.transform.Pass:
     """The module pass computing every NCHW depthwise conv left (after `block_conv_regions`) plane by plane."""
     lanes = cpu_model(target).lanes()
 
-    @tvm.transform.module_pass(opt_level=0, name="KilnPlaneWindows")
-    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return rewrite_functions(mod, _Planes(mod, lanes))
+    def rewrite(builder: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
+        if not is_plane_depthwise(call):
+            return None
+        ints = int_lists(call.attrs.strides, call.attrs.padding, call.attrs.dilation)
+        return builder.call_te(plane_depthwise, call.args[0], call.args[1], *ints, lanes,
+                               primfunc_name_hint="depthwise_plane")
 
-    return _pass
+    return call_rewrites("KilnPlaneWindows", rewrite)

@@ -23,12 +23,11 @@ from collections.abc import Callable
 
 import tvm
 from tvm import relax, tirx
-from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.script import tirx as T
 from tvm.target import Target
 
 from .cpu import cpu_model
-from .relax_rewrite import batched_nchw, int_lists, rewrite_functions, window_out_size
+from .relax_rewrite import batched_nchw, call_rewrites, int_lists, window_out_size
 from .row_vectors import at, row_vector, splat
 
 _POOLS = {tvm.ir.Op.get(f"relax.nn.{kind}_pool2d"): kind for kind in ("max", "avg")}
@@ -122,33 +121,20 @@ def is_row_pool(call: relax.Call) -> bool:
     return not call.attrs.ceil_mode and call.attrs.layout == call.attrs.out_layout == "NCHW"
 
 
-@mutator
-class _RowPools(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, lanes: int, buffer_bytes: int) -> None:
-        super().__init__(mod)
-        self.lanes, self.buffer_bytes = lanes, buffer_bytes
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if not is_row_pool(call):
-            return call
-        a = call.attrs
-        _, channels, height, width = batched_nchw(call)
-        kind = _POOLS[call.op]
-        kernel = pool_rows_kernel(kind, channels, height, width, *int_lists(a.pool_size, a.strides, a.padding,
-                                                                              a.dilation),
-                                  bool(a.count_include_pad), self.lanes, self.buffer_bytes)
-        gvar = self.builder_.add_func(kernel, f"{kind}_{KERNEL_NAME}")
-        return relax.call_tir(gvar, [call.args[0]], call.ty)
-
-
 def row_pools(target: Target) -> tvm.transform.Pass:
     """The module pass computing every NCHW pool `is_row_pool` takes with `pool_rows_kernel`, its row buffer half the
     target's L1 data cache."""
     model = cpu_model(target)
 
-    @tvm.transform.module_pass(opt_level=0, name="KilnRowPools")
-    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return rewrite_functions(mod, _RowPools(mod, model.lanes(), model.caches.l1d // 2))
+    def rewrite(builder: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
+        if not is_row_pool(call):
+            return None
+        a = call.attrs
+        _, channels, height, width = batched_nchw(call)
+        kind = _POOLS[call.op]
+        kernel = pool_rows_kernel(kind, channels, height, width, *int_lists(a.pool_size, a.strides, a.padding,
+                                                                              a.dilation),
+                                  bool(a.count_include_pad), model.lanes(), model.caches.l1d // 2)
+        return relax.call_tir(builder.add_func(kernel, f"{kind}_{KERNEL_NAME}"), [call.args[0]], call.ty)
 
-    return _pass
+    return call_rewrites("KilnRowPools", rewrite)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Callable
 
 import tvm
 import tvm_ffi
 from tvm import relax, tirx
-from tvm.relax.expr_functor import PyExprMutator
+from tvm.relax.expr_functor import PyExprMutator, mutator
 
 
 def static_shape(ty: object) -> list[int] | None:
@@ -109,3 +110,31 @@ def call_on_rows(builder: relax.BlockBuilder, kernel: tvm.ir.GlobalVar, x: relax
         x = builder.emit(relax.op.reshape(x, flat))
     out = relax.call_tir(kernel, [x, *operands], relax.TensorType(flat, "float32"))
     return out if len(outer) == 1 else relax.op.reshape(builder.emit(out), [*outer, width])
+
+
+CallRewrite = Callable[[relax.BlockBuilder, relax.Call], "relax.Expr | None"]
+
+
+@mutator
+class _CallRewriter(PyExprMutator):
+    """Each call, its operands rewritten first, replaced by what `rewrite` makes of it (kept where that is None)."""
+
+    def __init__(self, mod: tvm.IRModule, rewrite: CallRewrite) -> None:
+        super().__init__(mod)
+        self.rewrite = rewrite
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        new = self.rewrite(self.builder_, call)
+        return call if new is None else new
+
+
+def call_rewrites(name: str, rewrite: CallRewrite) -> tvm.transform.Pass:
+    """The module pass `name` that replaces each call of every Relax function by `rewrite(builder, call)` where
+    that is not None (the kernels of `plane_window.py`, `pool_rows.py`, `norm_rows.py`)."""
+
+    @tvm.transform.module_pass(opt_level=0, name=name)
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return rewrite_functions(mod, _CallRewriter(mod, rewrite))
+
+    return _pass

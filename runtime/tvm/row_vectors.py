@@ -1,4 +1,5 @@
-"""TIR expressions over a row in vectors, for the hand-written kernels (`pool_rows.py`, `softmax_rows.py`).
+"""TIR expressions over a row in vectors, for the hand-written kernels (`pool_rows.py`, `softmax_rows.py`,
+`norm_rows.py`).
 
 A row no vector divides is computed in whole vectors with its last one overlapping the one before it, so no lane is
 ever guarded; one lane is a scalar, so a row narrower than two elements needs no special case.
