@@ -13,7 +13,6 @@ transpose, a reduction, padding, symbolic shapes the consumer's indices cannot b
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import tvm
@@ -22,7 +21,7 @@ from tvm.ir.expr import Call, TensorLoad
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .amx import _flattened, _unflattened, bf16_products, product_kernel
+from .amx import _flattened, _product, _unflattened, bf16_products, product_kernel
 from .bf16_layout import TILE_PARAMS, Epilogue
 from .schedules.injective import cpu_blocks
 
@@ -71,20 +70,21 @@ def _loads_of(expr: tirx.PrimExpr, buffer: tirx.Buffer) -> list[TensorLoad]:
     return found
 
 
-def _static(shape: list[tirx.PrimExpr]) -> bool:
-    return all(isinstance(d, tirx.IntImm) for d in shape)
+def _is_one(d: tirx.PrimExpr) -> bool:
+    return isinstance(d, tirx.IntImm) and int(d) == 1
 
 
 def consumer_epilogue(func: tirx.PrimFunc, c_at: int, target: Target) -> Epilogue | None:
     """`func` (an elementwise kernel whose parameter `c_at` is a tile product C [batch, Mp, Np] and whose last is
     its output) as an `Epilogue` of the product, or None: it must inline to one block storing each output element
-    from C's element at the same flat position, with the same last dim (static shapes). An output of fewer rows
+    from C's element at the same flat position, with the same static last dim. An output of fewer rows
     (M without the padding of C's `Mp`) keeps its own: the rows past it, wrapped by the flat index, had overwritten
     its first rows with the padding's products (a 37-row bf16 linear lost 27 rows to its bias)."""
     params = list(func.params)
     c, out = params[c_at], params[-1]  # a TIR parameter is its buffer
     sch, infos = cpu_blocks(func, target)
-    if infos is None or not all(info.is_injective() for info in infos) or not _static([*c.shape, *out.shape]):
+    if infos is None or not all(info.is_injective() for info in infos) \
+            or not all(isinstance(d, tirx.IntImm) for d in (c.shape[-1], out.shape[-1])):
         return None
     rest = dl.try_inline(sch, infos)
     block = sch.get(rest[0].block_rv) if len(rest) == 1 else None
@@ -94,7 +94,7 @@ def consumer_epilogue(func: tirx.PrimFunc, c_at: int, target: Target) -> Epilogu
     index = list(store.indices)  # each an iteration var, or 0 on a dim of 1 (dlight drops unit loops)
     iter_vars = [iv.var for iv in block.iter_vars]
     if not all(any(i.same_as(v) for i in index) for v in iter_vars) or not all(
-            isinstance(i, tirx.Var) or (isinstance(i, tirx.IntImm) and int(i) == 0 and int(d) == 1)
+            isinstance(i, tirx.Var) or (isinstance(i, tirx.IntImm) and int(i) == 0 and _is_one(d))
             for i, d in zip(index, out.shape, strict=True)):
         return None
     analyzer = tvm.sym.Analyzer()
@@ -110,7 +110,7 @@ def consumer_epilogue(func: tirx.PrimFunc, c_at: int, target: Target) -> Epilogu
             analyzer.can_prove_equal(ld.indices[-1], index[-1])
             and analyzer.can_prove_equal(_flattened(tuple(ld.indices[:-1]), c_lead), flat) for ld in loads):
         return None
-    rows, stored = c.shape[1], math.prod(int(d) for d in lead)  # C's rows a batch; the output's rows in all
+    rows, stored = c.shape[1], analyzer.simplify(_product(lead))  # C's rows a batch; the output's rows in all
 
     def at(b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr) -> list[tirx.PrimExpr]:
         return [*_unflattened(b * rows + row, lead), col]
@@ -128,7 +128,8 @@ def consumer_epilogue(func: tirx.PrimFunc, c_at: int, target: Target) -> Epilogu
             return c_value if e.source.same_as(c) else tirx.BufferLoad(e.source, indices)
         return _rebuilt(store.value, var, load)
     inputs = tuple(p for i, p in enumerate(params[:-1]) if i != c_at)
-    return Epilogue(inputs, out, value, at, inside if stored < math.prod(int(d) for d in c_lead) else None)
+    every_row = analyzer.can_prove_equal(stored, _product(c_lead))
+    return Epilogue(inputs, out, value, at, None if every_row else inside)
 
 
 def _tiled(mod: tvm.IRModule, call: relax.Expr) -> list[int] | None:

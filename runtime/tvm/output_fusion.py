@@ -15,10 +15,10 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-_INJECTIVE = 2  # TVM's OpPatternKind: kElemWise 0, kBroadcast 1, kInjective 2
+from .symbolic_patterns import INJECTIVE
 
 
-def _primitive(mod: tvm.IRModule, call: relax.Expr) -> relax.Function | None:
+def injective_group(mod: tvm.IRModule, call: relax.Expr) -> relax.Function | None:
     """The elementwise grouped function `call` calls (every kernel in it injective at most), else None."""
     if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.GlobalVar)):
         return None
@@ -35,7 +35,7 @@ def _primitive(mod: tvm.IRModule, call: relax.Expr) -> relax.Function | None:
                 return None
             kernel = mod[value.args[0]]
             pattern = kernel.attrs.get("op_pattern") if kernel.attrs else None
-            if pattern is None or int(pattern) > _INJECTIVE:
+            if pattern is None or int(pattern) > INJECTIVE:
                 return None
     return func
 
@@ -46,7 +46,7 @@ def _same_shape(a: relax.Expr, b: relax.Expr) -> bool:
             and sa.shape is not None and sb.shape is not None and tvm_ffi.structural_equal(sa.shape, sb.shape))
 
 
-def _uses(block: relax.DataflowBlock) -> dict[relax.Var, list[int]]:
+def block_users(block: relax.DataflowBlock) -> dict[relax.Var, list[int]]:
     """Each var's users among the block's bindings, by position."""
     users: dict[relax.Var, list[int]] = {}
     for i, binding in enumerate(block.bindings):
@@ -55,7 +55,7 @@ def _uses(block: relax.DataflowBlock) -> dict[relax.Var, list[int]]:
     return users
 
 
-def _inline(bb: relax.BlockBuilder, func: relax.Function, args: Sequence[relax.Expr]) -> relax.Expr:
+def inline_group(bb: relax.BlockBuilder, func: relax.Function, args: Sequence[relax.Expr]) -> relax.Expr:
     """Emit `func`'s bindings with its parameters bound to `args`; returns its result."""
     bound = func.bind_params(dict(zip(func.params, args)))
     for block in bound.body.blocks:
@@ -64,9 +64,10 @@ def _inline(bb: relax.BlockBuilder, func: relax.Function, args: Sequence[relax.E
     return bound.body.body
 
 
-def _merged(mod: tvm.IRModule, producers: Sequence[relax.VarBinding], consumer: relax.VarBinding
-            ) -> tuple[relax.Function, list[relax.Expr]]:
-    """One grouped function computing the consumer's result and then each producer's, and its call arguments."""
+def merged_groups(mod: tvm.IRModule, producers: Sequence[relax.VarBinding], consumer: relax.VarBinding,
+                  returned: bool = True) -> tuple[relax.Function, list[relax.Expr]]:
+    """One grouped function computing the producers' results and the consumer's, and its call arguments; it
+    returns the consumer's result and then (where `returned`) each producer's, as a tuple."""
     made = {b.var for b in producers}
     outside: list[relax.Expr] = []
     for b in (*producers, consumer):
@@ -82,9 +83,9 @@ def _merged(mod: tvm.IRModule, producers: Sequence[relax.VarBinding], consumer: 
         with bb.dataflow():
             results = {}
             for b in producers:
-                results[b.var] = _inline(bb, mod[b.value.op], [arg(a) for a in b.value.args])
-            out = _inline(bb, mod[consumer.value.op], [results.get(a, arg(a)) for a in consumer.value.args])
-            gv = bb.emit_output(relax.Tuple([out, *(results[b.var] for b in producers)]))
+                results[b.var] = inline_group(bb, mod[b.value.op], [arg(a) for a in b.value.args])
+            out = inline_group(bb, mod[consumer.value.op], [results.get(a, arg(a)) for a in consumer.value.args])
+            gv = bb.emit_output(relax.Tuple([out, *(results[b.var] for b in producers)]) if returned else out)
         bb.emit_func_output(gv)
     return bb.finalize()["merged"], outside
 
@@ -112,19 +113,19 @@ def fuse_output_producers(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) ->
 
 
 def _fuse_block(mod: tvm.IRModule, builder: relax.BlockBuilder, block: relax.DataflowBlock) -> relax.DataflowBlock:
-    users = _uses(block)
+    users = block_users(block)
     # a producer: an elementwise group whose only other user is a tuple (the outputs); its consumer: the one call
     plan: dict[relax.Var, list[relax.VarBinding]] = {}
     taken: set[relax.Var] = set()
     for b in block.bindings:
-        if not isinstance(b, relax.VarBinding) or _primitive(mod, b.value) is None:
+        if not isinstance(b, relax.VarBinding) or injective_group(mod, b.value) is None:
             continue
         uses = users.get(b.var, [])
         calls = [i for i in uses if not isinstance(block.bindings[i].value, relax.Tuple)]
         if len(calls) != 1 or any(i < calls[0] for i in uses):  # returned only after its one consumer
             continue
         consumer = block.bindings[calls[0]]
-        if (isinstance(consumer, relax.VarBinding) and _primitive(mod, consumer.value) is not None
+        if (isinstance(consumer, relax.VarBinding) and injective_group(mod, consumer.value) is not None
                 and _same_shape(b.var, consumer.var) and consumer.var not in taken and b.var not in plan):
             plan.setdefault(consumer.var, []).append(b)
             taken.add(b.var)
@@ -138,7 +139,7 @@ def _fuse_block(mod: tvm.IRModule, builder: relax.BlockBuilder, block: relax.Dat
         if producers is None:
             bindings.append(b)
             continue
-        func, args = _merged(mod, producers, b)
+        func, args = merged_groups(mod, producers, b)
         gv = builder.add_func(func, "fused_outputs_" + b.value.op.name_hint.removeprefix("fused_"))
         tup = relax.DataflowVar(f"{b.var.name}_outs", relax.TupleType(
             [b.var.ty, *(p.var.ty for p in producers)]))

@@ -38,6 +38,8 @@ from .output_fusion import fuse_output_producers
 from .plane_window import plane_windows
 from .pool_rows import row_pools
 from .schedules import Safe, default_cpu_rules
+from .selection_fusion import fuse_into_selections
+from .symbolic_patterns import symbolic_injective
 from .target import configure_threads
 from .tir_pipeline import CPU_TIR_PIPELINE
 from .vnni_matmul import vnni_int8_matmuls
@@ -92,10 +94,13 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
 
 
 def _with_output_fusion(passes: list[tvm.transform.Pass]) -> list[tvm.transform.Pass]:
-    """TVM's legalize-and-fuse passes with `fold_constant_kernels` just before FoldConstant (one build for all of
-    them) and `fuse_output_producers` just before FuseTIR."""
+    """TVM's legalize-and-fuse passes with `symbolic_injective` and `fold_constant_kernels` just before FoldConstant
+    (the first fixes what AnnotateTIROpPattern calls opaque; the second is one build for all constant kernels) and
+    `fuse_output_producers` and `fuse_into_selections` just before FuseTIR."""
+    passes = _insert_before(passes, "FoldConstant", symbolic_injective)
     passes = _insert_before(passes, "FoldConstant", fold_constant_kernels())
-    return _insert_before(passes, "FuseTIR", fuse_output_producers)
+    passes = _insert_before(passes, "FuseTIR", fuse_output_producers)
+    return _insert_before(passes, "FuseTIR", fuse_into_selections)
 
 
 def _insert_before(passes: list[tvm.transform.Pass], name: str, new: tvm.transform.Pass) -> list[tvm.transform.Pass]:

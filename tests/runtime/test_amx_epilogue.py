@@ -34,16 +34,18 @@ def _bias(n: int) -> np.ndarray:
     return np.linspace(-1, 1, n, dtype=np.float32)
 
 
-def consumer_graph(rows: int, w: np.ndarray, consumer: str) -> Graph:
+def consumer_graph(rows: int, w: np.ndarray, consumer: str, dynamic: bool = False) -> Graph:
     """x [rows, K] @ W + b, then `consumer`: "gelu" (the FFN's first product), "residual" (+ a second input r,
-    an attention output projection's) or "transpose" (a layout change, which stays a kernel of its own)."""
+    an attention output projection's) or "transpose" (a layout change, which stays a kernel of its own); with
+    `dynamic`, x and r have a leading dynamic batch ([batch, rows, K])."""
     b = Builder("epilogue")
-    x = b.input("x", ((rows, w.shape[0]), "f32"))
+    lead = (None, rows) if dynamic else (rows,)
+    x = b.input("x", ((*lead, w.shape[0]), "f32"))
     y = b.linear(x, b.param("w", w.shape, data=w), b.param("b", (w.shape[1],), data=_bias(w.shape[1])))
     if consumer == "gelu":
         y = b.gelu(y)
     elif consumer == "residual":
-        y = b.add(y, b.input("r", ((rows, w.shape[1]), "f32")))
+        y = b.add(y, b.input("r", ((*lead, w.shape[1]), "f32")))
     else:
         y = b.transpose(y, perm=(1, 0))
     b.ret(y)
@@ -82,20 +84,22 @@ def _gelu(y: np.ndarray) -> np.ndarray:
     return 0.5 * y * (1.0 + np.vectorize(math.erf)(y / math.sqrt(2.0)))
 
 
-def check_epilogues(rows: int, k: int, n: int, target: TargetLike = "llvm") -> None:
+def check_epilogues(rows: int, k: int, n: int, target: TargetLike = "llvm", batch: int | None = None) -> None:
     """gelu(x W + b) and x W + b + r built for `target` against float64 numpy: the product within the bf16 bound
     (plus an f32 rounding of the bias and residual adds), gelu moving it by at most its slope, plus fast-math
-    gelu's own error."""
+    gelu's own error. With `batch`, the build takes a dynamic batch and runs at that one."""
     w = _weight(k, n)
     rng = np.random.default_rng(rows)
-    x, r = (rng.standard_normal(s).astype(np.float32) for s in ((rows, k), (rows, n)))
+    lead = (rows,) if batch is None else (batch, rows)
+    x, r = (rng.standard_normal(s).astype(np.float32) for s in ((*lead, k), (*lead, n)))
     exact = x.astype(np.float64) @ w + _bias(n)
     bound = bf16_bound(x.astype(np.float64), w.astype(np.float64)) + 2.0 ** -23 * (np.abs(exact) + np.abs(r))
-    gelu = compile_graph(consumer_graph(rows, w, "gelu"), target=target, precision="bf16")
+    dynamic = batch is not None
+    gelu = compile_graph(consumer_graph(rows, w, "gelu", dynamic), target=target, precision="bf16")
     want = _gelu(exact)
     err = np.abs(np.asarray(gelu(x)) - want)
     assert np.all(err <= GELU_SLOPE * bound + FAST_GELU[0] * np.abs(want) + FAST_GELU[1])
-    residual = compile_graph(consumer_graph(rows, w, "residual"), target=target, precision="bf16")
+    residual = compile_graph(consumer_graph(rows, w, "residual", dynamic), target=target, precision="bf16")
     err = np.abs(np.asarray(residual(x, r)) - (exact + r))
     assert np.all(err <= bound)
     assert err.max() > 2.0 ** -16 * (np.abs(x) @ np.abs(w)).max()  # bf16's error: not an f32 build

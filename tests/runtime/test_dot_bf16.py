@@ -93,6 +93,23 @@ def test_dot_epilogues_are_within_the_bf16_bound(rows: int, k: int, n: int) -> N
     check_epilogues(rows, k, n, ZEN4)
 
 
+@pytest.mark.parametrize("consumer", ["gelu", "residual"])
+@pytest.mark.parametrize("rows", [32, 7])
+def test_a_dynamic_batch_s_epilogues_run_in_the_dot_kernels_store(consumer: str, rows: int) -> None:
+    """Over a dynamic batch too (x [batch, rows, K]: C's rows batch x rows, padded to 32s at 7): the consumer,
+    with the reshape from C's rows to [batch, rows], is the dot kernel's epilogue, not a kernel of its own."""
+    names = callees(consumer_graph(rows, _weight(96, 64), consumer, dynamic=True), ZEN4)
+    assert names[-1] == f"{DOT_KERNEL_NAME}_epilogue" and len(names) == 2, names
+
+
+@needs_dot
+@pytest.mark.parametrize(("rows", "k", "n"), [(32, 96, 64), (7, 77, 64)])
+def test_dynamic_batch_epilogues_are_within_the_bf16_bound(rows: int, k: int, n: int) -> None:
+    """`check_epilogues` over a dynamic batch, run at batch 3: 96 whole rows, and 21 rows padded to 32, whose
+    padding's products the epilogue's guard must drop."""
+    check_epilogues(rows, k, n, ZEN4, batch=3)
+
+
 def test_an_epilogue_stores_only_the_rows_of_its_output() -> None:
     """37 rows of a product C padded to 64: the epilogue's store is guarded to the output's 37 rows (its flat index
     would wrap past them)."""
