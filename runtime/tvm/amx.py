@@ -181,16 +181,25 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
     return kernel
 
 
-def tile_rows(m: tirx.PrimExpr) -> int:
-    """Rows of each A and C tile for M rows: M itself where it is known to be below 16, else 16."""
-    return int(m) if isinstance(m, tirx.IntImm) and int(m) < TILE_ROWS else TILE_ROWS
+def tile_rows(m: tirx.PrimExpr, tiles: bool) -> int:
+    """The kernel's `rows` for M rows: on tiles, the rows of each A and C tile (M itself where it is known to be
+    below 16, else 16); for `vdpbf16ps`, the most rows a register tile may take (M where it is known, else a
+    row block of 32, what M is padded to)."""
+    known = int(m) if isinstance(m, tirx.IntImm) else None
+    if tiles:
+        return known if known is not None and known < TILE_ROWS else TILE_ROWS
+    return known if known is not None else TILE_ROWS * C_ROWS
 
 
-def padded(m: tirx.PrimExpr, k: int, n: int) -> tuple[tirx.PrimExpr, int, int]:
-    """(Mp, Kp, Np): the operand extents the kernel reads, whole tiles of K and N (and 32s of M from 16 rows on)."""
+def padded(m: tirx.PrimExpr, k: int, n: int, tiles: bool) -> tuple[tirx.PrimExpr, int, int]:
+    """(Mp, Kp, Np): the operand extents the kernel reads. Tiles read whole tiles of K and N and 32s of M from 16
+    rows on; `vdpbf16ps` reads N in the same 32s (the register tile's vectors divide its panels) but K only in
+    whole pairs, and M as it is where it is known (its last row tile moves back instead): a symbolic M is padded
+    to 32s, since a register tile may be taller than M at run time."""
     step = TILE_ROWS * C_ROWS
-    mp = m if tile_rows(m) < TILE_ROWS else (m + step - 1) // step * step
-    return mp, _round_up(k, K_STEP), _round_up(n, N_TILE * C_COLS)
+    short = tile_rows(m, tiles) < TILE_ROWS if tiles else isinstance(m, tirx.IntImm)
+    mp = m if short else (m + step - 1) // step * step
+    return mp, _round_up(k, K_STEP if tiles else PAIR), _round_up(n, N_TILE * C_COLS)
 
 
 def _unflattened(flat: tirx.PrimExpr, dims: list[tirx.PrimExpr]) -> list[tirx.PrimExpr]:
@@ -279,13 +288,14 @@ def _on_tiles(call: OpCall, b: relax.Expr, outer: int, batch: tirx.PrimExpr, m: 
     and the copy dropping the padding (FuseOps joins it to the consumer). Where A is whole tiles its cast is
     elementwise and keeps A's shape, so FuseOps can put it in A's producer's epilogue (the FFN's gelu);
     where C is, a reshape (a view) is left."""
-    mp, kp, np_ = padded(m, k, n)
+    tiles = has_tiles(call.target)
+    mp, kp, np_ = padded(m, k, n, tiles)
     whole_rows = tvm.sym.Analyzer().can_prove_equal(mp, m)
     if whole_rows and kp == k:
         a = call.emit(R.reshape(call.emit(R.astype(call.args[0], "bfloat16")), [batch, m, k]))
     else:
         a = call.bb.call_te(_padded_bf16, call.args[0], outer, mp, kp)
-    kernel = call.bb.add_func(*product_kernel(call.target, tile_rows(m), kp, np_, shared_b))
+    kernel = call.bb.add_func(*product_kernel(call.target, tile_rows(m, tiles), kp, np_, shared_b))
     out = call.emit(relax.call_tir(kernel, [a, b], relax.TensorType((batch, mp, np_), "float32")))
     return R.reshape(out, shape) if whole_rows and np_ == n else call.bb.call_te(_unpadded, out, outer, shape)
 
@@ -303,7 +313,7 @@ def amx_matmul(call: OpCall) -> relax.Expr | None:
         return None
     k, n = int(k), int(call.types[1].shape[1])
     m = tvm.sym.Analyzer().simplify(_product(lead))
-    _, kp, np_ = padded(m, k, n)
+    _, kp, np_ = padded(m, k, n, has_tiles(call.target))
     packed = call.bb.call_te(_packed_pairs, w, kp, np_)  # a constant: folded at build time
     one = tirx.IntImm("int64", 1)
     return _on_tiles(call, packed, 0, one, m, k, n, True, [*lead, tirx.IntImm("int64", n)])
@@ -326,6 +336,6 @@ def amx_batched_matmul(call: OpCall) -> relax.Expr | None:
         return None
     k, n = int(k), int(n)
     batch = analyzer.simplify(_product(lead))
-    _, kp, np_ = padded(m, k, n)
+    _, kp, np_ = padded(m, k, n, has_tiles(call.target))
     b = call.bb.call_te(_packed_pairs, call.args[1], kp, np_)
     return _on_tiles(call, b, len(lead), batch, m, k, n, False, [*lead, m, tirx.IntImm("int64", n)])

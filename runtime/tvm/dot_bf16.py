@@ -59,8 +59,8 @@ def has_dot(model: CPUModel) -> bool:
 def dot_tile(rows: int | None, groups: int, registers: int) -> tuple[int, int]:
     """(rows, vectors) of the register tile over `groups` 16-column vectors of B: each step loads one broadcast per
     row and one vector per column group for rows x vectors instructions, so of the tiles whose sums, B vectors and
-    broadcast fit `registers` (the vectors a divisor of `groups`, the rows at most `rows` where M is known to be
-    short) the one with the fewest loads per instruction; ties go to more rows."""
+    broadcast fit `registers` (the vectors a divisor of `groups`, the rows at most `rows` where it is given) the
+    one with the fewest loads per instruction; ties go to more rows."""
     shapes = []
     for width in (w for w in range(1, groups + 1) if groups % w == 0):
         tall = (registers - width - 1) // width
@@ -75,11 +75,12 @@ def dot_tile(rows: int | None, groups: int, registers: int) -> tuple[int, int]:
 def dot_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_bytes: int, registers: int,
                epilogue: Epilogue | None = None) -> tirx.PrimFunc:
     """The `vdpbf16ps` kernel over padded operands A [batch, Mp, kp] bf16, packed B [batch (1 if `shared_b`),
-    np_/16, kp/2, 16] bf16 pairs (uint32) and C [batch, Mp, np_] f32 (`amx.padded`; `rows` is M where M is known
-    to be below 16, else 16), with `registers` vector registers; an `epilogue` computes from each sum as it is
-    stored instead of C. `TILE_PARAMS` records the arguments, so a pass can rebuild the kernel with an epilogue."""
+    np_/16, kp/2, 16] bf16 pairs (uint32) and C [batch, Mp, np_] f32 (`amx.padded`; `rows`, the most rows a
+    register tile may take, is M where it is known: Mp is never below it), with `registers` vector registers; an
+    `epilogue` computes from each sum as it is stored instead of C. `TILE_PARAMS` records the arguments, so a pass
+    can rebuild the kernel with an epilogue."""
     groups = np_ // N_TILE
-    tall, width = dot_tile(rows if rows < 16 else None, groups, registers)
+    tall, width = dot_tile(rows, groups, registers)
     panels, pairs, lanes = groups // width, kp // PAIR, N_TILE
     b_step = 0 if shared_b else 1
     chunk = max(1, l2_bytes // 2 // (kp * 2 * tall))  # row tiles of A in half of L2

@@ -34,11 +34,14 @@ def leaf_blocks(stmt: tirx.Stmt) -> list[s_tir.SBlock] | None:
 
 
 def _stores_each_element_once(block: s_tir.SBlock) -> bool:
-    """Whether the block is spatial, without an init, and stores at exactly its iteration vars."""
+    """Whether the block is spatial, without an init, stores at exactly its iteration vars and reads nothing of
+    what it writes (a scan, `y[i] = y[i - 1] + x[i]`, is spatial too)."""
     iters = [iv.var for iv in block.iter_vars]
-    indices = list(block.body.indices)
+    store = block.body
+    indices = list(store.indices)
     return block.init is None and all(iv.iter_type == tirx.IterVar.DataPar for iv in block.iter_vars) \
-        and len(indices) == len(iters) and all(any(i.same_as(v) for i in indices) for v in iters)
+        and len(indices) == len(iters) and all(any(i.same_as(v) for i in indices) for v in iters) \
+        and not any(r.source.same_as(store.buffer) for r in block.reads)
 
 
 @tvm.transform.module_pass(opt_level=0, name="KilnSymbolicInjective")

@@ -15,6 +15,7 @@ from test_amx_epilogue import callees, check_epilogues, consumer_graph
 from test_amx_matmul import SAPPHIRE, _check, _products, _weight, attention_graph, kernel_names, linear_graph
 from tvm.target import Target
 
+from kiln.ir import Graph
 from kiln.runtime.tvm.amx import KERNEL_NAME
 from kiln.runtime.tvm.bf16_layout import even_chunks, task_place
 from kiln.runtime.tvm.compile import compile_graph
@@ -85,11 +86,12 @@ def test_bias_activation_and_residual_run_in_the_dot_kernels_store(consumer: str
 
 @needs_dot
 @pytest.mark.parametrize(("rows", "k", "n"), [(128, 96, 64), (7, 77, 64), (608, 1000, 96), (37, 96, 64),
-                                              (197, 64, 96)])
+                                              (197, 64, 96), (20, 64, 16)])
 def test_dot_epilogues_are_within_the_bf16_bound(rows: int, k: int, n: int) -> None:
     """`check_epilogues` from the dot kernel's store: 7 rows (one short row tile), 608 rows of K = 1000 (M in L2
-    chunks, the last row tile moved back, so its epilogue stores some rows twice); 37 and 197 rows, C padded to 64
-    and 224 (its padding's products had overwritten the first 27 rows)."""
+    chunks, the last row tile moved back, so its epilogue stores some rows twice); 37 and 197 rows, whose last row
+    tile moves back too (C is not padded: when it was, the padding's products had overwritten the first 27 rows);
+    20 rows of 16 columns, whose register tile (30 rows for one vector) is cut to M."""
     check_epilogues(rows, k, n, ZEN4)
 
 
@@ -110,15 +112,30 @@ def test_dynamic_batch_epilogues_are_within_the_bf16_bound(rows: int, k: int, n:
     check_epilogues(rows, k, n, ZEN4, batch=3)
 
 
-def test_an_epilogue_stores_only_the_rows_of_its_output() -> None:
-    """37 rows of a product C padded to 64: the epilogue's store is guarded to the output's 37 rows (its flat index
-    would wrap past them)."""
-    graph = consumer_graph(37, _weight(96, 64), "residual")
+def _fused(graph: Graph) -> tvm.IRModule:
+    """`graph` lowered in bf16 for Zen 4 and through kiln's fusion passes."""
     module = lower(graph, "bound", None, "bf16", ZEN4).module
     with ZEN4:
-        module = tvm.transform.Sequential(cpu_fusion_passes(ZEN4))(module)
+        return tvm.transform.Sequential(cpu_fusion_passes(ZEN4))(module)
+
+
+def test_a_known_m_is_not_padded() -> None:
+    """37 rows (and K = 77, padded to whole pairs only): A is cast, not padded to 64 rows, and the dot kernel's
+    epilogue writes the 37 rows unguarded: no copy adds or drops padding rows."""
+    module = _fused(consumer_graph(37, _weight(77, 64), "residual"))
+    main = str(module["forward"])
+    assert "(1, 37, 78)" in main and "64, 78" not in main and "_unpadded" not in main, main
     (text,) = [f.script() for g, f in module.functions_items() if g.name_hint.startswith(f"{DOT_KERNEL_NAME}_epilogue")]
-    assert re.search(r"if .*< T.int64\(37\):", text), text
+    assert "if " not in text, text
+
+
+def test_an_epilogue_stores_only_the_rows_of_its_output() -> None:
+    """A dynamic batch of 7-row inputs: C's rows, batch x 7, are padded to 32s (a register tile may be taller than
+    M at run time), and the epilogue's store is guarded to the output's rows (its flat index would wrap past
+    them)."""
+    module = _fused(consumer_graph(7, _weight(96, 64), "residual", dynamic=True))
+    (text,) = [f.script() for g, f in module.functions_items() if g.name_hint.startswith(f"{DOT_KERNEL_NAME}_epilogue")]
+    assert re.search(r"if .*< x_0 \* T.int64\(7\):", text), text
 
 
 @needs_dot

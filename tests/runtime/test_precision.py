@@ -23,7 +23,7 @@ from kiln.cli import main as cli_main
 from kiln.frontend.reparam import Quantizer, QuantScheme
 from kiln.ir import Builder, Graph, KilnError, PrecisionWarning, verify
 from kiln.ir.interpreter import param_value
-from kiln.runtime.tvm.amx import bf16_products, padded
+from kiln.runtime.tvm.amx import bf16_products, has_tiles, padded
 from kiln.runtime.tvm.compile import cache_key, compile_graph
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.lowp import resolve_precision
@@ -230,7 +230,7 @@ def test_the_weight_of_a_bf16_build_is_cast_once(weight: np.ndarray) -> None:
     shape = f"(T.int64({K}), T.int64({N}))"
     read = f'{shape}, "bfloat16"'
     if bf16_products(cpu_target()):  # packed at build time: [Np / 16, Kp / 2, 16] bf16 pairs
-        _, kp, np_ = padded(tirx.IntImm("int64", 1), K, N)
+        _, kp, np_ = padded(tirx.IntImm("int64", 1), K, N, has_tiles(cpu_target()))
         read = f'{np_ // 16}, {kp // 2}, 16), "uint32"'
     assert any(read in s and "matmul" in name for name, s in scripts.items())
     assert not any(f'{shape}, "float32"' in s for s in scripts.values())

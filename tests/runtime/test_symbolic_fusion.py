@@ -117,7 +117,7 @@ def test_a_reshape_over_a_symbolic_batch_is_injective() -> None:
 
 def test_a_reduction_and_a_scatter_keep_their_patterns() -> None:
     """A sum over a symbolic batch keeps TVM's reduction pattern; a kernel storing at computed indices (a scatter:
-    an element may be written twice) stays opaque."""
+    an element may be written twice) and one reading what it writes (a scan) stay opaque."""
     reduction = _legalized(("batch", 4, 12), "sum")
     assert _patterns(symbolic_injective(reduction)) == _patterns(reduction) != {"sum": OPAQUE}
 
@@ -129,8 +129,16 @@ def test_a_reduction_and_a_scatter_keep_their_patterns() -> None:
                 vi = T.axis.spatial(8, i)
                 y[at[vi]] = x[vi]
 
-    mod = tvm.IRModule({"scatter": scatter})
-    assert _patterns(symbolic_injective(mod)) == {"scatter": OPAQUE}
+    @T.prim_func(private=True, s_tir=True)
+    def scan(x: T.Buffer((8,), "float32"), y: T.Buffer((8,), "float32")):
+        T.func_attr({"op_pattern": 8})
+        for i in range(8):
+            with T.sblock("scan"):
+                vi = T.axis.spatial(8, i)
+                y[vi] = T.if_then_else(vi > 0, y[vi - 1], T.float32(0)) + x[vi]
+
+    mod = tvm.IRModule({"scatter": scatter, "scan": scan})
+    assert _patterns(symbolic_injective(mod)) == {"scatter": OPAQUE, "scan": OPAQUE}
 
 
 def test_a_symbolic_transpose_divides_tasks_by_constants_only() -> None:
