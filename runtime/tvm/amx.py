@@ -183,22 +183,20 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
 
 def tile_rows(m: tirx.PrimExpr, tiles: bool) -> int:
     """The kernel's `rows` for M rows: on tiles, the rows of each A and C tile (M itself where it is known to be
-    below 16, else 16); for `vdpbf16ps`, the most rows a register tile may take (M where it is known, else a
-    row block of 32, what M is padded to)."""
+    below 16, else 16); for `vdpbf16ps`, M where it is known (the most rows a register tile may take), else 0."""
     known = int(m) if isinstance(m, tirx.IntImm) else None
     if tiles:
         return known if known is not None and known < TILE_ROWS else TILE_ROWS
-    return known if known is not None else TILE_ROWS * C_ROWS
+    return known if known is not None else 0
 
 
 def padded(m: tirx.PrimExpr, k: int, n: int, tiles: bool) -> tuple[tirx.PrimExpr, int, int]:
     """(Mp, Kp, Np): the operand extents the kernel reads. Tiles read whole tiles of K and N and 32s of M from 16
-    rows on; `vdpbf16ps` reads N in the same 32s (the register tile's vectors divide its panels) but K only in
-    whole pairs, and M as it is where it is known (its last row tile moves back instead): a symbolic M is padded
-    to 32s, since a register tile may be taller than M at run time."""
+    rows on; `vdpbf16ps` reads N in the same 32s (the register tile's vectors divide its panels), K only in whole
+    pairs and M as it is (its last row tile moves back to end at M, or repeats M's last row in an M shorter than
+    the tile)."""
     step = TILE_ROWS * C_ROWS
-    short = tile_rows(m, tiles) < TILE_ROWS if tiles else isinstance(m, tirx.IntImm)
-    mp = m if short else (m + step - 1) // step * step
+    mp = m if not tiles or tile_rows(m, tiles) < TILE_ROWS else (m + step - 1) // step * step
     return mp, _round_up(k, K_STEP if tiles else PAIR), _round_up(n, N_TILE * C_COLS)
 
 

@@ -75,16 +75,20 @@ def dot_tile(rows: int | None, groups: int, registers: int) -> tuple[int, int]:
 def dot_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_bytes: int, registers: int,
                epilogue: Epilogue | None = None) -> tirx.PrimFunc:
     """The `vdpbf16ps` kernel over padded operands A [batch, Mp, kp] bf16, packed B [batch (1 if `shared_b`),
-    np_/16, kp/2, 16] bf16 pairs (uint32) and C [batch, Mp, np_] f32 (`amx.padded`; `rows`, the most rows a
-    register tile may take, is M where it is known: Mp is never below it), with `registers` vector registers; an
-    `epilogue` computes from each sum as it is stored instead of C. `TILE_PARAMS` records the arguments, so a pass
-    can rebuild the kernel with an epilogue."""
+    np_/16, kp/2, 16] bf16 pairs (uint32) and C [batch, Mp, np_] f32 (`amx.padded`: Mp is M; `rows` is M where it
+    is known, the most rows a register tile may take, else 0), with `registers` vector registers; an `epilogue`
+    computes from each sum as it is stored instead of C. `TILE_PARAMS` records the arguments, so a pass can rebuild
+    the kernel with an epilogue."""
     groups = np_ // N_TILE
-    tall, width = dot_tile(rows, groups, registers)
+    tall, width = dot_tile(rows or None, groups, registers)
     panels, pairs, lanes = groups // width, kp // PAIR, N_TILE
     b_step = 0 if shared_b else 1
     chunk = max(1, l2_bytes // 2 // (kp * 2 * tall))  # row tiles of A in half of L2
     geometry = [rows, kp, np_, int(shared_b), cores, l2_bytes, registers]
+
+    def row(m0: tirx.PrimExpr, r: int, mp: tirx.PrimExpr) -> tirx.PrimExpr:
+        """Row `r` of the tile at `m0`, clamped to M's last where M is not known (it may be shorter than the tile)."""
+        return m0 + r if rows else T.min(m0 + r, mp - 1)
 
     @T.prim_func(private=True)
     def kernel(a_data: T.handle, w_data: T.handle):
@@ -101,14 +105,15 @@ def dot_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byte
                 nb, bb, first, last = task_place(task, panels, batch, mblocks, chunks)
                 sums = T.decl_buffer((tall * width * lanes,), "float32", scope="local")
                 for tile in range(first, last):
-                    # the last tile moves back to end at row mp (its rows overlap the previous tile's and store
-                    # the same values again: `donation.py` never aliases a result to an input of a kernel without
-                    # blocks), so a tile's rows are consecutive and it needs no guard
-                    m0 = T.bind(T.min(tile * tall, mp - tall))
+                    # the last tile moves back to end at row mp, and in M shorter than the tile (a symbolic M at
+                    # run time) its rows past M repeat M's last: either way some rows are computed twice and store
+                    # the same values again (`donation.py` never aliases a result to an input of a kernel without
+                    # blocks), so M needs no padding and the tile no guard
+                    m0 = T.bind(T.max(T.min(tile * tall, mp - tall), 0))
                     zero_sums(sums, tall * width)
                     for q in range(pairs):
                         for r in T.unroll(tall):
-                            pair = T.bind(T.reinterpret(T.broadcast(a_pairs[bb, m0 + r, q], lanes),
+                            pair = T.bind(T.reinterpret(T.broadcast(a_pairs[bb, row(m0, r, mp), q], lanes),
                                                         dtype="int32x16"))
                             for g in T.unroll(width):
                                 at = T.bind((r * width + g) * lanes)
@@ -120,8 +125,8 @@ def dot_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byte
                             at = T.bind((r * width + g) * lanes)
                             col = T.bind((nb * width + g) * lanes)
                             if epilogue is None:
-                                c[bb, m0 + r, T.ramp(col, 1, lanes)] = sums[T.ramp(at, 1, lanes)]
+                                c[bb, row(m0, r, mp), T.ramp(col, 1, lanes)] = sums[T.ramp(at, 1, lanes)]
                             else:
                                 for j in T.vectorized(lanes):
-                                    store_epilogue(epilogue, bb, m0 + r, col + j, sums[at + j])
+                                    store_epilogue(epilogue, bb, row(m0, r, mp), col + j, sums[at + j])
     return kernel

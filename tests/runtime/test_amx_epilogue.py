@@ -5,6 +5,7 @@ within docs/precision.md's bf16 bound where the host has AMX-BF16."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -78,6 +79,16 @@ def test_a_transposing_consumer_stays_a_kernel_of_its_own() -> None:
     """A consumer that moves elements (a transpose) is not an epilogue: the plain tile kernel and the copy."""
     names = callees(consumer_graph(128, _weight(96, 64), "transpose"))
     assert KERNEL_NAME in names and not any(n.startswith(f"{KERNEL_NAME}_epilogue") for n in names)
+
+
+def test_an_epilogue_stores_only_the_rows_of_its_output() -> None:
+    """37 rows of a product C padded to 64 (tiles need 32s of M): the epilogue's store is guarded to the output's
+    37 rows (its flat index would wrap past them)."""
+    module = lower(consumer_graph(37, _weight(96, 64), "residual"), "bound", None, "bf16", SAPPHIRE).module
+    with SAPPHIRE:
+        module = tvm.transform.Sequential(cpu_fusion_passes(SAPPHIRE))(module)
+    (text,) = [f.script() for g, f in module.functions_items() if g.name_hint.startswith(f"{KERNEL_NAME}_epilogue")]
+    assert re.search(r"if .*< T.int64\(37\):", text), text
 
 
 def _gelu(y: np.ndarray) -> np.ndarray:
