@@ -18,8 +18,6 @@ CPUs with AVX512-BF16 but no tiles: `product_kernel` chooses between the two.
 
 from __future__ import annotations
 
-import functools
-import operator
 from collections.abc import Mapping
 
 import tvm
@@ -31,6 +29,7 @@ from tvm.target import Target
 from .bf16_layout import N_TILE, PAIR, TILE_PARAMS, Epilogue, bf16_bits, result_params, store_epilogue
 from .cpu import cpu_model
 from .dot_bf16 import DOT_KERNEL_NAME, dot_kernel, has_dot
+from .relax_rewrite import element_count
 from .rule import OpCall
 
 AMX_BF16 = "amx-bf16"  # LLVM's feature name of AMX's bf16 tiles
@@ -209,11 +208,6 @@ def _unflattened(flat: tirx.PrimExpr, dims: list[tirx.PrimExpr]) -> list[tirx.Pr
     return out[::-1]
 
 
-def _product(dims: list[tirx.PrimExpr]) -> tirx.PrimExpr:
-    """The element count of `dims` (1 for none)."""
-    return functools.reduce(operator.mul, dims, tirx.IntImm("int64", 1))
-
-
 def _flattened(indices: tuple[tirx.PrimExpr, ...], dims: list[tirx.PrimExpr]) -> tirx.PrimExpr:
     """The flat row-major index of `indices` into `dims` (the inverse of `_unflattened`)."""
     flat: tirx.PrimExpr = tirx.IntImm("int64", 0)
@@ -240,8 +234,8 @@ def _padded_bf16(x: te.Tensor, outer: int, rows: tirx.PrimExpr, cols: int) -> te
     (read in x's own shape, so no reshape stands between them)."""
     *lead, k = x.shape
     batch_dims, row_dims = list(lead[:outer]), list(lead[outer:])
-    batch = _product(batch_dims)
-    m = _product(row_dims)
+    batch = element_count(batch_dims)
+    m = element_count(row_dims)
 
     def element(b: tirx.PrimExpr, i: tirx.PrimExpr, j: tirx.PrimExpr) -> tirx.PrimExpr:
         at = [*_unflattened(b, batch_dims), *_unflattened(_clamped(i, m), row_dims), _clamped(j, k)]
@@ -257,7 +251,7 @@ def _packed_pairs(y: te.Tensor, kp: int, np_: int) -> te.Tensor:
     As pairs each store is one vector of 16 lanes from two contiguous runs of y (as 32 bf16 lanes, lane l read
     y[2p + l % 2, 16j + l // 2]: a gather); y's producer computes it where FuseOps joins them."""
     *lead, k, n = y.shape
-    batch = _product(lead)
+    batch = element_count(lead)
 
     def half(b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr) -> tirx.PrimExpr:
         value = y(*_unflattened(b, lead), _clamped(row, k), _clamped(col, n))
@@ -310,7 +304,7 @@ def amx_matmul(call: OpCall) -> relax.Expr | None:
     if not isinstance(k, tirx.IntImm) or any(isinstance(d, tirx.IntImm) and int(d) == 0 for d in lead):
         return None
     k, n = int(k), int(call.types[1].shape[1])
-    m = tvm.sym.Analyzer().simplify(_product(lead))
+    m = tvm.sym.Analyzer().simplify(element_count(lead))
     _, kp, np_ = padded(m, k, n, has_tiles(call.target))
     packed = call.bb.call_te(_packed_pairs, w, kp, np_)  # a constant: folded at build time
     one = tirx.IntImm("int64", 1)
@@ -333,7 +327,7 @@ def amx_batched_matmul(call: OpCall) -> relax.Expr | None:
             or any(isinstance(d, tirx.IntImm) and int(d) == 0 for d in [*lead, m]):
         return None
     k, n = int(k), int(n)
-    batch = analyzer.simplify(_product(lead))
+    batch = analyzer.simplify(element_count(lead))
     _, kp, np_ = padded(m, k, n, has_tiles(call.target))
     b = call.bb.call_te(_packed_pairs, call.args[1], kp, np_)
     return _on_tiles(call, b, len(lead), batch, m, k, n, False, [*lead, m, tirx.IntImm("int64", n)])

@@ -21,8 +21,9 @@ from tvm.ir.expr import Call, TensorLoad
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .amx import _flattened, _product, _unflattened, bf16_products, product_kernel
+from .amx import _flattened, _unflattened, bf16_products, product_kernel
 from .bf16_layout import TILE_PARAMS, Epilogue
+from .relax_rewrite import element_count
 from .schedules.injective import cpu_blocks
 
 _BINARY = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max,
@@ -110,7 +111,7 @@ def consumer_epilogue(func: tirx.PrimFunc, c_at: int, target: Target) -> Epilogu
             analyzer.can_prove_equal(ld.indices[-1], index[-1])
             and analyzer.can_prove_equal(_flattened(tuple(ld.indices[:-1]), c_lead), flat) for ld in loads):
         return None
-    rows, stored = c.shape[1], analyzer.simplify(_product(lead))  # C's rows a batch; the output's rows in all
+    rows, stored = c.shape[1], analyzer.simplify(element_count(lead))  # C's rows a batch; the output's rows in all
 
     def at(b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr) -> list[tirx.PrimExpr]:
         return [*_unflattened(b * rows + row, lead), col]
@@ -128,7 +129,7 @@ def consumer_epilogue(func: tirx.PrimFunc, c_at: int, target: Target) -> Epilogu
             return c_value if e.source.same_as(c) else tirx.BufferLoad(e.source, indices)
         return _rebuilt(store.value, var, load)
     inputs = tuple(p for i, p in enumerate(params[:-1]) if i != c_at)
-    every_row = analyzer.can_prove_equal(stored, _product(c_lead))
+    every_row = analyzer.can_prove_equal(stored, element_count(c_lead))
     return Epilogue(inputs, out, value, at, None if every_row else inside)
 
 

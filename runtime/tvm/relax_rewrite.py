@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import tvm
 import tvm_ffi
@@ -98,13 +98,18 @@ def rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator) -> tvm.IRModul
     return rewriter.builder_.get()
 
 
+def element_count(dims: Sequence[tirx.PrimExpr]) -> tirx.PrimExpr:
+    """The element count of a shape's `dims`, symbolic ones included (int64 1 for none)."""
+    return functools.reduce(operator.mul, dims, tirx.IntImm("int64", 1))
+
+
 def call_on_rows(builder: relax.BlockBuilder, kernel: tvm.ir.GlobalVar, x: relax.Expr, *operands: relax.Expr
                  ) -> relax.Expr:
     """`kernel` (float32 [rows, width] in, then `operands`, [rows, width] out) on `x` viewed as the rows of its last
     axis, its result in `x`'s shape: the row kernels (`softmax_rows.py`, `norm_rows.py`) take any rank, symbolic
     leading dims included, and a reshape of a dataflow value is a view, no copy."""
     *outer, width = x.ty.shape
-    rows = tvm.sym.Analyzer().simplify(functools.reduce(operator.mul, outer, tirx.IntImm("int64", 1)))
+    rows = tvm.sym.Analyzer().simplify(element_count(outer))
     flat = [rows, width]
     if len(outer) != 1:
         x = builder.emit(relax.op.reshape(x, flat))

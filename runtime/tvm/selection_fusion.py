@@ -11,14 +11,12 @@ into each consumer: the same work in all, and the intermediate is never written.
 
 from __future__ import annotations
 
-import functools
-import operator
-
 import tvm
 from tvm import relax, tirx
 from tvm.ir.expr import TensorLoad
 
 from .output_fusion import block_users, injective_group, merged_groups
+from .relax_rewrite import element_count
 from .symbolic_patterns import leaf_blocks
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -29,7 +27,7 @@ def _elements(var: relax.Expr) -> tirx.PrimExpr | None:
     ty = var.ty
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
-    return functools.reduce(operator.mul, ty.shape.values, tirx.IntImm("int64", 1))
+    return element_count(ty.shape.values)
 
 
 def _copies_part(kernel: tvm.ir.BaseFunc) -> bool:
@@ -50,10 +48,12 @@ def _selected(mod: tvm.IRModule, group: relax.Function, param: relax.Var) -> tir
             value = binding.value
             if not any(v.same_as(param) for v in relax.analysis.free_vars(value)):
                 continue
+            if not value.op.same_as(_CALL_TIR):
+                return None
             tensors = [f for f in value.args[1].fields if isinstance(f.ty, relax.TensorType)]
             size = _elements(binding.var)
-            if not (value.op.same_as(_CALL_TIR) and len(tensors) == 1 and tensors[0].same_as(param)
-                    and _copies_part(mod[value.args[0]]) and size is not None):
+            if not (len(tensors) == 1 and tensors[0].same_as(param) and _copies_part(mod[value.args[0]])
+                    and size is not None):
                 return None
             total = total + size
     return total
