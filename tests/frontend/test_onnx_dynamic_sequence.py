@@ -3,7 +3,8 @@
 [b, s, 3d] -> [b, s, 3, heads, d/heads] keep two run-time dims and its positions are `arange(seq)`. One import and
 one TVM build serve two (batch, seq) pairs, matching onnxruntime on the same file (and it torch). The build takes
 ~20 s even for one encoder layer, so, as in `test_onnx_ecosystem`, it runs with `KILN_ECOSYSTEM_COMPILE=1`
-(`tests/runtime/test_reshape_copy.py` builds a two-symbolic-dim reshape on every run)."""
+(`tests/runtime/test_reshape_copy.py` builds a two-symbolic-dim reshape on every run). A GPT-2-style decoder with
+the same dynamic dims builds in bf16 on every run (a few seconds) where the host has AVX512-BF16."""
 
 from __future__ import annotations
 
@@ -76,3 +77,29 @@ def test_bert_with_dynamic_batch_only_builds():
         xs = [np.resize(t.numpy(), (b, *t.shape[1:])) for t in example]
         (want,) = session.run(None, dict(zip(names, xs)))
         np.testing.assert_allclose(np.asarray(exe(*xs)), want, rtol=1e-3, atol=1e-4)
+
+
+def _has_dot() -> bool:
+    from kiln.runtime.tvm.cpu import cpu_model
+    from kiln.runtime.tvm.dot_bf16 import has_dot
+    from kiln.runtime.tvm.target import cpu_target
+
+    return has_dot(cpu_model(cpu_target()))
+
+
+@pytest.mark.skipif(not _has_dot(), reason="the host CPU has no AVX512-BF16: the vdpbf16ps kernels cannot run")
+def test_a_decoder_over_a_dynamic_batch_and_sequence_runs_bf16_products() -> None:
+    """The zoo's GPT-2-style decoder (batch and sequence dynamic) built once in bf16, whose products' M = batch x
+    seq is symbolic (unpadded: rows past M repeat M's last in a register tile taller than M, as at 1 x 3), run at
+    (1, 3), (2, 5) and (3, 11) against onnxruntime's f32: a relative L2 distance of bf16's order (its operands
+    rounded to 2^-8), not f32's."""
+    model, example, names = torch_zoo.zoo()["gpt2"]
+    data = torch_zoo.export(model, example, names, 17, torch_zoo.DYNAMIC_AXES["gpt2"])
+    imported = kiln.import_onnx(onnx.load_from_string(data)).valid()
+    exe = kiln.compile(imported, *(a.type for a in imported.graph.functions["forward"].args), precision="bf16!")
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for b, s in ((1, 3), (2, 5), (3, 11)):
+        ids = np.random.default_rng(b * s).integers(0, 50, (b, s))
+        (want,) = session.run(None, {names[0]: ids})
+        distance = np.linalg.norm(np.asarray(exe(ids)) - want) / np.linalg.norm(want)
+        assert 1e-4 < distance < 2e-2, (b, s, distance)
