@@ -74,9 +74,11 @@ def pack_weight(w: np.ndarray, width: int) -> np.ndarray:
 
 def pack_te(w: te.Tensor, width: int) -> te.Tensor:
     """`pack_weight` as a kernel, for a weight known only at run time; a batched right operand `[.., K, N]` (the
-    keys and values of attention) is packed batch by batch, `[.., N / width, K, width]`."""
+    keys and values of attention) is packed batch by batch, `[.., N / width, K, width]`. The column is clamped, so
+    every load is in bounds and the zero padding is a select: TVM vectorizes an `if_then_else` as one branch per
+    lane (attention's xᵀ over 197 tokens packed in 0.2-0.37 ms against 0.07-0.18 as a select)."""
     *batch, k, n = (int(d) for d in w.shape)
-    return te.compute((*batch, padded_columns(n, width) // width, k, width), lambda *i: tirx.if_then_else(
+    return te.compute((*batch, padded_columns(n, width) // width, k, width), lambda *i: tirx.Select(
         i[-3] * width + i[-1] < n, w[(*i[:-3], i[-2], tirx.min(i[-3] * width + i[-1], n - 1))],
         tirx.const(0, w.dtype)), name="pack")
 
