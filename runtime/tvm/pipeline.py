@@ -37,6 +37,7 @@ from .norm_rows import row_norms
 from .output_fusion import fuse_output_producers
 from .plane_window import plane_windows
 from .pool_rows import row_pools
+from .relax_rewrite import marked_kernels
 from .schedules import Safe, default_cpu_rules
 from .selection_fusion import fuse_into_selections
 from .symbolic_patterns import symbolic_injective
@@ -65,12 +66,8 @@ def _noalias_shape_funcs(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> 
     aligned `*_compute_` bodies, so LLVM must assume every store may alias the inputs and spills the
     register tiles of the matmul/conv kernels: dynamic-batch builds ran 2-2.5x slower than static ones.
     """
-    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-    for gvar, func in mod.functions_items():
-        attrs = func.attrs if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None else {}
-        if "tirx.is_host_func" in attrs and "tirx.noalias" not in attrs and len(func.params) <= 1:
-            out[gvar] = func.with_attr("tirx.noalias", True)
-    return out
+    return marked_kernels(mod, lambda func, attrs: "tirx.is_host_func" in attrs and "tirx.noalias" not in attrs
+                          and len(func.params) <= 1, "tirx.noalias", True)
 
 
 def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool = True, precision: str = "f32"

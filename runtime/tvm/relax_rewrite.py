@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import tvm
 import tvm_ffi
@@ -96,6 +96,16 @@ def rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator) -> tvm.IRModul
         if isinstance(func, relax.Function):
             rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
     return rewriter.builder_.get()
+
+
+def marked_kernels(mod: tvm.IRModule, pick: Callable[[tirx.PrimFunc, Mapping[str, object]], bool], key: str,
+                   value: object) -> tvm.IRModule:
+    """`mod` with attribute `key` set to `value` on each PrimFunc `pick(func, its attributes)` chooses."""
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
+    for gvar, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc) and pick(func, func.attrs if func.attrs is not None else {}):
+            out[gvar] = func.with_attr(key, value)
+    return out
 
 
 def element_count(dims: Sequence[tirx.PrimExpr]) -> tirx.PrimExpr:

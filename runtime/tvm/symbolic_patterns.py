@@ -12,8 +12,12 @@ whatever else its indices name: that is injective.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import tvm
 from tvm import s_tir, tirx
+
+from .relax_rewrite import marked_kernels
 
 INJECTIVE, OPAQUE = 2, 8  # TVM's OpPatternKind: kElemWise 0, kBroadcast 1, kInjective 2, ..., kOpaque 8
 
@@ -47,11 +51,9 @@ def _stores_each_element_once(block: s_tir.SBlock) -> bool:
 @tvm.transform.module_pass(opt_level=0, name="KilnSymbolicInjective")
 def symbolic_injective(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """`mod` with each unscheduled kernel TVM marked opaque but that stores each element once marked injective."""
-    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
-    for gvar, func in mod.functions_items():
-        attrs = func.attrs if isinstance(func, tirx.PrimFunc) and func.attrs is not None else {}
-        blocks = leaf_blocks(func.body) if int(attrs.get("op_pattern", -1)) == OPAQUE \
-            and "tirx.is_scheduled" not in attrs else None
-        if blocks and all(_stores_each_element_once(b) for b in blocks):
-            out[gvar] = func.with_attr("op_pattern", INJECTIVE)
-    return out
+    def stores_once(func: tirx.PrimFunc, attrs: Mapping[str, object]) -> bool:
+        if int(attrs.get("op_pattern", -1)) != OPAQUE or "tirx.is_scheduled" in attrs:
+            return False
+        blocks = leaf_blocks(func.body)
+        return bool(blocks) and all(_stores_each_element_once(b) for b in blocks)
+    return marked_kernels(mod, stores_once, "op_pattern", INJECTIVE)

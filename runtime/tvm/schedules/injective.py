@@ -116,10 +116,11 @@ def vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: 
 
 
 def parallel_tasks(sch: s_tir.Schedule, loops: list[s_tir.schedule.LoopRV]) -> None:
-    """Fuse the spatial `loops` into one parallel loop, those of symbolic extent outermost: each task recovers its
-    loops' indices by dividing its number by the extents inside them, and a symbolic one inside made that a 64-bit
-    division by a runtime value in every vector (a dynamic batch's attention heads, [3, batch, 12, 128, 64],
-    copied at 12 GB/s where the static build ran 50)."""
+    """Fuse the spatial `loops` (in any order) into one parallel loop, those of symbolic extent outermost: each
+    task recovers its loops' indices by dividing its number by the extents inside them, and a symbolic one inside
+    made that a 64-bit division by a runtime value in every vector (a dynamic batch's attention heads, [3, batch,
+    12, 128, 64], copied at 12 GB/s where the static build ran 50). The rules whose parallel loops are any
+    spatial loops all fuse them here."""
     symbolic = [lp for lp in loops if static_extent(loop_extent(sch, lp)) is None]
     ordered = symbolic + [lp for lp in loops if static_extent(loop_extent(sch, lp)) is not None]
     if ordered != loops:

@@ -13,6 +13,7 @@ from .injective import (
     cpu_blocks,
     largest_divisor,
     loop_extent,
+    parallel_tasks,
     schedule_elementwise,
     split_factor,
     static_extent,
@@ -242,7 +243,7 @@ def _schedule_padding(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> No
     the guard made every lane a scalar branch: the padding of a 96x56x56 depthwise conv took half its time."""
     *outer, inner = sch.get_loops(block)
     if outer:
-        sch.parallel(sch.fuse(*outer))
+        parallel_tasks(sch, outer)
     sch.annotate(inner, "pragma_loop_partition_hint", 1)
 
 

@@ -4,7 +4,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .injective import cpu_blocks
+from .injective import cpu_blocks, parallel_tasks
 
 
 class CPUReductionFallback(dl.ScheduleRule):
@@ -19,7 +19,6 @@ class CPUReductionFallback(dl.ScheduleRule):
             kinds = info.dom_kind()
             leading = len(kinds) - len(kinds.lstrip("S"))
             if leading:
-                loops = sch.get_loops(info.block_rv)[:leading]
-                sch.parallel(sch.fuse(*loops) if leading > 1 else loops[0])
+                parallel_tasks(sch, sch.get_loops(info.block_rv)[:leading])
                 applied = True
         return sch if applied else None
