@@ -26,6 +26,7 @@ from tvm.target import Target
 from kiln.runtime.tvm.schedules.fastmath import fast_math_passes
 
 from .amx_epilogue import amx_epilogues
+from .attention_fusion import fused_attention
 from .const_fold import fold_constant_kernels
 from .conv_fold import fold_conv_epilogues
 from .conv_regions import block_conv_regions
@@ -77,6 +78,7 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
     `precision` is the build's resolved mode (a bf16 build's convs may run a bf16 kernel)."""
     return [relax.transform.DeadCodeElimination(),  # a weight decoded inside its matmul leaves its dequantize unused
             relax.transform.EliminateCommonSubexpr(),  # one bf16 cast of x for q, k and v (each rule casts its own)
+            *([fused_attention(target)] if fast_math else []),  # softmax(s q kᵀ) v as one kernel (its exp is fast)
             *(fast_math_passes(cpu_model(target).lanes()) if fast_math else []),
             *cpu_passes.library_dispatch_passes(target),
             *([block_conv_regions(target, precision)] if block_convs else []),  # NCHW[x]c regions (CPU model)

@@ -113,6 +113,30 @@ def element_count(dims: Sequence[tirx.PrimExpr]) -> tirx.PrimExpr:
     return functools.reduce(operator.mul, dims, tirx.IntImm("int64", 1))
 
 
+def _positive_scalar(expr: relax.Expr) -> float | None:
+    """The value of a one-element float constant above zero, else None."""
+    if not isinstance(expr, tvm.ir.Constant):
+        return None
+    value = expr.value.numpy()
+    return float(value.reshape(())) if value.size == 1 and value.dtype.kind == "f" and value > 0 else None
+
+
+def scaled_operand(x: relax.Expr, lookup: Callable[[relax.Var], relax.Expr | None]) -> tuple[relax.Expr, float]:
+    """(y, s) where `x` is bound (`lookup`) to y * s or y / (1 / s) for a positive scalar constant s (attention's
+    score scale: an imported BERT divides by 8), else (x, 1): a softmax (`fastmath.py`) or an attention kernel
+    (`attention_fusion.py`) then reads y and takes the scale in, and the multiply or divide, left unused, is dead."""
+    bound = lookup(x) if isinstance(x, relax.Var) else None
+    name = bound.op.name if isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op) else None
+    if name not in ("relax.multiply", "relax.divide"):
+        return x, 1.0
+    a, b = bound.args
+    for value, factor in [(a, b), (b, a)] if name == "relax.multiply" else [(a, b)]:
+        scale = _positive_scalar(factor)
+        if scale is not None and value.ty.dtype == "float32" and tvm_ffi.structural_equal(value.ty.shape, x.ty.shape):
+            return value, scale if name == "relax.multiply" else 1 / scale
+    return x, 1.0
+
+
 def call_on_rows(builder: relax.BlockBuilder, kernel: tvm.ir.GlobalVar, x: relax.Expr, *operands: relax.Expr
                  ) -> relax.Expr:
     """`kernel` (float32 [rows, width] in, then `operands`, [rows, width] out) on `x` viewed as the rows of its last

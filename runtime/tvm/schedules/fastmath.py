@@ -18,9 +18,9 @@ Both are inside the 3e-3 relative tolerance kiln's tests allow for fast-math ker
 import math
 
 import tvm
-import tvm_ffi
 from tvm import relax, topi
 
+from ..relax_rewrite import scaled_operand
 from ..softmax_rows import is_row_softmax, softmax_rows
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -41,14 +41,6 @@ def _fast_softmax(x: tvm.te.Tensor, axis: int, scale: float = 1.0) -> tvm.te.Ten
     return shifted * topi.divide(tvm.tirx.const(1, x.dtype), topi.sum(shifted, axis=axis, keepdims=True))
 
 
-def _positive_scalar(expr: relax.Expr) -> float | None:
-    """The value of a one-element float constant above zero, else None."""
-    if not isinstance(expr, tvm.ir.Constant):
-        return None
-    value = expr.value.numpy()
-    return float(value.reshape(())) if value.size == 1 and value.dtype.kind == "f" and value > 0 else None
-
-
 @relax.expr_functor.mutator
 class _FastRewriter(relax.PyExprMutator):
     """Replace each `relax.nn.gelu` call by a TE kernel using `topi.fast_erf`, and each float32 `relax.nn.softmax`
@@ -65,28 +57,12 @@ class _FastRewriter(relax.PyExprMutator):
         if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.gelu":
             return self.builder_.call_te(_fast_gelu, call.args[0], primfunc_name_hint="fast_gelu")
         if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.softmax" and call.ty.dtype == "float32":
-            x, scale = self._scaled(call.args[0])
+            x, scale = scaled_operand(call.args[0], self.lookup_binding)
             if self.lanes and is_row_softmax(call):
                 return softmax_rows(self.builder_, x, scale, self.lanes)
             return self.builder_.call_te(_fast_softmax, x, int(call.attrs.axis), scale,
                                          primfunc_name_hint="fast_softmax")
         return call
-
-    def _scaled(self, x: relax.Expr) -> tuple[relax.Expr, float]:
-        """(y, s) where `x` is bound to y * s or y / (1 / s) for a positive scalar constant s (attention's score
-        scale: an imported BERT divides by 8); then the softmax reads y and the multiply or divide, left unused, is
-        dead (an elementwise kernel before a row reduction is one FuseOps does not join to it), else (x, 1)."""
-        bound = self.lookup_binding(x) if isinstance(x, relax.Var) else None
-        name = bound.op.name if isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op) else None
-        if name not in ("relax.multiply", "relax.divide"):
-            return x, 1.0
-        a, b = bound.args
-        for value, factor in [(a, b), (b, a)] if name == "relax.multiply" else [(a, b)]:
-            scale = _positive_scalar(factor)
-            if scale is not None and value.ty.dtype == "float32" and \
-                    tvm_ffi.structural_equal(value.ty.shape, x.ty.shape):
-                return value, scale if name == "relax.multiply" else 1 / scale
-        return x, 1.0
 
 
 @tvm.transform.module_pass(opt_level=0, name="FastGeluSoftmax")

@@ -1,0 +1,191 @@
+"""The Relax pass computing each float32 `softmax(s q kᵀ) v` with the fused attention kernel (`attention.py`).
+
+It matches `matmul(softmax(matmul(q, permute_dims(k)) · s), v)`, the scale a positive scalar multiply or divide or
+none (`relax_rewrite.scaled_operand`), with q, k and v of one shape but for their last two dims, those static; the
+scores and weights used by nothing else (else the products would run twice). A rank-4 operand that is a head split's
+transpose (`permute_dims(y, [0, 2, 1, 3])`) is read from y, and a result whose one user is that transpose is written in
+its layout, so a multi-head layer's q, k, v and context are never copied to or from [batch, heads, seq, d]. It runs
+before the fast-math rewrites (whose softmax it takes in) and only where its kernel's kᵀ and scores fit the CPU's L2
+(`Attention.fits`); anything else keeps the unfused kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.target import Target
+
+from .attention import KERNEL_NAME, Attention, Layout, attention_kernel
+from .cpu import CPUModel, cpu_model
+from .relax_rewrite import element_count, rewrite_functions, scaled_operand
+
+_MATMUL = tvm.ir.Op.get("relax.matmul")
+_SOFTMAX = tvm.ir.Op.get("relax.nn.softmax")
+_PERMUTE = tvm.ir.Op.get("relax.permute_dims")
+_HEAD_SPLIT = [0, 2, 1, 3]  # [batch, seq, heads, d] <-> [batch, heads, seq, d]
+
+
+@dataclass(frozen=True)
+class _Match:
+    """An attention found in the original function: its operands (original exprs) and geometry."""
+
+    q: relax.Expr
+    k: relax.Expr
+    v: relax.Expr
+    spec: Attention
+
+
+def _uses(func: relax.Function) -> dict[relax.Var, int]:
+    """How many bindings (and the function's result) use each var."""
+    counts: dict[relax.Var, int] = {}
+    values = [b.value for block in func.body.blocks for b in block.bindings] + [func.body.body]
+    for value in values:
+        for var in relax.analysis.free_vars(value):
+            counts[var] = counts.get(var, 0) + 1
+    return counts
+
+
+def _axes(call: relax.Call) -> list[int] | None:
+    """A permute_dims call's axes as Python ints (None: all reversed)."""
+    axes = call.attrs.axes
+    return None if axes is None else [int(a) for a in axes]
+
+
+def _swaps_last_two(axes: list[int] | None, rank: int) -> bool:
+    """Whether permute_dims `axes` of a rank-`rank` tensor swaps its last two dims only."""
+    return axes == [*range(rank - 2), rank - 1, rank - 2] or (axes is None and rank == 2)
+
+
+def _last_two(ty: object) -> list[int] | None:
+    """The last two dims of a tensor type of rank 2 or more where those are static and positive, else None."""
+    dims = getattr(getattr(ty, "shape", None), "values", None)
+    if dims is None or len(dims) < 2 or not all(isinstance(d, tvm.tirx.IntImm) and int(d) > 0 for d in dims[-2:]):
+        return None
+    return [int(d) for d in dims[-2:]]
+
+
+class _Graph:
+    """One Relax function's bindings and use counts, to walk back from a context product."""
+
+    def __init__(self, func: relax.Function) -> None:
+        self.bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+        self.uses = _uses(func)
+        self.var_of = {value: var for var, value in self.bound.items()}
+        self.split = {value.args[0] for value in self.bound.values() if isinstance(value, relax.Call)
+                      and value.op.same_as(_PERMUTE) and value.ty.ndim == 4 and _axes(value) == _HEAD_SPLIT}
+
+    def feeds_head_split(self, call: relax.Call) -> bool:
+        """Whether `call`'s value is used only by a head split's transpose (which then computes it)."""
+        var = self.var_of.get(call)
+        return var in self.split and self.uses.get(var) == 1
+
+    def call(self, expr: relax.Expr, op: tvm.ir.Op, once: bool = False) -> relax.Call | None:
+        """The call of `op` `expr` is bound to (used by one binding only, with `once`), else None."""
+        value = self.bound.get(expr) if isinstance(expr, relax.Var) else None
+        if not isinstance(value, relax.Call) or not value.op.same_as(op):
+            return None
+        return value if not once or self.uses.get(expr) == 1 else None
+
+    def unsplit(self, expr: relax.Expr) -> tuple[relax.Expr, Layout]:
+        """A rank-4 operand bound to a head split's transpose as (its input, seq first), else (it, heads first)."""
+        split = self.call(expr, _PERMUTE)
+        if split is not None and expr.ty.ndim == 4 and _axes(split) == _HEAD_SPLIT:
+            return split.args[0], Layout(seq_first=True)
+        return expr, Layout()
+
+    def attention(self, call: relax.Call, model: CPUModel) -> _Match | None:
+        """The attention whose context product is `call`, where the kernel takes it, else None."""
+        if not call.op.same_as(_MATMUL) or call.ty.dtype != "float32":
+            return None
+        weights, v = call.args
+        softmax = self.call(weights, _SOFTMAX, once=True)
+        if softmax is None or int(softmax.attrs.axis) not in (-1, softmax.ty.ndim - 1):
+            return None
+        scores, scale = scaled_operand(softmax.args[0], self.bound.get)
+        if scale != 1.0 and self.uses.get(softmax.args[0]) != 1:
+            return None
+        product = self.call(scores, _MATMUL, once=True)
+        if product is None or product.ty.dtype != "float32":
+            return None
+        q, kt = product.args
+        rank = q.ty.ndim
+        flip = self.call(kt, _PERMUTE)
+        if flip is None or rank < 2 or not _swaps_last_two(_axes(flip), rank):
+            return None
+        k = flip.args[0]
+        dims = [_last_two(x.ty) for x in (q, k, v)]
+        if None in dims or any(x.ty.dtype != "float32" or x.ty.ndim != rank for x in (k, v)):
+            return None
+        (m, d), (n, dk), (nv, dv) = dims
+        leads = [x.ty.shape.values[:-2] for x in (q, k, v)]
+        if dk != d or nv != n or not all(tvm_ffi.structural_equal(leads[0], lead) for lead in leads[1:]):
+            return None
+        spec = Attention(m, n, d, dv, scale)
+        return _Match(q, k, v, spec) if spec.fits(model) else None
+
+
+@mutator
+class _Fuser(PyExprMutator):
+    """Each context product (or its head split's transpose) `_Graph.attention` matches, as the fused kernel."""
+
+    def __init__(self, mod: tvm.IRModule, model: CPUModel) -> None:
+        super().__init__(mod)
+        self.model = model
+        self.graphs = [_Graph(f) for f in mod.functions.values() if isinstance(f, relax.Function)]
+
+    def _match(self, call: relax.Call) -> tuple[_Graph, _Match, Layout] | None:
+        """The attention `call` computes (the context, or the context in its head split's layout), with the graph
+        it is in, else None."""
+        for graph in self.graphs:
+            if call.op.same_as(_PERMUTE) and call.ty.ndim == 4 and _axes(call) == _HEAD_SPLIT:
+                inner = graph.call(call.args[0], _MATMUL, once=True)
+                found = graph.attention(inner, self.model) if inner is not None else None
+                if found is not None and found.q.ty.ndim == 4:
+                    return graph, found, Layout(seq_first=True)
+            elif call.op.same_as(_MATMUL) and not graph.feeds_head_split(call):
+                found = graph.attention(call, self.model)
+                if found is not None:
+                    return graph, found, Layout()
+        return None
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        found = self._match(call)
+        if found is None:
+            return super().visit_call_(call)
+        graph, match, out_layout = found
+        if match.q.ty.ndim == 4:
+            (q, ql), (k, kl), (v, vl) = (graph.unsplit(x) for x in (match.q, match.k, match.v))
+        else:
+            (q, ql), (k, kl), (v, vl) = ((x, Layout()) for x in (match.q, match.k, match.v))
+        spec = replace(match.spec, layouts=(ql, kl, vl, out_layout))
+        kernel = self.builder_.add_func(attention_kernel(spec, self.model), KERNEL_NAME)
+        operands = [self._as_4d(self.visit_expr(x)) for x in (q, k, v)]
+        out = relax.call_tir(kernel, operands, relax.TensorType(self._4d(call.ty.shape.values), "float32"))
+        return out if call.ty.ndim == 4 else relax.op.reshape(self.builder_.emit(out), call.ty.shape)
+
+    @staticmethod
+    def _4d(dims: list[tvm.tirx.PrimExpr]) -> list[tvm.tirx.PrimExpr]:
+        """[*lead, s, d] as [batch, heads, s, d]: the lead dims but the last in one, the last as heads."""
+        *lead, s, d = dims
+        if len(lead) == 2:
+            return [*lead, s, d]
+        heads = lead[-1] if lead else tvm.tirx.IntImm("int64", 1)
+        return [tvm.sym.Analyzer().simplify(element_count(lead[:-1])), heads, s, d]
+
+    def _as_4d(self, x: relax.Expr) -> relax.Expr:
+        return x if x.ty.ndim == 4 else self.builder_.emit(relax.op.reshape(x, self._4d(x.ty.shape.values)))
+
+
+def fused_attention(target: Target) -> tvm.transform.Pass:
+    """The module pass computing each attention `_Graph.attention` takes with `attention_kernel`."""
+    model = cpu_model(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="KilnFusedAttention")
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _Fuser(mod, model)))
+
+    return _pass

@@ -1,0 +1,195 @@
+"""Fused attention (`attention.py`, `attention_fusion.py`; issue 13: attention over 197 tokens behind onnxruntime):
+the kernel over drawn geometries and layouts against float64 numpy, an AVX2 build, which graphs the pass takes (and
+which it must leave unfused), and whole programs against kiln's reference interpreter."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from cross_targets import AVX2
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+import kiln
+from kiln import nn
+from kiln.ir import Builder, Graph, verify
+from kiln.runtime.tvm.attention import KERNEL_NAME, Attention, Layout, attention_kernel
+from kiln.runtime.tvm.compile import compile_graph
+from kiln.runtime.tvm.cpu import CPUModel, cpu_model
+from kiln.runtime.tvm.lower import lower
+from kiln.runtime.tvm.pipeline import cpu_compile, cpu_fusion_passes
+from kiln.runtime.tvm.target import cpu_target
+
+TARGET = cpu_target()
+MODEL = cpu_model(TARGET)
+pytestmark = pytest.mark.usefixtures("module_cache")
+
+
+def _scores(q: np.ndarray, k: np.ndarray, scale: float) -> np.ndarray:
+    return np.einsum("bhmd,bhnd->bhmn", q.astype(np.float64), k.astype(np.float64)) * scale
+
+
+def _oracle(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+    """softmax(scale q kᵀ) v in float64 over [batch, heads, seq, d] operands."""
+    s = _scores(q, k, scale)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return np.einsum("bhmn,bhnd->bhmd", e / e.sum(axis=-1, keepdims=True), v.astype(np.float64))
+
+
+def _check(got: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> None:
+    """Within float32's error: a score's rounding (about 1e-7 of the largest score's size) moves a weight by as much
+    relative, so the absolute bound grows with the largest |score|."""
+    bound = 2e-6 * (1 + np.abs(_scores(q, k, scale)).max()) * np.abs(v).max()
+    np.testing.assert_allclose(got, _oracle(q, k, v, scale), rtol=2e-5, atol=bound)
+
+
+def _run(spec: Attention, q: np.ndarray, k: np.ndarray, v: np.ndarray, target: tvm.target.Target = TARGET,
+         model: CPUModel = MODEL) -> np.ndarray:
+    """`attention_kernel(spec)` built for `target` and run on [batch, heads, seq, d] operands, each moved to its
+    layout; the result back in [batch, heads, m, dv]."""
+    def moved(x: np.ndarray, layout: Layout) -> np.ndarray:
+        return np.ascontiguousarray(x.transpose(0, 2, 1, 3)) if layout.seq_first else x
+
+    ql, kl, vl, ol = spec.layouts
+    batch, heads = q.shape[:2]
+    out = tvm.runtime.tensor(np.zeros(ol.dims(batch, heads, spec.m, spec.dv), np.float32))
+    func = attention_kernel(spec, model).with_attr("global_symbol", "main")
+    library = cpu_compile(tvm.IRModule({"main": func}), target, "default").jit()
+    library["main"](*(tvm.runtime.tensor(moved(x, lay)) for x, lay in ((q, ql), (k, kl), (v, vl))), out)
+    return moved(out.numpy(), ol)
+
+
+def _operands(batch: int, heads: int, m: int, n: int, d: int, dv: int, spread: float, seed: int
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    shapes = (((batch, heads, m, d), spread), ((batch, heads, n, d), 1.0), ((batch, heads, n, dv), 1.0))
+    return tuple((rng.standard_normal(s) * w).astype(np.float32) for s, w in shapes)
+
+
+# no shrinking: each step is a build
+@settings(max_examples=16, deadline=None, derandomize=True, database=None, phases=[Phase.generate])
+@given(batch=st.integers(1, 3), heads=st.integers(1, 3), m=st.one_of(st.integers(1, 40), st.just(197)),
+       n=st.one_of(st.integers(1, 70), st.sampled_from([197, 300])), d=st.integers(1, 80),
+       dv=st.one_of(st.integers(1, 40), st.just(64)), layouts=st.integers(0, 15),
+       scale=st.sampled_from([0.125, 1.0, 3.0]), spread=st.sampled_from([0.3, 4.0]))
+def test_drawn_geometries_match_float64(batch: int, heads: int, m: int, n: int, d: int, dv: int, layouts: int,
+                                        scale: float, spread: float) -> None:
+    """Queries from one row to more than a block (the last block moved back), keys and value widths that no vector
+    divides (1, 5, 197: the last vector and tile moved back), a batch and heads too few for the cores (a head's
+    blocks split into parts), each operand and the result in either layout."""
+    spec = Attention(m, n, d, dv, scale, tuple(Layout(bool(layouts >> i & 1)) for i in range(4)))
+    q, k, v = _operands(batch, heads, m, n, d, dv, spread, seed=m * n + d)
+    _check(_run(spec, q, k, v), q, k, v, scale)
+
+
+def test_an_avx2_build_matches_float64() -> None:
+    """The kernel cross-built for AVX2 (8 lanes, 16 registers: its own row blocks), run on this host."""
+    avx2 = cpu_model(AVX2)
+    for m, n, d in ((197, 197, 64), (7, 77, 24)):
+        q, k, v = _operands(2, 3, m, n, d, d, 2.0, seed=n)
+        spec = Attention(m, n, d, d, 0.125, (Layout(True), Layout(), Layout(True), Layout()))
+        _check(_run(spec, q, k, v, AVX2, avx2), q, k, v, 0.125)
+
+
+def test_a_chunk_of_blocks_is_what_fits_half_of_l2() -> None:
+    """All of a head's row blocks at once where their scores and kᵀ fit half of L2 (197 keys), fewer where they do
+    not (1024 keys: some), and no fusion where kᵀ and one block do not fit (4096 keys of 64)."""
+    short, long = Attention(197, 197, 64, 64, 1.0), Attention(1024, 1024, 64, 64, 1.0)
+    assert short.chunk_blocks(MODEL) == -(-197 // short.block_rows(MODEL))
+    rows = long.block_rows(MODEL)
+    assert 1 <= long.chunk_blocks(MODEL) < -(-1024 // rows)
+    assert 4 * (64 + long.chunk_blocks(MODEL) * rows) * 1024 <= MODEL.caches.l2 // 2
+    assert not Attention(4096, 4096, 64, 64, 1.0).fits(MODEL)
+
+
+def attention_graph(shape: tuple, scale: str = "mul", reuse_weights: bool = False, mask: bool = False) -> Graph:
+    """softmax(x xᵀ · s) x (the score scale as a multiply by 1/8, a divide by 8 or none), over `shape` (None: a
+    dynamic batch); `reuse_weights` also returns the weights, `mask` adds a constant to the scores."""
+    b = Builder("Attention")
+    x = b.input("x", (shape, "f32"))
+    perm = (*range(len(shape) - 2), len(shape) - 1, len(shape) - 2)
+    scores = b.matmul(x, b.transpose(x, perm=perm))
+    if scale == "mul":
+        scores = b.mul(scores, b.constant(np.float32(0.125)))
+    elif scale == "div":
+        scores = b.div(scores, b.constant(np.float32(8.0)))
+    if mask:
+        scores = b.add(scores, b.constant(np.linspace(-1, 0, shape[-2], dtype=np.float32)))
+    weights = b.softmax(scores)
+    context = b.matmul(weights, x)
+    if reuse_weights:
+        b.ret(context, weights)
+    else:
+        b.ret(context)
+    return verify(b.build())
+
+
+def fused_calls(graph: Graph, precision: str = "f32") -> list[str]:
+    """The `R.call_tir` lines of the graph's functions after kiln's CPU fusion passes."""
+    module = lower(graph, "bound", None, precision, TARGET).module
+    with TARGET:
+        module = tvm.transform.Sequential(cpu_fusion_passes(TARGET, precision=precision))(module)
+    return [line for _, f in module.functions_items() if isinstance(f, relax.Function)
+            for line in str(f).splitlines() if "R.call_tir(" in line]
+
+
+def _callees(calls: list[str]) -> list[str]:
+    return [c.split("R.call_tir(")[1].split(",")[0].removeprefix("cls.") for c in calls]
+
+
+def _check_program(graph: Graph, batches: tuple[int, ...] = (0,), precision: str = "f32") -> None:
+    """One build against kiln's interpreter (at each batch where the first dim is dynamic)."""
+    exe = compile_graph(graph, target=TARGET, precision=precision)
+    shape = graph.functions["forward"].args[0].type.shape
+    for batch in batches:
+        dims = [batch if d is None else d for d in shape]
+        inputs = [(np.random.default_rng(batch).standard_normal(dims) * 2).astype(np.float32)]
+        got, want = exe(*inputs), kiln.ir.interpret(graph, inputs)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("scale", ["mul", "div", "none"])
+def test_the_pass_takes_the_scores_scale_and_matches_the_interpreter(scale: str) -> None:
+    """softmax(x xᵀ / 8) x over [2, 3, 197, 64] as one kernel (no product, pack or softmax kernel left), whichever
+    way the scale is written, against the interpreter."""
+    graph = attention_graph((2, 3, 197, 64), scale)
+    assert _callees(fused_calls(graph)) == [KERNEL_NAME]
+    _check_program(graph)
+
+
+def test_a_single_head_and_a_dynamic_batch_are_taken() -> None:
+    """Rank 3 ([batch, seq, d]: viewed as one batch of heads) over a dynamic batch, at batch 1 and 4."""
+    graph = attention_graph((None, 50, 32))
+    assert KERNEL_NAME in _callees(fused_calls(graph))
+    _check_program(graph, batches=(1, 4))
+
+
+@pytest.mark.parametrize("case", ["weights returned", "masked", "bf16", "keys past L2"])
+def test_what_the_pass_leaves_unfused_still_matches(case: str) -> None:
+    """Weights used again (fusing would compute the products twice), a mask between the scale and the softmax, a
+    bf16 build (its products are bf16 kernels) and keys whose kᵀ does not fit half of L2 keep the unfused
+    kernels, and match the interpreter."""
+    shape = (1, 2, 4096, 64) if case == "keys past L2" else (2, 2, 40, 16)
+    graph = attention_graph(shape, reuse_weights=case == "weights returned", mask=case == "masked")
+    precision = "bf16" if case == "bf16" else "f32"
+    assert KERNEL_NAME not in _callees(fused_calls(graph, precision))
+    if precision == "f32" and case != "keys past L2":
+        _check_program(graph)
+
+
+def test_a_multi_head_layer_reads_its_projections_and_writes_the_context_in_place() -> None:
+    """nn.MultiHeadAttention over [2, 197, 48] (4 heads of 12): the kernel reads q, k and v as [batch, seq, heads,
+    d] views of the projections and writes the context as the output projection reads it, so no kernel moves a
+    head split; the layer against the interpreter."""
+    layer = nn.MultiHeadAttention(48, 4, dropout=0.0).valid()
+    graph = kiln.trace(layer, ((2, 197, 48), "f32"))
+    calls = fused_calls(graph)
+    attention = [c for c in calls if _callees([c]) == [KERNEL_NAME]]
+    assert len(attention) == 1 and "out_ty=R.Tensor((2, 197, 4, 12)" in attention[0], calls
+    assert not [c for c in calls if re.search(r"out_ty=R\.Tensor\(\(2, 4, 197, 12\)", c)], calls
+    _check_program(graph)
