@@ -1,25 +1,31 @@
-"""softmax(s q kᵀ) v in one hand-scheduled CPU kernel: for each head, kᵀ packed once, then per block of query rows
-the scores, their softmax and the context, the block's scores kept in L1.
+"""softmax(s q kᵀ) v as one hand-scheduled CPU kernel: per head, kᵀ packed once; per chunk of query rows, the
+scores panel by panel of kᵀ, each row's softmax, and the context panel by panel of v, the chunk's scores kept in L2.
 
 Unfused, attention ran as five kernels (a pack of kᵀ, the scores product, the softmax rows, a pack of v, the context
-product), and the scores went through memory twice each way: [6, 8, 197, 197] f32 is 7.4 MB, past L2. Here a block
-of `rows` queries computes its [rows, n] scores in register tiles of `rows` x 2 vectors over kᵀ's columns (kᵀ: d x n,
-packed once per head, in L2), takes the softmax of each row in vectors (`softmax_rows.exp_nonpositive`), leaves the
-exps unscaled, and multiplies them into v's rows (contiguous as they are: no pack) in register tiles of `rows` x 2
-vectors of the context, scaling each row by its sum's reciprocal as it is stored. A tile or row whose vectors do not
-divide its extent moves its last vector back to end at the extent (`row_vectors`): those columns are computed twice
-and the same value is stored again, so nothing is padded and nothing guarded; the last row block moves back the same
-way.
+product), and the scores went through memory twice each way ([6, 8, 197, 197] f32 is 7.4 MB, past L2). Here each
+task packs its head's kᵀ (d x n, rows padded to whole vectors), then for a chunk of row blocks (all of them where
+their scores and kᵀ fill at most half of L2, `Attention.chunk_blocks`):
+- the scaled scores in register tiles of `rows` x 2 vectors (the matmul rule's tile), one panel of kᵀ's columns at a
+  time over all the chunk's blocks, so the panel stays in L1 (a block's tiles over all of kᵀ, 53 KB at 197 keys,
+  read it from L2: 125 against 186 GFLOP/s with keys that fit L1);
+- each row's maximum, exps and sum in vectors (`softmax_rows.exp_nonpositive`), the exps left unscaled;
+- the context in tiles of `rows` x 2 vectors over v's rows as they are (contiguous: no pack), one panel of v's
+  columns at a time, each row scaled by its sum's reciprocal as it is stored.
+A tile, row or block whose vectors do not divide its extent has its last one end at the extent (`row_vectors`), so
+nothing is padded or guarded: the columns or rows it shares with the one before are computed twice and the same
+value stored again; a last tile takes only the vectors what is left needs.
 
 Each operand is [batch, heads, seq, d] or, read through the head split's transpose, [batch, seq, heads, d]
-(`Layout`), so a multi-head layer reads q, k and v from its projections and may write the context where the
-output projection reads it.
+(`Layout`), so a multi-head layer reads q, k and v from its projections and writes the context where the output
+projection reads it. Over 6 x 8 heads of 197 x 64 on Zen 4 it runs at 175 GFLOP/s against the unfused kernels'
+3.3-3.5 ms for 2.6-2.8 (bench/RESULTS.md, session 31).
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -85,7 +91,9 @@ class Attention:
 
 @dataclass(frozen=True)
 class _Tiles:
-    """`count` register tiles of `width` vectors of `step` lanes over `extent` columns, the last moved back."""
+    """Register tiles over `extent` columns in vectors of `step` lanes: `full` tiles of `width` vectors from column 0,
+    then, where columns are left, one of the `tail` vectors that cover them, ending at the extent (it overlaps the
+    tile before it where its vectors do not divide what is left)."""
 
     extent: int
     step: int
@@ -97,22 +105,35 @@ class _Tiles:
         return cls(extent, step, min(TILE_VECTORS, extent // step))
 
     @property
-    def count(self) -> int:
-        return math.ceil(self.extent / (self.width * self.step))
+    def full(self) -> int:
+        return self.extent // (self.width * self.step)
 
-    def start(self, tile: tirx.PrimExpr) -> tirx.PrimExpr:
-        return tirx.min(tile * self.width * self.step, self.extent - self.width * self.step)
-
-
-def _zero(sums: tirx.Buffer, vectors: int, step: int) -> None:
-    """Emit the stores zeroing a register tile's `vectors` sums (unrolled), in the kernel being parsed."""
-    for i in range(vectors):
-        ib.buffer_store(sums, splat(0.0, step), [at(i * step, step)])
+    @property
+    def tail(self) -> int:
+        return math.ceil((self.extent - self.full * self.width * self.step) / self.step)
 
 
-def _store(buf: tirx.Buffer, index: list[tirx.PrimExpr], value: tirx.PrimExpr) -> None:
-    """Emit `buf[index] = value`, in the kernel being parsed."""
-    ib.buffer_store(buf, value, index)
+Scalar = Callable[[int, tirx.Expr], tirx.Expr]  # (row of the tile, step of the sum) -> a float32
+Vector = Callable[[tirx.Expr, int], tirx.Expr]  # (step of the sum, vector of the tile) -> a vector
+Store = Callable[[int, int, tirx.Expr], None]  # (row, vector, the sum) -> emits its store
+
+
+def _tile(sums: tirx.Buffer, shape: tuple[int, int, int], depth: int, left: Scalar, right: Vector,
+          store: Store) -> None:
+    """Emit one register tile of `shape` (rows, vectors, lanes) in the kernel being parsed: each sum is left(r, i)
+    broadcast times right(i, w) over i < `depth`, then stored by store(r, w, sum)."""
+    rows, width, lanes = shape
+    for i in range(rows * width):
+        ib.buffer_store(sums, splat(0.0, lanes), [at(i * lanes, lanes)])
+    with T.serial(0, depth) as i:
+        for r in range(rows):
+            a = splat(left(r, i), lanes)
+            for w in range(width):
+                index = at((r * width + w) * lanes, lanes)
+                ib.buffer_store(sums, sums[index] + a * right(i, w), [index])
+    for r in range(rows):
+        for w in range(width):
+            store(r, w, sums[at((r * width + w) * lanes, lanes)])
 
 
 def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
@@ -121,11 +142,36 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
     rows, ns = spec.block_rows(model), spec.stride(lanes)
     blocks, chunk = math.ceil(m / rows), spec.chunk_blocks(model)
     keys, values = _Tiles.of(n, lanes), _Tiles.of(dv, lanes)
-    ks, kw, vs, vw = keys.step, keys.width, values.step, values.width
     row = RowSplit.of(n, lanes)
     step, whole, tail = row.step, row.whole, row.tail
     ql, kl, vl, ol = spec.layouts
     most_tasks = TASKS_PER_CORE * model.cores
+
+    def scores_panel(q: tirx.Buffer, kt: tirx.Buffer, scores: tirx.Buffer, sums: tirx.Buffer,
+                     place: tuple[tirx.PrimExpr, ...], c0: tirx.PrimExpr, width: int) -> None:
+        """The scale times q kᵀ over columns [c0, c0 + width vectors) of every block in the chunk (one panel of
+        kᵀ, kept in L1 over the blocks)."""
+        b, h, b0, b1 = place
+        with T.serial(b0, b1) as block:
+            m0, base = tirx.min(block * rows, m - rows), (block - b0) * rows * ns
+            _tile(sums, (rows, width, keys.step), d,
+                  lambda r, j: q[tuple(ql.index(b, h, m0 + r, j))],
+                  lambda j, w: kt[at(j * ns + c0 + w * keys.step, keys.step)],
+                  lambda r, w, s: ib.buffer_store(scores, s * splat(spec.scale, keys.step),
+                                                  [at(base + r * ns + c0 + w * keys.step, keys.step)]))
+
+    def context_panel(v: tirx.Buffer, out: tirx.Buffer, scores: tirx.Buffer, inverse: tirx.Buffer,
+                      sums: tirx.Buffer, place: tuple[tirx.PrimExpr, ...], c0: tirx.PrimExpr, width: int) -> None:
+        """The context's columns [c0, c0 + width vectors) of every block in the chunk (one panel of v, in L1 over
+        the blocks), each row scaled by its sum's reciprocal as it is stored."""
+        b, h, b0, b1 = place
+        with T.serial(b0, b1) as block:
+            m0, base = tirx.min(block * rows, m - rows), (block - b0) * rows
+            _tile(sums, (rows, width, values.step), n,
+                  lambda r, c: scores[(base + r) * ns + c],
+                  lambda c, w: v[tuple(vl.index(b, h, c, at(c0 + w * values.step, values.step)))],
+                  lambda r, w, s: ib.buffer_store(out, s * splat(inverse[base + r], values.step),
+                                                  ol.index(b, h, m0 + r, at(c0 + w * values.step, values.step))))
 
     @T.prim_func(private=True)
     def attention(q_data: T.handle, k_data: T.handle, v_data: T.handle, out_data: T.handle):
@@ -150,24 +196,12 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
                 kt[j * ns + c] = k[tuple(kl.index(b, h, c, j))]
             for start in range((last - first + chunk - 1) // chunk):
                 b0 = T.bind(first + start * chunk)
-                b1 = T.bind(T.min(b0 + chunk, last))
-                for tile in range(keys.count):  # a panel of kT (d x kw vectors) stays in L1 over the chunk's blocks
-                    c0 = T.bind(keys.start(tile))
-                    for block in range(b0, b1):
-                        m0 = T.bind(T.min(block * rows, m - rows))
-                        at_row = T.bind((block - b0) * rows * ns)
-                        _zero(sums, rows * kw, ks)
-                        for j in range(d):
-                            for r in T.unroll(rows):
-                                qv = T.bind(splat(q[tuple(ql.index(b, h, m0 + r, j))], ks))
-                                for w in T.unroll(kw):
-                                    sums[at((r * kw + w) * ks, ks)] = sums[at((r * kw + w) * ks, ks)] + qv * kt[
-                                        at(j * ns + c0 + w * ks, ks)]
-                        for r in T.unroll(rows):
-                            for w in T.unroll(kw):
-                                scores[at(at_row + r * ns + c0 + w * ks, ks)] = sums[
-                                    at((r * kw + w) * ks, ks)] * splat(spec.scale, ks)
-                for r in range((b1 - b0) * rows):
+                place = (b, h, b0, T.min(b0 + chunk, last))
+                for tile in range(keys.full):
+                    scores_panel(q, kt, scores, sums, place, tile * keys.width * keys.step, keys.width)
+                if keys.tail > 0:
+                    scores_panel(q, kt, scores, sums, place, n - keys.tail * keys.step, keys.tail)
+                for r in range((place[3] - b0) * rows):
                     vec[at(0, step)] = scores[at(r * ns + tail, step)]
                     for w in range(whole):
                         vec[at(0, step)] = T.max(vec[at(0, step)], scores[at(r * ns + w * step, step)])
@@ -181,20 +215,9 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
                     for w in range(whole):
                         vec[at(0, step)] = vec[at(0, step)] + scores[at(r * ns + w * step, step)]
                     inverse[r] = T.float32(1) / across(vec[at(0, step)], step, operator.add)
-                for tile in range(values.count):  # a panel of v (n x vw vectors) stays in L1 over the blocks
-                    c0 = T.bind(values.start(tile))
-                    for block in range(b0, b1):
-                        m0 = T.bind(T.min(block * rows, m - rows))
-                        at_row = T.bind((block - b0) * rows)
-                        _zero(sums, rows * vw, vs)
-                        for c in range(n):
-                            for r in T.unroll(rows):
-                                p = T.bind(splat(scores[(at_row + r) * ns + c], vs))
-                                for w in T.unroll(vw):
-                                    sums[at((r * vw + w) * vs, vs)] = sums[at((r * vw + w) * vs, vs)] + p * v[
-                                        tuple(vl.index(b, h, c, at(c0 + w * vs, vs)))]
-                        for r in T.unroll(rows):
-                            for w in T.unroll(vw):
-                                _store(out, ol.index(b, h, m0 + r, at(c0 + w * vs, vs)),
-                                       sums[at((r * vw + w) * vs, vs)] * splat(inverse[at_row + r], vs))
+                for tile in range(values.full):
+                    context_panel(v, out, scores, inverse, sums, place, tile * values.width * values.step,
+                                  values.width)
+                if values.tail > 0:
+                    context_panel(v, out, scores, inverse, sums, place, dv - values.tail * values.step, values.tail)
     return attention
