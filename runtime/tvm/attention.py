@@ -38,7 +38,7 @@ from .softmax_rows import exp_nonpositive
 
 KERNEL_NAME = "attention"
 TILE_VECTORS = 2  # vectors across a register tile's columns, as the matmul rule's (`schedules/matmul.py`)
-TASKS_PER_CORE = 2  # a head's row blocks split into parts until there are this many tasks a core (batch 1, 1 head)
+TASKS_PER_CORE = 2  # a head's row blocks split into parts until a batch of 1 has this many tasks a core (few heads)
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,10 @@ class Layout:
 
 @dataclass(frozen=True)
 class Attention:
-    """One attention's static geometry: `m` queries and `n` keys of width `d`, values of width `dv`, the scores'
-    `scale`, and the layouts of q, k, v and the result."""
+    """One attention's static geometry: `heads` heads (the batch is symbolic) of `m` queries and `n` keys of width
+    `d`, values of width `dv`, the scores' `scale`, and the layouts of q, k, v and the result."""
 
+    heads: int
     m: int
     n: int
     d: int
@@ -72,6 +73,13 @@ class Attention:
         most = max(1, min(self.m, model.accumulators // TILE_VECTORS))
         blocks = math.ceil(self.m / most)
         return math.ceil(self.m / blocks)
+
+    def parts(self, model: CPUModel) -> int:
+        """Parts a head's row blocks are split into (each a task that packs kᵀ itself): enough for a batch of one
+        to give every core `TASKS_PER_CORE` tasks, at most one a block. A static count, so a task finds its head
+        and part by dividing by constants (over a symbolic count, TVM's LowerIntrin took 2 of a 3 s build)."""
+        blocks = math.ceil(self.m / self.block_rows(model))
+        return max(1, min(blocks, math.ceil(TASKS_PER_CORE * model.cores / self.heads)))
 
     def stride(self, lanes: int) -> int:
         """Elements a row of packed kᵀ or of the scores takes: n to whole vectors, so every row starts aligned."""
@@ -137,7 +145,7 @@ def _tile(sums: tirx.Buffer, shape: tuple[int, int, int], depth: int, left: Scal
 
 
 def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
-    """The kernel of `spec` for `model`'s CPU: float32 q, k, v in, the context out, batch and heads symbolic."""
+    """The kernel of `spec` for `model`'s CPU: float32 q, k, v in, the context out, the batch symbolic."""
     m, n, d, dv, lanes = spec.m, spec.n, spec.d, spec.dv, model.lanes()
     rows, ns = spec.block_rows(model), spec.stride(lanes)
     blocks, chunk = math.ceil(m / rows), spec.chunk_blocks(model)
@@ -145,7 +153,7 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
     row = RowSplit.of(n, lanes)
     step, whole, tail = row.step, row.whole, row.tail
     ql, kl, vl, ol = spec.layouts
-    most_tasks = TASKS_PER_CORE * model.cores
+    heads, parts = spec.heads, spec.parts(model)
 
     def scores_panel(q: tirx.Buffer, kt: tirx.Buffer, scores: tirx.Buffer, sums: tirx.Buffer,
                      place: tuple[tirx.PrimExpr, ...], c0: tirx.PrimExpr, width: int) -> None:
@@ -176,14 +184,12 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
     @T.prim_func(private=True)
     def attention(q_data: T.handle, k_data: T.handle, v_data: T.handle, out_data: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        batch, heads = T.int64(), T.int64()
+        batch = T.int64()
         q = T.match_buffer(q_data, ql.dims(batch, heads, m, d), "float32")
         k = T.match_buffer(k_data, kl.dims(batch, heads, n, d), "float32")
         v = T.match_buffer(v_data, vl.dims(batch, heads, n, dv), "float32")
         out = T.match_buffer(out_data, ol.dims(batch, heads, m, dv), "float32")
-        groups = T.bind(batch * heads)
-        parts = T.bind(T.max(T.min((most_tasks + groups - 1) // groups, blocks), 1))
-        for task in T.parallel(groups * parts):
+        for task in T.parallel(batch * heads * parts):
             g = T.bind(task // parts)
             b, h, part = T.bind(g // heads), T.bind(g % heads), T.bind(task % parts)
             first, last = T.bind(part * blocks // parts), T.bind((part + 1) * blocks // parts)

@@ -68,6 +68,14 @@ def _last_two(ty: object) -> list[int] | None:
     return [int(d) for d in dims[-2:]]
 
 
+def _view(lead: list[tvm.tirx.PrimExpr]) -> list[tvm.tirx.PrimExpr]:
+    """An operand's lead dims as the kernel's [batch, heads]: rank 4's as they are, else all but the last in one
+    batch and the last as heads (rank 3: one head a batch row; rank 2: one of each)."""
+    if len(lead) < 2:
+        return [*lead, *[tvm.tirx.IntImm("int64", 1)] * (2 - len(lead))]
+    return [tvm.sym.Analyzer().simplify(element_count(lead[:-1])), lead[-1]]
+
+
 class _Graph:
     """One Relax function's bindings and use counts, to walk back from a context product."""
 
@@ -124,7 +132,10 @@ class _Graph:
         leads = [x.ty.shape.values[:-2] for x in (q, k, v)]
         if dk != d or nv != n or not all(tvm_ffi.structural_equal(leads[0], lead) for lead in leads[1:]):
             return None
-        spec = Attention(m, n, d, dv, scale)
+        heads = _view(leads[0])[1]
+        if not isinstance(heads, tvm.tirx.IntImm):
+            return None
+        spec = Attention(int(heads), m, n, d, dv, scale)
         return _Match(q, k, v, spec) if spec.fits(model) else None
 
 
@@ -164,20 +175,13 @@ class _Fuser(PyExprMutator):
         spec = replace(match.spec, layouts=(ql, kl, vl, out_layout))
         kernel = self.builder_.add_func(attention_kernel(spec, self.model), KERNEL_NAME)
         operands = [self._as_4d(self.visit_expr(x)) for x in (q, k, v)]
-        out = relax.call_tir(kernel, operands, relax.TensorType(self._4d(call.ty.shape.values), "float32"))
+        *lead, m, dv = call.ty.shape.values
+        out = relax.call_tir(kernel, operands, relax.TensorType([*_view(lead), m, dv], "float32"))
         return out if call.ty.ndim == 4 else relax.op.reshape(self.builder_.emit(out), call.ty.shape)
 
-    @staticmethod
-    def _4d(dims: list[tvm.tirx.PrimExpr]) -> list[tvm.tirx.PrimExpr]:
-        """[*lead, s, d] as [batch, heads, s, d]: the lead dims but the last in one, the last as heads."""
-        *lead, s, d = dims
-        if len(lead) == 2:
-            return [*lead, s, d]
-        heads = lead[-1] if lead else tvm.tirx.IntImm("int64", 1)
-        return [tvm.sym.Analyzer().simplify(element_count(lead[:-1])), heads, s, d]
-
     def _as_4d(self, x: relax.Expr) -> relax.Expr:
-        return x if x.ty.ndim == 4 else self.builder_.emit(relax.op.reshape(x, self._4d(x.ty.shape.values)))
+        *lead, s, d = x.ty.shape.values
+        return x if x.ty.ndim == 4 else self.builder_.emit(relax.op.reshape(x, [*_view(lead), s, d]))
 
 
 def fused_attention(target: Target) -> tvm.transform.Pass:
