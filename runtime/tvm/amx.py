@@ -273,23 +273,23 @@ def _unpadded(c: te.Tensor, outer: int, shape: list[tirx.PrimExpr]) -> te.Tensor
     return te.compute(shape, element, name="amx_result")
 
 
-def _on_tiles(call: OpCall, b: relax.Expr, outer: int, batch: tirx.PrimExpr, m: tirx.PrimExpr, k: int, n: int,
-              shared_b: bool, shape: list[tirx.PrimExpr]) -> relax.Expr:
-    """A @ B in the product's shape `shape` on tiles, for A = call's first operand ([*batch, *m, k] f32, `outer`
-    batch dims) and B already packed [batch or 1, np_/16, kp/2, 16] (pairs): A's cast and padding in front, the kernel,
-    and the copy dropping the padding (FuseOps joins it to the consumer). Where A is whole tiles its cast is
-    elementwise and keeps A's shape, so FuseOps can put it in A's producer's epilogue (the FFN's gelu);
-    where C is, a reshape (a view) is left."""
-    tiles = has_tiles(call.target)
+def _on_tiles(bb: relax.BlockBuilder, target: Target, x: relax.Expr, b: relax.Expr, outer: int, batch: tirx.PrimExpr,
+              m: tirx.PrimExpr, k: int, n: int, shared_b: bool, shape: list[tirx.PrimExpr]) -> relax.Expr:
+    """x @ B in the product's shape `shape` on tiles, for x [*batch, *m, k] f32 (`outer` batch dims) and B already
+    packed [batch or 1, np_/16, kp/2, 16] (pairs): x's cast and padding in front, the kernel, and the copy dropping
+    the padding (FuseOps joins it to the consumer). Where x is whole tiles its cast is elementwise and keeps x's
+    shape, so FuseOps can put it in x's producer's epilogue (the FFN's gelu); where C is, a reshape (a view) is
+    left."""
+    tiles = has_tiles(target)
     mp, kp, np_ = padded(m, k, n, tiles)
     whole_rows = tvm.sym.Analyzer().can_prove_equal(mp, m)
     if whole_rows and kp == k:
-        a = call.emit(R.reshape(call.emit(R.astype(call.args[0], "bfloat16")), [batch, m, k]))
+        a = bb.emit(R.reshape(bb.emit(R.astype(x, "bfloat16")), [batch, m, k]))
     else:
-        a = call.bb.call_te(_padded_bf16, call.args[0], outer, mp, kp)
-    kernel = call.bb.add_func(*product_kernel(call.target, tile_rows(m, tiles), kp, np_, shared_b))
-    out = call.emit(relax.call_tir(kernel, [a, b], relax.TensorType((batch, mp, np_), "float32")))
-    return R.reshape(out, shape) if whole_rows and np_ == n else call.bb.call_te(_unpadded, out, outer, shape)
+        a = bb.call_te(_padded_bf16, x, outer, mp, kp)
+    kernel = bb.add_func(*product_kernel(target, tile_rows(m, tiles), kp, np_, shared_b))
+    out = bb.emit(relax.call_tir(kernel, [a, b], relax.TensorType((batch, mp, np_), "float32")))
+    return R.reshape(out, shape) if whole_rows and np_ == n else bb.call_te(_unpadded, out, outer, shape)
 
 
 def amx_matmul(call: OpCall) -> relax.Expr | None:
@@ -308,19 +308,19 @@ def amx_matmul(call: OpCall) -> relax.Expr | None:
     _, kp, np_ = padded(m, k, n, has_tiles(call.target))
     packed = call.bb.call_te(_packed_pairs, w, kp, np_)  # a constant: folded at build time
     one = tirx.IntImm("int64", 1)
-    return _on_tiles(call, packed, 0, one, m, k, n, True, [*lead, tirx.IntImm("int64", n)])
+    return _on_tiles(call.bb, call.target, call.args[0], packed, 0, one, m, k, n, True,
+                     [*lead, tirx.IntImm("int64", n)])
 
 
-def amx_batched_matmul(call: OpCall) -> relax.Expr | None:
-    """`x @ y` (bf16 operands, f32 sums) on AMX tiles where both are activations of the same leading dims
-    (attention's `q @ k^T` and `p @ v`): y is cast, padded and packed by one elementwise kernel that FuseOps joins
-    to y's producer, so the pack costs what writing y costs. None where it does not apply (not f32, rank below 2,
-    broadcast leading dims, a symbolic K or N)."""
-    x_type, y_type = call.types[0], call.types[1]
-    if call.dtype(0) != "float32" or call.dtype(1) != "float32" or x_type.rank < 2 or x_type.rank != y_type.rank:
+def activation_product(bb: relax.BlockBuilder, x: relax.Expr, y: relax.Expr, target: Target) -> relax.Expr | None:
+    """`x @ y` (bf16 operands, f32 sums) on the bf16 product kernel where both are float32 activations of the same
+    leading dims (attention's `q @ k^T` and `p @ v`): y is cast, padded and packed by one elementwise kernel that
+    FuseOps joins to y's producer, so the pack costs what writing y costs. None where it does not apply (rank below
+    2, broadcast leading dims, a symbolic K or N, an empty dim)."""
+    if x.ty.dtype != "float32" or y.ty.dtype != "float32" or x.ty.ndim < 2 or x.ty.ndim != y.ty.ndim:
         return None
-    *lead, m, k = call.shape(0)
-    *y_lead, _, n = call.shape(1)
+    *lead, m, k = x.ty.shape.values
+    *y_lead, _, n = y.ty.shape.values
     analyzer = tvm.sym.Analyzer()
     if not isinstance(k, tirx.IntImm) or not isinstance(n, tirx.IntImm) or int(k) == 0 or int(n) == 0 \
             or any(not analyzer.can_prove_equal(d, e) for d, e in zip(lead, y_lead, strict=True)) \
@@ -328,6 +328,6 @@ def amx_batched_matmul(call: OpCall) -> relax.Expr | None:
         return None
     k, n = int(k), int(n)
     batch = analyzer.simplify(element_count(lead))
-    _, kp, np_ = padded(m, k, n, has_tiles(call.target))
-    b = call.bb.call_te(_packed_pairs, call.args[1], kp, np_)
-    return _on_tiles(call, b, len(lead), batch, m, k, n, False, [*lead, m, tirx.IntImm("int64", n)])
+    _, kp, np_ = padded(m, k, n, has_tiles(target))
+    b = bb.call_te(_packed_pairs, y, kp, np_)
+    return _on_tiles(bb, target, x, b, len(lead), batch, m, k, n, False, [*lead, m, tirx.IntImm("int64", n)])

@@ -15,10 +15,10 @@ A tile, row or block whose vectors do not divide its extent has its last one end
 nothing is padded or guarded: the columns or rows it shares with the one before are computed twice and the same
 value stored again; a last tile takes only the vectors what is left needs.
 
-Each operand is [batch, heads, seq, d] or, read through the head split's transpose, [batch, seq, heads, d]
-(`Layout`), so a multi-head layer reads q, k and v from its projections and writes the context where the output
-projection reads it. Over 6 x 8 heads of 197 x 64 on Zen 4 it runs at 175 GFLOP/s against the unfused kernels'
-3.3-3.5 ms for 2.6-2.8 (bench/RESULTS.md, session 31).
+Each operand is [batch, heads, seq, d] or, read through the head split's transpose, [batch, seq, heads, d], or
+through its reshape too, [batch, seq, heads x d] (`Layout`), so a multi-head layer reads q, k and v from its
+projections and writes the context where the output projection reads it. Over 6 x 8 heads of 197 x 64 on Zen 4 it
+takes 2.6-2.8 ms (175 GFLOP/s) where the unfused kernels took 3.3-3.5 (bench/RESULTS.md, session 31).
 """
 
 from __future__ import annotations
@@ -43,15 +43,23 @@ TASKS_PER_CORE = 2  # a head's row blocks split into parts until a batch of 1 ha
 
 @dataclass(frozen=True)
 class Layout:
-    """Where an operand's seq axis is: [batch, heads, seq, d] (`seq_first` False) or [batch, seq, heads, d]."""
+    """Where an operand's seq axis is: [batch, heads, seq, d] (`seq_first` False) or [batch, seq, heads, d], the
+    latter `folded` as [batch, seq, heads x d] (a projection before the head split's reshape)."""
 
     seq_first: bool = False
+    folded: bool = False
 
-    def dims(self, batch: tirx.PrimExpr, heads: tirx.PrimExpr, seq: int, width: int) -> list[tirx.PrimExpr]:
+    def dims(self, batch: tirx.PrimExpr, heads: int, seq: int, width: int) -> list[tirx.PrimExpr]:
+        if self.folded:
+            return [batch, seq, heads * width]
         return [batch, seq, heads, width] if self.seq_first else [batch, heads, seq, width]
 
-    def index(self, b: tirx.PrimExpr, h: tirx.PrimExpr, s: tirx.PrimExpr, j: tirx.PrimExpr) -> list[tirx.PrimExpr]:
-        return [b, s, h, j] if self.seq_first else [b, h, s, j]
+    def index(self, b: tirx.PrimExpr, h: tirx.PrimExpr, s: tirx.PrimExpr, j: tirx.PrimExpr, width: int,
+              lanes: int = 1) -> list[tirx.PrimExpr]:
+        """The index of `lanes` elements from element j of (b, h, s) in an operand `width` wide."""
+        if self.folded:
+            return [b, s, at(h * width + j, lanes)]
+        return [b, s, h, at(j, lanes)] if self.seq_first else [b, h, s, at(j, lanes)]
 
 
 @dataclass(frozen=True)
@@ -163,7 +171,7 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
         with T.serial(b0, b1) as block:
             m0, base = tirx.min(block * rows, m - rows), (block - b0) * rows * ns
             _tile(sums, (rows, width, keys.step), d,
-                  lambda r, j: q[tuple(ql.index(b, h, m0 + r, j))],
+                  lambda r, j: q[tuple(ql.index(b, h, m0 + r, j, d))],
                   lambda j, w: kt[at(j * ns + c0 + w * keys.step, keys.step)],
                   lambda r, w, s: ib.buffer_store(scores, s * splat(spec.scale, keys.step),
                                                   [at(base + r * ns + c0 + w * keys.step, keys.step)]))
@@ -177,9 +185,9 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
             m0, base = tirx.min(block * rows, m - rows), (block - b0) * rows
             _tile(sums, (rows, width, values.step), n,
                   lambda r, c: scores[(base + r) * ns + c],
-                  lambda c, w: v[tuple(vl.index(b, h, c, at(c0 + w * values.step, values.step)))],
+                  lambda c, w: v[tuple(vl.index(b, h, c, c0 + w * values.step, dv, values.step))],
                   lambda r, w, s: ib.buffer_store(out, s * splat(inverse[base + r], values.step),
-                                                  ol.index(b, h, m0 + r, at(c0 + w * values.step, values.step))))
+                                                  ol.index(b, h, m0 + r, c0 + w * values.step, dv, values.step)))
 
     @T.prim_func(private=True)
     def attention(q_data: T.handle, k_data: T.handle, v_data: T.handle, out_data: T.handle):
@@ -199,7 +207,7 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
             inverse = T.decl_buffer((chunk * rows,), "float32", scope="local")
             vec = T.decl_buffer((step,), "float32", scope="local")
             for c, j in T.grid(n, d):
-                kt[j * ns + c] = k[tuple(kl.index(b, h, c, j))]
+                kt[j * ns + c] = k[tuple(kl.index(b, h, c, j, d))]
             for start in range((last - first + chunk - 1) // chunk):
                 b0 = T.bind(first + start * chunk)
                 place = (b, h, b0, T.min(b0 + chunk, last))

@@ -26,6 +26,7 @@ from .relax_rewrite import element_count, rewrite_functions, scaled_operand
 _MATMUL = tvm.ir.Op.get("relax.matmul")
 _SOFTMAX = tvm.ir.Op.get("relax.nn.softmax")
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
+_RESHAPE = tvm.ir.Op.get("relax.reshape")
 _HEAD_SPLIT = [0, 2, 1, 3]  # [batch, seq, heads, d] <-> [batch, heads, seq, d]
 
 
@@ -68,6 +69,15 @@ def _last_two(ty: object) -> list[int] | None:
     return [int(d) for d in dims[-2:]]
 
 
+def _folds(flat: relax.Expr, heads: relax.Expr) -> bool:
+    """Whether `flat` [batch, seq, h x d] is `heads` [batch, seq, h, d] with its last two dims in one."""
+    if flat.ty.ndim != 3 or flat.ty.shape is None:
+        return False
+    (*lead, width), (*heads_lead, h, d) = flat.ty.shape.values, heads.ty.shape.values
+    analyzer = tvm.sym.Analyzer()
+    return all(analyzer.can_prove_equal(a, b) for a, b in zip([*lead, width], [*heads_lead, h * d], strict=True))
+
+
 def _view(lead: list[tvm.tirx.PrimExpr]) -> list[tvm.tirx.PrimExpr]:
     """An operand's lead dims as the kernel's [batch, heads]: rank 4's as they are, else all but the last in one
     batch and the last as heads (rank 3: one head a batch row; rank 2: one of each)."""
@@ -99,11 +109,18 @@ class _Graph:
         return value if not once or self.uses.get(expr) == 1 else None
 
     def unsplit(self, expr: relax.Expr) -> tuple[relax.Expr, Layout]:
-        """A rank-4 operand bound to a head split's transpose as (its input, seq first), else (it, heads first)."""
+        """A rank-4 operand bound to a head split's transpose as (its input, seq first), or where that is a reshape
+        of [batch, seq, heads x d], (the reshape's input, folded), else (it, heads first). Reading the projection
+        itself leaves its bias add an elementwise kernel of the projection's shape, which a bf16 product's store can
+        take in (`amx_epilogue.py`)."""
         split = self.call(expr, _PERMUTE)
-        if split is not None and expr.ty.ndim == 4 and _axes(split) == _HEAD_SPLIT:
-            return split.args[0], Layout(seq_first=True)
-        return expr, Layout()
+        if split is None or expr.ty.ndim != 4 or _axes(split) != _HEAD_SPLIT:
+            return expr, Layout()
+        heads = split.args[0]
+        reshape = self.call(heads, _RESHAPE)
+        if reshape is not None and _folds(reshape.args[0], heads):
+            return reshape.args[0], Layout(seq_first=True, folded=True)
+        return heads, Layout(seq_first=True)
 
     def attention(self, call: relax.Call, model: CPUModel) -> _Match | None:
         """The attention whose context product is `call`, where the kernel takes it, else None."""
@@ -168,20 +185,23 @@ class _Fuser(PyExprMutator):
         if found is None:
             return super().visit_call_(call)
         graph, match, out_layout = found
+        named = (match.q, match.k, match.v)
         if match.q.ty.ndim == 4:
-            (q, ql), (k, kl), (v, vl) = (graph.unsplit(x) for x in (match.q, match.k, match.v))
-        else:
-            (q, ql), (k, kl), (v, vl) = ((x, Layout()) for x in (match.q, match.k, match.v))
-        spec = replace(match.spec, layouts=(ql, kl, vl, out_layout))
+            found_operands = [graph.unsplit(x) for x in named]
+            operands = [self.visit_expr(x) for x, _ in found_operands]
+            layouts = [layout for _, layout in found_operands]
+        else:  # viewed as [batch, heads, seq, d]
+            operands, layouts = [self._as_4d(self.visit_expr(x)) for x in named], [Layout()] * 3
+        spec = replace(match.spec, layouts=(*layouts, out_layout))
         kernel = self.builder_.add_func(attention_kernel(spec, self.model), KERNEL_NAME)
-        operands = [self._as_4d(self.visit_expr(x)) for x in (q, k, v)]
-        *lead, m, dv = call.ty.shape.values
-        out = relax.call_tir(kernel, operands, relax.TensorType([*_view(lead), m, dv], "float32"))
+        dims = list(call.ty.shape.values)
+        out = relax.call_tir(kernel, operands, relax.TensorType(
+            dims if call.ty.ndim == 4 else [*_view(dims[:-2]), *dims[-2:]], "float32"))
         return out if call.ty.ndim == 4 else relax.op.reshape(self.builder_.emit(out), call.ty.shape)
 
     def _as_4d(self, x: relax.Expr) -> relax.Expr:
         *lead, s, d = x.ty.shape.values
-        return x if x.ty.ndim == 4 else self.builder_.emit(relax.op.reshape(x, [*_view(lead), s, d]))
+        return self.builder_.emit(relax.op.reshape(x, [*_view(lead), s, d]))
 
 
 def fused_attention(target: Target) -> tvm.transform.Pass:

@@ -20,7 +20,8 @@ from tvm.target import Target
 
 from kiln.ir import KilnError, PrecisionWarning
 
-from .amx import AMX_BF16, amx_batched_matmul, amx_matmul, bf16_products
+from .activation_products import deferred_product
+from .amx import AMX_BF16, amx_matmul, bf16_products
 from .conv_bf16 import bf16_convs
 from .cpu import cpu_model
 from .dot_bf16 import DOT_BF16
@@ -128,15 +129,15 @@ def int8_matmul(call: OpCall) -> relax.Expr | None:
 
 
 def lowp_matmul(call: OpCall) -> relax.Expr | None:
-    """The matmul of `call` in its build's precision (int8 for Q8 weights, bf16 on AMX tiles where the CPU has
-    them, bound weight or two activations, else bf16 operands), or None for f32."""
+    """The matmul of `call` in its build's precision (int8 for Q8 weights; bf16 on the CPU's bf16 product kernel for
+    a bound weight; f32 for two activations there, which `activation_products.py` computes in bf16 after attention
+    fusion; else bf16 operands), or None for f32."""
     fused = int8_matmul(call)
     if fused is not None or call.precision != "bf16" or decoded_weight(call) is not None:
         return fused
     if bf16_products(call.target):
         tiled = amx_matmul(call)
-        tiled = amx_batched_matmul(call) if tiled is None else tiled
-        if tiled is not None:
+        if tiled is not None or deferred_product(*call.args[:2]):
             return tiled
     (x, w), out = bf16_operands(call)
     return R.matmul(x, w, out_dtype=out) if out is not None else None

@@ -25,6 +25,8 @@ from tvm.target import Target
 
 from kiln.runtime.tvm.schedules.fastmath import fast_math_passes
 
+from .activation_products import bf16_activation_products
+from .amx import bf16_products
 from .amx_epilogue import amx_epilogues
 from .attention_fusion import fused_attention
 from .const_fold import fold_constant_kernels
@@ -79,6 +81,8 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
     return [relax.transform.DeadCodeElimination(),  # a weight decoded inside its matmul leaves its dequantize unused
             relax.transform.EliminateCommonSubexpr(),  # one bf16 cast of x for q, k and v (each rule casts its own)
             *([fused_attention(target)] if fast_math else []),  # softmax(s q kᵀ) v as one kernel (its exp is fast)
+            # a bf16 build's products of two activations the lowering left in f32 for the line above
+            *([bf16_activation_products(target)] if precision == "bf16" and bf16_products(target) else []),
             *(fast_math_passes(cpu_model(target).lanes()) if fast_math else []),
             *cpu_passes.library_dispatch_passes(target),
             *([block_conv_regions(target, precision)] if block_convs else []),  # NCHW[x]c regions (CPU model)

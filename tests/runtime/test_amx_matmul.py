@@ -14,6 +14,7 @@ from tvm import te, tirx
 from tvm.target import Target
 
 from kiln.ir import Builder, Graph, verify
+from kiln.runtime.tvm.activation_products import bf16_activation_products
 from kiln.runtime.tvm.amx import KERNEL_NAME, _packed_pairs, has_tiles, runs_tiles, tile_kernel
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.lower import lower
@@ -41,8 +42,10 @@ def linear_graph(w: np.ndarray, rows: int | None, bias: bool) -> Graph:
 
 
 def kernel_names(graph: Graph, target: Target) -> list[str]:
-    """The names of the functions a bf16 lowering of `graph` for `target` has (its kernels among them), sorted."""
-    return sorted(gv.name_hint for gv in lower(graph, "bound", None, "bf16", target).module.get_global_vars())
+    """The names of the functions a bf16 lowering of `graph` for `target` has (its kernels among them), sorted, after
+    the pipeline's pass computing the products of two activations the lowering leaves in f32 (attention fusion's)."""
+    module = bf16_activation_products(target)(lower(graph, "bound", None, "bf16", target).module)
+    return sorted(gv.name_hint for gv in module.get_global_vars())
 
 
 def _weight(k: int, n: int) -> np.ndarray:

@@ -17,9 +17,12 @@ from tvm import relax
 import kiln
 from kiln import nn
 from kiln.ir import Builder, Graph, verify
+from kiln.runtime.tvm.amx import KERNEL_NAME as AMX_KERNEL_NAME
+from kiln.runtime.tvm.amx import bf16_products
 from kiln.runtime.tvm.attention import KERNEL_NAME, Attention, Layout, attention_kernel
 from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.cpu import CPUModel, cpu_model
+from kiln.runtime.tvm.dot_bf16 import DOT_KERNEL_NAME
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.pipeline import cpu_compile, cpu_fusion_passes
 from kiln.runtime.tvm.target import cpu_target
@@ -179,27 +182,42 @@ def test_a_single_head_and_a_dynamic_batch_are_taken() -> None:
     _check_program(graph, batches=(1, 4))
 
 
-@pytest.mark.parametrize("case", ["weights returned", "masked", "bf16", "keys past L2"])
+@pytest.mark.parametrize("case", ["weights returned", "masked", "keys past L2"])
 def test_what_the_pass_leaves_unfused_still_matches(case: str) -> None:
-    """Weights used again (fusing would compute the products twice), a mask between the scale and the softmax, a
-    bf16 build (its products are bf16 kernels) and keys whose kᵀ does not fit half of L2 keep the unfused
-    kernels, and match the interpreter."""
+    """Weights used again (fusing would compute the products twice), a mask between the scale and the softmax and
+    keys whose kᵀ does not fit half of L2 keep the unfused kernels, and match the interpreter."""
     shape = (1, 2, 4096, 64) if case == "keys past L2" else (2, 2, 40, 16)
     graph = attention_graph(shape, reuse_weights=case == "weights returned", mask=case == "masked")
-    precision = "bf16" if case == "bf16" else "f32"
-    assert KERNEL_NAME not in _callees(fused_calls(graph, precision))
-    if precision == "f32" and case != "keys past L2":
+    assert KERNEL_NAME not in _callees(fused_calls(graph))
+    if case != "keys past L2":
         _check_program(graph)
 
 
+@pytest.mark.skipif(not bf16_products(TARGET), reason="this CPU has no bf16 product kernel (AVX512-BF16 or AMX)")
+def test_a_bf16_build_fuses_attention_and_keeps_bf16_for_other_products() -> None:
+    """In a bf16 build the lowering leaves attention's products in f32, so the fused f32 kernel takes them (f32's
+    error, not bf16's); a product of two activations that is no attention's (the weights returned too) is still
+    the bf16 product kernel."""
+    fused, unfused = attention_graph((2, 2, 40, 16)), attention_graph((2, 2, 40, 16), reuse_weights=True)
+    assert _callees(fused_calls(fused, "bf16")) == [KERNEL_NAME]
+    _check_program(fused, precision="bf16")
+    callees = _callees(fused_calls(unfused, "bf16"))
+    assert KERNEL_NAME not in callees and sum(DOT_KERNEL_NAME in c or AMX_KERNEL_NAME in c for c in callees) == 2
+
+
 def test_a_multi_head_layer_reads_its_projections_and_writes_the_context_in_place() -> None:
-    """nn.MultiHeadAttention over [2, 197, 48] (4 heads of 12): the kernel reads q, k and v as [batch, seq, heads,
-    d] views of the projections and writes the context as the output projection reads it, so no kernel moves a
-    head split; the layer against the interpreter."""
+    """nn.MultiHeadAttention over [2, 197, 48] (4 heads of 12): the kernel reads q, k and v as the projections'
+    [batch, seq, heads x d] results themselves and writes the context as the output projection reads it, so no
+    kernel moves a head split (in bf16 too, whose projections' bias adds then stay in [batch, seq, 48]); the layer
+    against the interpreter."""
     layer = nn.MultiHeadAttention(48, 4, dropout=0.0).valid()
     graph = kiln.trace(layer, ((2, 197, 48), "f32"))
-    calls = fused_calls(graph)
-    attention = [c for c in calls if _callees([c]) == [KERNEL_NAME]]
-    assert len(attention) == 1 and "out_ty=R.Tensor((2, 197, 4, 12)" in attention[0], calls
-    assert not [c for c in calls if re.search(r"out_ty=R\.Tensor\(\(2, 4, 197, 12\)", c)], calls
+    for precision in ("f32", *(["bf16"] if bf16_products(TARGET) else [])):
+        calls = fused_calls(graph, precision)
+        made = {c.split("=")[0].strip(): c.partition("out_ty=")[2] for c in calls}
+        attention = [c for c in calls if _callees([c]) == [KERNEL_NAME]]
+        assert len(attention) == 1 and "out_ty=R.Tensor((2, 197, 4, 12)" in attention[0], calls
+        operands = attention[0].split("R.call_tir(")[1].split("(")[1].split(")")[0].split(", ")
+        assert all(made[name].startswith("R.Tensor((2, 197, 48)") for name in operands), (operands, calls)
+        assert not [c for c in calls if re.search(r"out_ty=R\.Tensor\(\(2, 4, 197, 12\)", c)], calls
     _check_program(graph)
