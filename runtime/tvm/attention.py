@@ -65,7 +65,9 @@ class Layout:
 @dataclass(frozen=True)
 class Attention:
     """One attention's static geometry: `heads` heads (the batch is symbolic) of `m` queries and `n` keys of width
-    `d`, values of width `dv`, the scores' `scale`, and the layouts of q, k, v and the result."""
+    `d`, values of width `dv`, the scores' `scale`, the layouts of q, k, v and the result, and where there is an
+    additive mask (softmax(s q kᵀ + mask) v, the mask [batch or 1, heads or 1, m or 1, n]) which of its first three
+    dims are whole (not 1)."""
 
     heads: int
     m: int
@@ -74,6 +76,12 @@ class Attention:
     dv: int
     scale: float
     layouts: tuple[Layout, Layout, Layout, Layout] = (Layout(), Layout(), Layout(), Layout())
+    mask: tuple[bool, bool, bool] | None = None
+
+    def mask_dims(self, batch: tirx.PrimExpr) -> list[tirx.PrimExpr]:
+        """The mask's shape in the kernel (unused where there is none)."""
+        whole = self.mask or (False, False, False)
+        return [*(dim if full else 1 for dim, full in zip((batch, self.heads, self.m), whole)), self.n]
 
     def block_rows(self, model: CPUModel) -> int:
         """Query rows a block takes: the register tile's rows (`model.accumulators` / `TILE_VECTORS`), evened out
@@ -163,18 +171,26 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
     ql, kl, vl, ol = spec.layouts
     heads, parts = spec.heads, spec.parts(model)
 
-    def scores_panel(q: tirx.Buffer, kt: tirx.Buffer, scores: tirx.Buffer, sums: tirx.Buffer,
+    def scores_panel(q: tirx.Buffer, kt: tirx.Buffer, mask: tirx.Buffer, scores: tirx.Buffer, sums: tirx.Buffer,
                      place: tuple[tirx.PrimExpr, ...], c0: tirx.PrimExpr, width: int) -> None:
-        """The scale times q kᵀ over columns [c0, c0 + width vectors) of every block in the chunk (one panel of
-        kᵀ, kept in L1 over the blocks)."""
+        """The scale times q kᵀ (plus the mask) over columns [c0, c0 + width vectors) of every block in the chunk
+        (one panel of kᵀ, kept in L1 over the blocks)."""
         b, h, b0, b1 = place
+        step = keys.step
+
+        def score(r: int, w: int, s: tirx.Expr) -> tirx.Expr:
+            scaled = s * splat(spec.scale, step)
+            if spec.mask is None:
+                return scaled
+            at_mask = [i if full else 0 for i, full in zip((b, h, m0 + r), spec.mask)]
+            return scaled + mask[(*at_mask, at(c0 + w * step, step))]
+
         with T.serial(b0, b1) as block:
             m0, base = tirx.min(block * rows, m - rows), (block - b0) * rows * ns
-            _tile(sums, (rows, width, keys.step), d,
+            _tile(sums, (rows, width, step), d,
                   lambda r, j: q[tuple(ql.index(b, h, m0 + r, j, d))],
-                  lambda j, w: kt[at(j * ns + c0 + w * keys.step, keys.step)],
-                  lambda r, w, s: ib.buffer_store(scores, s * splat(spec.scale, keys.step),
-                                                  [at(base + r * ns + c0 + w * keys.step, keys.step)]))
+                  lambda j, w: kt[at(j * ns + c0 + w * step, step)],
+                  lambda r, w, s: ib.buffer_store(scores, score(r, w, s), [at(base + r * ns + c0 + w * step, step)]))
 
     def context_panel(v: tirx.Buffer, out: tirx.Buffer, scores: tirx.Buffer, inverse: tirx.Buffer,
                       sums: tirx.Buffer, place: tuple[tirx.PrimExpr, ...], c0: tirx.PrimExpr, width: int) -> None:
@@ -190,12 +206,13 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
                                                   ol.index(b, h, m0 + r, c0 + w * values.step, dv, values.step)))
 
     @T.prim_func(private=True)
-    def attention(q_data: T.handle, k_data: T.handle, v_data: T.handle, out_data: T.handle):
+    def attention(q_data: T.handle, k_data: T.handle, v_data: T.handle, mask_data: T.handle, out_data: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         batch = T.int64()
         q = T.match_buffer(q_data, ql.dims(batch, heads, m, d), "float32")
         k = T.match_buffer(k_data, kl.dims(batch, heads, n, d), "float32")
         v = T.match_buffer(v_data, vl.dims(batch, heads, n, dv), "float32")
+        mask = T.match_buffer(mask_data, spec.mask_dims(batch), "float32")
         out = T.match_buffer(out_data, ol.dims(batch, heads, m, dv), "float32")
         for task in T.parallel(batch * heads * parts):
             g = T.bind(task // parts)
@@ -212,9 +229,9 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
                 b0 = T.bind(first + start * chunk)
                 place = (b, h, b0, T.min(b0 + chunk, last))
                 for tile in range(keys.full):
-                    scores_panel(q, kt, scores, sums, place, tile * keys.width * keys.step, keys.width)
+                    scores_panel(q, kt, mask, scores, sums, place, tile * keys.width * keys.step, keys.width)
                 if keys.tail > 0:
-                    scores_panel(q, kt, scores, sums, place, n - keys.tail * keys.step, keys.tail)
+                    scores_panel(q, kt, mask, scores, sums, place, n - keys.tail * keys.step, keys.tail)
                 for r in range((place[3] - b0) * rows):
                     vec[at(0, step)] = scores[at(r * ns + tail, step)]
                     for w in range(whole):
@@ -234,4 +251,7 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
                                   values.width)
                 if values.tail > 0:
                     context_panel(v, out, scores, inverse, sums, place, dv - values.tail * values.step, values.tail)
-    return attention
+    if spec.mask is not None:
+        return attention
+    unmasked = [p for i, p in enumerate(attention.params) if i != 3]  # its body never reads the mask
+    return tirx.PrimFunc(unmasked, attention.body, attention.ret_type, attention.attrs)

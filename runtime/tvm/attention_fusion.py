@@ -27,6 +27,7 @@ _MATMUL = tvm.ir.Op.get("relax.matmul")
 _SOFTMAX = tvm.ir.Op.get("relax.nn.softmax")
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
+_ADD = tvm.ir.Op.get("relax.add")
 _HEAD_SPLIT = [0, 2, 1, 3]  # [batch, seq, heads, d] <-> [batch, heads, seq, d]
 
 
@@ -37,6 +38,7 @@ class _Match:
     q: relax.Expr
     k: relax.Expr
     v: relax.Expr
+    mask: relax.Expr | None
     spec: Attention
 
 
@@ -76,6 +78,27 @@ def _folds(flat: relax.Expr, heads: relax.Expr) -> bool:
     (*lead, width), (*heads_lead, h, d) = flat.ty.shape.values, heads.ty.shape.values
     analyzer = tvm.sym.Analyzer()
     return all(analyzer.can_prove_equal(a, b) for a, b in zip([*lead, width], [*heads_lead, h * d], strict=True))
+
+
+def _mask_dims(mask: relax.Expr, scores: list[tvm.tirx.PrimExpr]) -> tuple[bool, bool, bool] | None:
+    """Which of the [batch, heads, m] dims a float32 mask added to rank-4 `scores` has whole (not 1), where it
+    broadcasts to them and its last dim is the scores' (n), else None."""
+    dims = getattr(getattr(mask.ty, "shape", None), "values", None)
+    if mask.ty.dtype != "float32" or dims is None or len(scores) != 4 or not 1 <= len(dims) <= 4:
+        return None
+    padded = [tvm.tirx.IntImm("int64", 1)] * (4 - len(dims)) + list(dims)
+    analyzer = tvm.sym.Analyzer()
+    if not analyzer.can_prove_equal(padded[-1], scores[-1]):
+        return None
+    whole = []
+    for dim, full in zip(padded[:3], scores[:3]):
+        if isinstance(dim, tvm.tirx.IntImm) and int(dim) == 1:
+            whole.append(False)
+        elif analyzer.can_prove_equal(dim, full):
+            whole.append(True)
+        else:
+            return None
+    return tuple(whole)
 
 
 def _view(lead: list[tvm.tirx.PrimExpr]) -> list[tvm.tirx.PrimExpr]:
@@ -130,10 +153,7 @@ class _Graph:
         softmax = self.call(weights, _SOFTMAX, once=True)
         if softmax is None or int(softmax.attrs.axis) not in (-1, softmax.ty.ndim - 1):
             return None
-        scores, scale = scaled_operand(softmax.args[0], self.bound.get)
-        if scale != 1.0 and self.uses.get(softmax.args[0]) != 1:
-            return None
-        product = self.call(scores, _MATMUL, once=True)
+        product, scale, mask = self._scores(softmax.args[0])
         if product is None or product.ty.dtype != "float32":
             return None
         q, kt = product.args
@@ -152,8 +172,25 @@ class _Graph:
         heads = _view(leads[0])[1]
         if not isinstance(heads, tvm.tirx.IntImm):
             return None
-        spec = Attention(int(heads), m, n, d, dv, scale)
-        return _Match(q, k, v, spec) if spec.fits(model) else None
+        whole = None if mask is None else _mask_dims(mask, product.ty.shape.values)
+        if mask is not None and whole is None:
+            return None
+        spec = Attention(int(heads), m, n, d, dv, scale, mask=whole)
+        return _Match(q, k, v, mask, spec) if spec.fits(model) else None
+
+    def _scores(self, x: relax.Expr) -> tuple[relax.Call | None, float, relax.Expr | None]:
+        """(the product q kᵀ, the scale, the mask) of a softmax's input s q kᵀ or s q kᵀ + mask (either order),
+        each step used only by the next; (None, 1, None) where it is neither."""
+        add = self.call(x, _ADD, once=True)
+        sides = [(x, None)] if add is None else [(add.args[0], add.args[1]), (add.args[1], add.args[0])]
+        for scores, mask in sides:
+            product, scale = scaled_operand(scores, self.bound.get)
+            if scale != 1.0 and self.uses.get(scores) != 1:
+                continue
+            found = self.call(product, _MATMUL, once=True)
+            if found is not None:
+                return found, scale, mask
+        return None, 1.0, None
 
 
 @mutator
@@ -192,6 +229,11 @@ class _Fuser(PyExprMutator):
             layouts = [layout for _, layout in found_operands]
         else:  # viewed as [batch, heads, seq, d]
             operands, layouts = [self._as_4d(self.visit_expr(x)) for x in named], [Layout()] * 3
+        if match.mask is not None:  # [batch or 1, heads or 1, m or 1, n]
+            mask = self.visit_expr(match.mask)
+            ones = [tvm.tirx.IntImm("int64", 1)] * (4 - mask.ty.ndim)
+            operands.append(mask if not ones else self.builder_.emit(
+                relax.op.reshape(mask, [*ones, *mask.ty.shape.values])))
         spec = replace(match.spec, layouts=(*layouts, out_layout))
         kernel = self.builder_.add_func(attention_kernel(spec, self.model), KERNEL_NAME)
         dims = list(call.ty.shape.values)

@@ -119,9 +119,11 @@ def test_a_chunk_of_blocks_is_what_fits_half_of_l2() -> None:
     assert not Attention(8, 4096, 4096, 64, 64, 1.0).fits(MODEL)
 
 
-def attention_graph(shape: tuple, scale: str = "mul", reuse_weights: bool = False, mask: bool = False) -> Graph:
+def attention_graph(shape: tuple, scale: str = "mul", reuse_weights: bool = False,
+                    mask: np.ndarray | tuple | None = None) -> Graph:
     """softmax(x xᵀ · s) x (the score scale as a multiply by 1/8, a divide by 8 or none), over `shape` (None: a
-    dynamic batch); `reuse_weights` also returns the weights, `mask` adds a constant to the scores."""
+    dynamic batch); `reuse_weights` also returns the weights; `mask` is added to the scores (before them): a
+    constant array, or the shape of a second input."""
     b = Builder("Attention")
     x = b.input("x", (shape, "f32"))
     perm = (*range(len(shape) - 2), len(shape) - 1, len(shape) - 2)
@@ -130,8 +132,8 @@ def attention_graph(shape: tuple, scale: str = "mul", reuse_weights: bool = Fals
         scores = b.mul(scores, b.constant(np.float32(0.125)))
     elif scale == "div":
         scores = b.div(scores, b.constant(np.float32(8.0)))
-    if mask:
-        scores = b.add(scores, b.constant(np.linspace(-1, 0, shape[-2], dtype=np.float32)))
+    if mask is not None:
+        scores = b.add(b.constant(mask) if isinstance(mask, np.ndarray) else b.input("mask", (mask, "f32")), scores)
     weights = b.softmax(scores)
     context = b.matmul(weights, x)
     if reuse_weights:
@@ -157,10 +159,10 @@ def _callees(calls: list[str]) -> list[str]:
 def _check_program(graph: Graph, batches: tuple[int, ...] = (0,), precision: str = "f32") -> None:
     """One build against kiln's interpreter (at each batch where the first dim is dynamic)."""
     exe = compile_graph(graph, target=TARGET, precision=precision)
-    shape = graph.functions["forward"].args[0].type.shape
     for batch in batches:
-        dims = [batch if d is None else d for d in shape]
-        inputs = [(np.random.default_rng(batch).standard_normal(dims) * 2).astype(np.float32)]
+        rng = np.random.default_rng(batch)
+        inputs = [(rng.standard_normal([batch if d is None else d for d in a.type.shape]) * 2).astype(np.float32)
+                  for a in graph.functions["forward"].args]
         got, want = exe(*inputs), kiln.ir.interpret(graph, inputs)
         for g, w in zip(got if isinstance(got, tuple) else (got,), want, strict=True):
             np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
@@ -182,12 +184,29 @@ def test_a_single_head_and_a_dynamic_batch_are_taken() -> None:
     _check_program(graph, batches=(1, 4))
 
 
-@pytest.mark.parametrize("case", ["weights returned", "masked", "keys past L2"])
+_CAUSAL = np.triu(np.full((40, 40), -1e9, np.float32), 1)
+
+
+@pytest.mark.parametrize(("mask", "batches"), [
+    (np.linspace(-1, 0, 40, dtype=np.float32), (0,)),  # one row for every head and query
+    (_CAUSAL, (0,)),  # [m, n]: a causal mask
+    ((None, 1, 1, 40), (1, 3)),  # BERT's attention mask: an input, per batch row, over a dynamic batch
+    ((1, 2, 40, 40), (0,)),  # per head and query
+], ids=["keys", "causal", "batch input", "heads"])
+def test_an_added_mask_is_taken_in(mask: np.ndarray | tuple, batches: tuple[int, ...]) -> None:
+    """softmax(x xᵀ / 8 + mask) x as the one kernel, the mask added as each score is stored, whichever of its
+    batch, head and query dims it broadcasts; against the interpreter (a dynamic batch at 1 and 3)."""
+    graph = attention_graph((None if isinstance(mask, tuple) and mask[0] is None else 2, 2, 40, 16), mask=mask)
+    assert _callees(fused_calls(graph)) == [KERNEL_NAME]
+    _check_program(graph, batches)
+
+
+@pytest.mark.parametrize("case", ["weights returned", "keys past L2"])
 def test_what_the_pass_leaves_unfused_still_matches(case: str) -> None:
-    """Weights used again (fusing would compute the products twice), a mask between the scale and the softmax and
-    keys whose kᵀ does not fit half of L2 keep the unfused kernels, and match the interpreter."""
+    """Weights used again (fusing would compute the products twice) and keys whose kᵀ does not fit half of L2
+    keep the unfused kernels, and match the interpreter."""
     shape = (1, 2, 4096, 64) if case == "keys past L2" else (2, 2, 40, 16)
-    graph = attention_graph(shape, reuse_weights=case == "weights returned", mask=case == "masked")
+    graph = attention_graph(shape, reuse_weights=case == "weights returned")
     assert KERNEL_NAME not in _callees(fused_calls(graph))
     if case != "keys past L2":
         _check_program(graph)
