@@ -1,13 +1,14 @@
-"""The Relax pass computing each float32 `softmax(s q kᵀ) v` with the fused attention kernel (`attention.py`).
+"""The Relax pass computing each float32 `softmax(s q kᵀ [+ mask]) v` with the fused attention kernel
+(`attention.py`).
 
-It matches `matmul(softmax(matmul(q, permute_dims(k)) · s), v)`, the scale a positive scalar multiply or divide or
-none (`relax_rewrite.scaled_operand`), with q, k and v of one shape but for their last two dims, those static; the
-scores and weights used by nothing else (else the products would run twice). A rank-4 operand that is a head split's
-transpose (`permute_dims(y, [0, 2, 1, 3])`) is read from y, and a result whose one user is that transpose is written in
-its layout, so a multi-head layer's q, k, v and context are never copied to or from [batch, heads, seq, d]. It runs
-before the fast-math rewrites (whose softmax it takes in) and only where its kernel's kᵀ and scores fit the CPU's L2
-(`Attention.fits`); anything else keeps the unfused kernels.
-"""
+It matches `matmul(softmax(matmul(q, permute_dims(k)) · s [+ mask]), v)`: the scale a positive scalar multiply or
+divide or none (`relax_rewrite.scaled_operand`), the mask added on either side and broadcast over any of batch, heads
+and queries; q, k and v of one shape but for their last two dims, those static; the scores and weights used by
+nothing else (else the products would run twice). A rank-4 operand that is a head split's transpose
+(`permute_dims(y, [0, 2, 1, 3])`) is read from y, or from the projection y reshapes, and a result whose one user is
+that transpose is written in its layout, so a multi-head layer's q, k, v and context are never copied to or from
+[batch, heads, seq, d]. It runs before the fast-math rewrites (whose softmax it takes in) and only where its kernel's
+kᵀ and scores fit the CPU's L2 (`Attention.fits`); anything else keeps the unfused kernels."""
 
 from __future__ import annotations
 
