@@ -23,7 +23,7 @@ from tvm.target import Target
 
 from .amx import _flattened, _unflattened, bf16_products, product_kernel
 from .bf16_layout import TILE_PARAMS, Epilogue
-from .relax_rewrite import element_count
+from .relax_rewrite import element_count, use_counts
 from .schedules.injective import cpu_blocks
 
 _BINARY = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max,
@@ -147,16 +147,6 @@ def _callee(mod: tvm.IRModule, call: relax.Expr) -> tvm.ir.BaseFunc | None:
     return mod[call.args[0]]
 
 
-def _use_counts(func: relax.Function) -> dict[relax.Var, int]:
-    """How many bindings (and the function's result) use each var."""
-    counts: dict[relax.Var, int] = {}
-    values = [b.value for block in func.body.blocks for b in block.bindings] + [func.body.body]
-    for value in values:
-        for var in relax.analysis.free_vars(value):
-            counts[var] = counts.get(var, 0) + 1
-    return counts
-
-
 def _fused_block(mod: tvm.IRModule, builder: relax.BlockBuilder, block: relax.DataflowBlock,
                  uses: dict[relax.Var, int], target: Target) -> relax.DataflowBlock:
     """`block` with each tile product whose one user is an elementwise kernel it can take in computed by one
@@ -201,7 +191,7 @@ def amx_epilogues(target: Target) -> tvm.transform.Pass:
         for gvar, func in mod.functions_items():
             if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
                 continue
-            uses = _use_counts(func)
+            uses = use_counts(func)
             blocks = [_fused_block(mod, builder, block, uses, target) if isinstance(block, relax.DataflowBlock)
                       else block for block in func.body.blocks]
             if any(new is not old for new, old in zip(blocks, func.body.blocks, strict=True)):

@@ -22,7 +22,7 @@ from tvm.target import Target
 
 from .attention import KERNEL_NAME, Attention, Layout, attention_kernel
 from .cpu import CPUModel, cpu_model
-from .relax_rewrite import element_count, rewrite_functions, scaled_operand
+from .relax_rewrite import element_count, rewrite_functions, scaled_operand, use_counts
 
 _MATMUL = tvm.ir.Op.get("relax.matmul")
 _SOFTMAX = tvm.ir.Op.get("relax.nn.softmax")
@@ -41,16 +41,6 @@ class _Match:
     v: relax.Expr
     mask: relax.Expr | None
     spec: Attention
-
-
-def _uses(func: relax.Function) -> dict[relax.Var, int]:
-    """How many bindings (and the function's result) use each var."""
-    counts: dict[relax.Var, int] = {}
-    values = [b.value for block in func.body.blocks for b in block.bindings] + [func.body.body]
-    for value in values:
-        for var in relax.analysis.free_vars(value):
-            counts[var] = counts.get(var, 0) + 1
-    return counts
 
 
 def _axes(call: relax.Call) -> list[int] | None:
@@ -115,7 +105,7 @@ class _Graph:
 
     def __init__(self, func: relax.Function) -> None:
         self.bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
-        self.uses = _uses(func)
+        self.uses = use_counts(func)
         self.var_of = {value: var for var, value in self.bound.items()}
         self.split = {value.args[0] for value in self.bound.values() if isinstance(value, relax.Call)
                       and value.op.same_as(_PERMUTE) and value.ty.ndim == 4 and _axes(value) == _HEAD_SPLIT}

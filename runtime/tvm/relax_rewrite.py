@@ -108,6 +108,16 @@ def marked_kernels(mod: tvm.IRModule, pick: Callable[[tirx.PrimFunc, Mapping[str
     return out
 
 
+def use_counts(func: relax.Function) -> dict[relax.Var, int]:
+    """How many bindings (and the function's result) use each var of `func`."""
+    counts: dict[relax.Var, int] = {}
+    values = [b.value for block in func.body.blocks for b in block.bindings] + [func.body.body]
+    for value in values:
+        for var in relax.analysis.free_vars(value):
+            counts[var] = counts.get(var, 0) + 1
+    return counts
+
+
 def element_count(dims: Sequence[tirx.PrimExpr]) -> tirx.PrimExpr:
     """The element count of a shape's `dims`, symbolic ones included (int64 1 for none)."""
     return functools.reduce(operator.mul, dims, tirx.IntImm("int64", 1))
