@@ -34,10 +34,10 @@ from tvm.script.ir_builder import tirx as ib
 
 from .cpu import CPUModel
 from .row_vectors import RowSplit, across, at, row_vector, splat
+from .schedules.matmul import TILE_VECTORS
 from .softmax_rows import exp_nonpositive
 
 KERNEL_NAME = "attention"
-TILE_VECTORS = 2  # vectors across a register tile's columns, as the matmul rule's (`schedules/matmul.py`)
 TASKS_PER_CORE = 2  # a head's row blocks split into parts until a batch of 1 has this many tasks a core (few heads)
 
 
@@ -90,27 +90,33 @@ class Attention:
         blocks = math.ceil(self.m / most)
         return math.ceil(self.m / blocks)
 
+    def blocks(self, model: CPUModel) -> int:
+        """Row blocks of `block_rows` that cover the queries (the last one moved back to end at m)."""
+        return math.ceil(self.m / self.block_rows(model))
+
     def parts(self, model: CPUModel) -> int:
         """Parts a head's row blocks are split into (each a task that packs kᵀ itself): enough for a batch of one
         to give every core `TASKS_PER_CORE` tasks, at most one a block. A static count, so a task finds its head
         and part by dividing by constants (over a symbolic count, TVM's LowerIntrin took 2 of a 3 s build)."""
-        blocks = math.ceil(self.m / self.block_rows(model))
-        return max(1, min(blocks, math.ceil(TASKS_PER_CORE * model.cores / self.heads)))
+        return max(1, min(self.blocks(model), math.ceil(TASKS_PER_CORE * model.cores / self.heads)))
 
     def stride(self, lanes: int) -> int:
         """Elements a row of packed kᵀ or of the scores takes: n to whole vectors, so every row starts aligned."""
         return math.ceil(self.n / lanes) * lanes
 
+    def _fitting_blocks(self, model: CPUModel) -> int:
+        """How many row blocks' scores fit beside packed kᵀ (d rows) in half of `model`'s L2."""
+        row_bytes = 4 * self.stride(model.lanes())
+        return (model.caches.l2 // 2 - self.d * row_bytes) // (self.block_rows(model) * row_bytes)
+
     def fits(self, model: CPUModel) -> bool:
         """Whether packed kᵀ and one block's scores fill at most half of `model`'s L2 (longer keys stay unfused)."""
-        return 4 * (self.d + self.block_rows(model)) * self.stride(model.lanes()) <= model.caches.l2 // 2
+        return self._fitting_blocks(model) >= 1
 
     def chunk_blocks(self, model: CPUModel) -> int:
-        """Row blocks whose scores a task keeps at once: all of them where those and packed kᵀ fill at most half of
-        L2, else as many as fit (at least one)."""
-        row_bytes = 4 * self.stride(model.lanes())
-        fit = (model.caches.l2 // 2 - self.d * row_bytes) // (self.block_rows(model) * row_bytes)
-        return max(1, min(math.ceil(self.m / self.block_rows(model)), fit))
+        """Row blocks whose scores a task keeps at once: all of them where those and packed kᵀ fit half of L2, else
+        as many as fit (at least one)."""
+        return max(1, min(self.blocks(model), self._fitting_blocks(model)))
 
 
 @dataclass(frozen=True)
@@ -164,7 +170,7 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
     """The kernel of `spec` for `model`'s CPU: float32 q, k, v in, the context out, the batch symbolic."""
     m, n, d, dv, lanes = spec.m, spec.n, spec.d, spec.dv, model.lanes()
     rows, ns = spec.block_rows(model), spec.stride(lanes)
-    blocks, chunk = math.ceil(m / rows), spec.chunk_blocks(model)
+    blocks, chunk = spec.blocks(model), spec.chunk_blocks(model)
     keys, values = _Tiles.of(n, lanes), _Tiles.of(dv, lanes)
     row = RowSplit.of(n, lanes)
     step, whole, tail = row.step, row.whole, row.tail
