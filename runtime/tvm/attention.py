@@ -33,7 +33,7 @@ from tvm.script import tirx as T
 from tvm.script.ir_builder import tirx as ib
 
 from .cpu import CPUModel
-from .row_vectors import RowSplit, across, at, row_vector, splat
+from .row_vectors import RowSplit, across, at, row_vector, splat, zero_sums
 from .schedules.matmul import TILE_VECTORS
 from .softmax_rows import exp_nonpositive
 
@@ -153,8 +153,7 @@ def _tile(sums: tirx.Buffer, shape: tuple[int, int, int], depth: int, left: Scal
     """Emit one register tile of `shape` (rows, vectors, lanes) in the kernel being parsed: each sum is left(r, i)
     broadcast times right(i, w) over i < `depth`, then stored by store(r, w, sum)."""
     rows, width, lanes = shape
-    for i in range(rows * width):
-        ib.buffer_store(sums, splat(0.0, lanes), [at(i * lanes, lanes)])
+    zero_sums(sums, rows * width, lanes)
     with T.serial(0, depth) as i:
         for r in range(rows):
             a = splat(left(r, i), lanes)

@@ -22,7 +22,14 @@ from tvm.target import Target
 
 from .attention import KERNEL_NAME, Attention, Layout, attention_kernel
 from .cpu import CPUModel, cpu_model
-from .relax_rewrite import element_count, rewrite_functions, scaled_operand, use_counts
+from .relax_rewrite import (
+    element_count,
+    permute_axes,
+    rewrite_functions,
+    scaled_operand,
+    swaps_last_two,
+    use_counts,
+)
 
 _MATMUL = tvm.ir.Op.get("relax.matmul")
 _SOFTMAX = tvm.ir.Op.get("relax.nn.softmax")
@@ -41,17 +48,6 @@ class _Match:
     v: relax.Expr
     mask: relax.Expr | None
     spec: Attention
-
-
-def _axes(call: relax.Call) -> list[int] | None:
-    """A permute_dims call's axes as Python ints (None: all reversed)."""
-    axes = call.attrs.axes
-    return None if axes is None else [int(a) for a in axes]
-
-
-def _swaps_last_two(axes: list[int] | None, rank: int) -> bool:
-    """Whether permute_dims `axes` of a rank-`rank` tensor swaps its last two dims only."""
-    return axes == [*range(rank - 2), rank - 1, rank - 2] or (axes is None and rank == 2)
 
 
 def _last_two(ty: object) -> list[int] | None:
@@ -108,7 +104,7 @@ class _Graph:
         self.uses = use_counts(func)
         self.var_of = {value: var for var, value in self.bound.items()}
         self.split = {value.args[0] for value in self.bound.values() if isinstance(value, relax.Call)
-                      and value.op.same_as(_PERMUTE) and value.ty.ndim == 4 and _axes(value) == _HEAD_SPLIT}
+                      and value.op.same_as(_PERMUTE) and value.ty.ndim == 4 and permute_axes(value) == _HEAD_SPLIT}
 
     def feeds_head_split(self, call: relax.Call) -> bool:
         """Whether `call`'s value is used only by a head split's transpose (which then computes it)."""
@@ -128,7 +124,7 @@ class _Graph:
         itself leaves its bias add an elementwise kernel of the projection's shape, which a bf16 product's store can
         take in (`amx_epilogue.py`)."""
         split = self.call(expr, _PERMUTE)
-        if split is None or expr.ty.ndim != 4 or _axes(split) != _HEAD_SPLIT:
+        if split is None or expr.ty.ndim != 4 or permute_axes(split) != _HEAD_SPLIT:
             return expr, Layout()
         heads = split.args[0]
         reshape = self.call(heads, _RESHAPE)
@@ -150,7 +146,7 @@ class _Graph:
         q, kt = product.args
         rank = q.ty.ndim
         flip = self.call(kt, _PERMUTE)
-        if flip is None or rank < 2 or not _swaps_last_two(_axes(flip), rank):
+        if flip is None or rank < 2 or not swaps_last_two(permute_axes(flip), rank):
             return None
         k = flip.args[0]
         dims = [_last_two(x.ty) for x in (q, k, v)]
@@ -197,7 +193,7 @@ class _Fuser(PyExprMutator):
         """The attention `call` computes (the context, or the context in its head split's layout), with the graph
         it is in, else None."""
         for graph in self.graphs:
-            if call.op.same_as(_PERMUTE) and call.ty.ndim == 4 and _axes(call) == _HEAD_SPLIT:
+            if call.op.same_as(_PERMUTE) and call.ty.ndim == 4 and permute_axes(call) == _HEAD_SPLIT:
                 inner = graph.call(call.args[0], _MATMUL, once=True)
                 found = graph.attention(inner, self.model) if inner is not None else None
                 if found is not None and found.q.ty.ndim == 4:

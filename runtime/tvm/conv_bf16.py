@@ -31,7 +31,8 @@ from tvm.target import Target
 from .bf16_layout import N_TILE, bf16_bits, even_chunks, task_place
 from .conv_epilogue import HALF, PAIRS_IR, PLAIN, ConvEpilogue, unpairs
 from .cpu import CPUModel, cpu_model
-from .dot_bf16 import DOT_IR, dot_pairs, dot_tile, has_dot, zero_sums
+from .dot_bf16 import DOT_IR, dot_pairs, dot_tile, has_dot
+from .row_vectors import zero_sums
 
 CONV_KERNEL_NAME = "bf16_dot_conv"
 CONV_PARAMS = "kiln.bf16_conv"  # a plain kernel's attribute: `conv_kernel`'s geometry, to rebuild it with an epilogue
@@ -237,7 +238,7 @@ def conv_kernel(in_blocks: int, in_shape: tuple[int, int], window: tuple[int, in
                 sums = T.decl_buffer((tall * width * lanes,), "float32", scope="local")
                 for tile in range(first, last):
                     p0 = T.bind(T.min(tile * tall, pixels - tall))
-                    zero_sums(sums, tall * width)
+                    zero_sums(sums, tall * width, N_TILE)
                     for cb, ky, kx, q in T.grid(in_blocks, kh, kw, depth):
                         for r in T.unroll(tall):
                             pair = T.bind(T.reinterpret(T.broadcast(a[
@@ -289,7 +290,7 @@ def depthwise_kernel(blocks: int, in_shape: tuple[int, int], window: tuple[int, 
                 sums = T.decl_buffer((rows * N_TILE,), "float32", scope="local")
                 for tile in range(first, last):
                     p0 = T.bind(T.min(tile * rows, pixels - rows))
-                    zero_sums(sums, rows)
+                    zero_sums(sums, rows, N_TILE)
                     for ky, kx in T.grid(kh, kw):
                         weight = T.bind(w.vload([cb, 0, ky, kx, 0], "float32x16"))
                         for r in T.unroll(rows):

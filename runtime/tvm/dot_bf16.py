@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from tvm import tirx
 from tvm.script import tirx as T
-from tvm.script.ir_builder import tirx as ib
 
 from .bf16_layout import N_TILE, PAIR, TILE_PARAMS, Epilogue, even_chunks, result_params, store_epilogue, task_place
 from .cpu import CPUModel
+from .row_vectors import zero_sums
 
 DOT_KERNEL_NAME = "bf16_dot_matmul"
 DOT_BF16 = "avx512bf16"  # LLVM's feature name of vdpbf16ps
@@ -43,12 +43,6 @@ def dot_pairs(sums: tirx.PrimExpr, pair: tirx.PrimExpr, b: tirx.PrimExpr) -> tir
     """`vdpbf16ps`: 16 f32 `sums` plus the products of the broadcast bf16 `pair` (int32x16) and `b`'s 16 pairs
     (uint32x16), for a kernel whose body is wrapped in `DOT_IR`'s import."""
     return T.call_pure_extern("float32x16", _DOT, sums, pair, T.reinterpret(b, dtype="int32x16"))
-
-
-def zero_sums(sums: tirx.Buffer, vectors: int) -> None:
-    """Emit the stores zeroing a register tile's `vectors` 16-lane f32 sums (unrolled), in the kernel being parsed."""
-    for i in range(vectors):
-        ib.buffer_store(sums, T.broadcast(T.float32(0), N_TILE), [T.ramp(i * N_TILE, 1, N_TILE)])
 
 
 def has_dot(model: CPUModel) -> bool:
@@ -110,7 +104,7 @@ def dot_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byte
                     # the same values again (`donation.py` never aliases a result to an input of a kernel without
                     # blocks), so M needs no padding and the tile no guard
                     m0 = T.bind(T.max(T.min(tile * tall, mp - tall), 0))
-                    zero_sums(sums, tall * width)
+                    zero_sums(sums, tall * width, N_TILE)
                     for q in range(pairs):
                         for r in T.unroll(tall):
                             pair = T.bind(T.reinterpret(T.broadcast(a_pairs[bb, row(m0, r, mp), q], lanes),

@@ -24,7 +24,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
 from .cpu import CPUModel, cpu_model
-from .relax_rewrite import batched_f32_shape, rewrite_functions, static_f32_shape
+from .relax_rewrite import batched_f32_shape, permute_axes, rewrite_functions, static_f32_shape, swaps_last_two
 from .schedules.matmul import CPUMatmul
 
 PACKED_NAME = "matmul_packed"  # the PrimFunc name hint of a matmul reading a packed weight
@@ -145,8 +145,7 @@ class _Packer(PyExprMutator):
         made = self.lookup_binding(w) if isinstance(w, relax.Var) else None
         if not (isinstance(made, relax.Call) and made.op == _PERMUTE):
             return None
-        axes = made.attrs.axes
-        return made.args[0] if axes is None or [int(a) for a in axes] == [1, 0] else None
+        return made.args[0] if swaps_last_two(permute_axes(made), 2) else None
 
     def _constant(self, w: relax.Expr) -> np.ndarray | None:
         """The value of a constant weight, or of a transpose of one (ONNX's Gemm with `transB`: torch exports its

@@ -108,6 +108,17 @@ def marked_kernels(mod: tvm.IRModule, pick: Callable[[tirx.PrimFunc, Mapping[str
     return out
 
 
+def permute_axes(call: relax.Call) -> list[int] | None:
+    """A permute_dims call's axes as Python ints (None: all reversed)."""
+    axes = call.attrs.axes
+    return None if axes is None else [int(a) for a in axes]
+
+
+def swaps_last_two(axes: list[int] | None, rank: int) -> bool:
+    """Whether permute_dims `axes` (`permute_axes`) of a rank-`rank` tensor swap its last two dims only."""
+    return axes == [*range(rank - 2), rank - 1, rank - 2] or (axes is None and rank == 2)
+
+
 def use_counts(func: relax.Function) -> dict[relax.Var, int]:
     """How many bindings (and the function's result) use each var of `func`."""
     counts: dict[relax.Var, int] = {}

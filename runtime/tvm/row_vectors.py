@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tvm import tirx
+from tvm.script.ir_builder import tirx as ib
 
 
 def row_vector(extent: int, lanes: int) -> int:
@@ -31,6 +32,13 @@ def splat(value: tirx.PrimExpr | float | int, lanes: int, dtype: str = "float32"
     """`value` in every lane (a Python number as a `dtype` constant)."""
     value = tirx.const(value, dtype) if isinstance(value, (int, float)) else value
     return value if lanes == 1 else tirx.Broadcast(value, lanes)
+
+
+def zero_sums(sums: tirx.Buffer, vectors: int, lanes: int) -> None:
+    """Emit the stores zeroing a register tile's `vectors` f32 sums of `lanes` lanes (unrolled), in the kernel being
+    parsed."""
+    for i in range(vectors):
+        ib.buffer_store(sums, splat(0.0, lanes), [at(i * lanes, lanes)])
 
 
 def across(vector: tirx.PrimExpr, lanes: int, combine: Callable[[tirx.PrimExpr, tirx.PrimExpr], tirx.PrimExpr]
