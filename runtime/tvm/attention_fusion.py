@@ -41,7 +41,8 @@ _HEAD_SPLIT = [0, 2, 1, 3]  # [batch, seq, heads, d] <-> [batch, heads, seq, d]
 
 @dataclass(frozen=True)
 class _Match:
-    """An attention found in the original function: its operands (original exprs) and geometry."""
+    """An attention found in the original function: the q, k, v and mask its kernel reads (original exprs; q, k and
+    v in `spec.layouts`) and its geometry."""
 
     q: relax.Expr
     k: relax.Expr
@@ -97,19 +98,31 @@ def _view(lead: list[tvm.tirx.PrimExpr]) -> list[tvm.tirx.PrimExpr]:
 
 
 class _Graph:
-    """One Relax function's bindings and use counts, to walk back from a context product."""
+    """One Relax function's bindings and use counts, and the attentions the kernel takes in it (`found`: by the call
+    that is to compute each, the context product or the head split's transpose that is its one user)."""
 
-    def __init__(self, func: relax.Function) -> None:
-        self.bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    def __init__(self, func: relax.Function, model: CPUModel) -> None:
+        bindings = [(b.var, b.value) for block in func.body.blocks for b in block.bindings]
+        self.bound = dict(bindings)
         self.uses = use_counts(func)
-        self.var_of = {value: var for var, value in self.bound.items()}
-        self.split = {value.args[0] for value in self.bound.values() if isinstance(value, relax.Call)
-                      and value.op.same_as(_PERMUTE) and value.ty.ndim == 4 and permute_axes(value) == _HEAD_SPLIT}
+        splits = {value.args[0]: value for _, value in bindings if self._head_split(value)}
+        self.found: dict[relax.Call, _Match] = {}
+        for var, value in bindings:
+            match = self.attention(value, model) if isinstance(value, relax.Call) else None
+            if match is None:
+                continue
+            split = splits.get(var) if self.uses.get(var) == 1 else None
+            if split is None:
+                self.found[value] = match
+            else:  # the transpose computes it, writing the context in its layout
+                layouts = (*match.spec.layouts[:3], Layout(seq_first=True))
+                self.found[split] = replace(match, spec=replace(match.spec, layouts=layouts))
 
-    def feeds_head_split(self, call: relax.Call) -> bool:
-        """Whether `call`'s value is used only by a head split's transpose (which then computes it)."""
-        var = self.var_of.get(call)
-        return var in self.split and self.uses.get(var) == 1
+    @staticmethod
+    def _head_split(value: relax.Expr) -> bool:
+        """Whether `value` is a head split's transpose ([batch, seq, heads, d] <-> [batch, heads, seq, d])."""
+        return isinstance(value, relax.Call) and value.op.same_as(_PERMUTE) and value.ty.ndim == 4 \
+            and permute_axes(value) == _HEAD_SPLIT
 
     def call(self, expr: relax.Expr, op: tvm.ir.Op, once: bool = False) -> relax.Call | None:
         """The call of `op` `expr` is bound to (used by one binding only, with `once`), else None."""
@@ -123,8 +136,8 @@ class _Graph:
         of [batch, seq, heads x d], (the reshape's input, folded), else (it, heads first). Reading the projection
         itself leaves its bias add an elementwise kernel of the projection's shape, which a bf16 product's store can
         take in (`amx_epilogue.py`)."""
-        split = self.call(expr, _PERMUTE)
-        if split is None or expr.ty.ndim != 4 or permute_axes(split) != _HEAD_SPLIT:
+        split = self.bound.get(expr) if isinstance(expr, relax.Var) else None
+        if not self._head_split(split):
             return expr, Layout()
         heads = split.args[0]
         reshape = self.call(heads, _RESHAPE)
@@ -162,7 +175,12 @@ class _Graph:
         whole = None if mask is None else _mask_dims(mask, product.ty.shape.values)
         if mask is not None and whole is None:
             return None
-        spec = Attention(int(heads), m, n, d, dv, scale, mask=whole)
+        if rank == 4:  # read through a head split where there is one
+            (q, ql), (k, kl), (v, vl) = (self.unsplit(x) for x in (q, k, v))
+            layouts = (ql, kl, vl, Layout())
+        else:
+            layouts = (Layout(),) * 4
+        spec = Attention(int(heads), m, n, d, dv, scale, layouts, whole)
         return _Match(q, k, v, mask, spec) if spec.fits(model) else None
 
     def _scores(self, x: relax.Expr) -> tuple[relax.Call | None, float, relax.Expr | None]:
@@ -182,59 +200,38 @@ class _Graph:
 
 @mutator
 class _Fuser(PyExprMutator):
-    """Each context product (or its head split's transpose) `_Graph.attention` matches, as the fused kernel."""
+    """Each call `_Graph.found` names, as the fused kernel."""
 
     def __init__(self, mod: tvm.IRModule, model: CPUModel) -> None:
         super().__init__(mod)
         self.model = model
-        self.graphs = [_Graph(f) for f in mod.functions.values() if isinstance(f, relax.Function)]
-
-    def _match(self, call: relax.Call) -> tuple[_Graph, _Match, Layout] | None:
-        """The attention `call` computes (the context, or the context in its head split's layout), with the graph
-        it is in, else None."""
-        for graph in self.graphs:
-            if call.op.same_as(_PERMUTE) and call.ty.ndim == 4 and permute_axes(call) == _HEAD_SPLIT:
-                inner = graph.call(call.args[0], _MATMUL, once=True)
-                found = graph.attention(inner, self.model) if inner is not None else None
-                if found is not None and found.q.ty.ndim == 4:
-                    return graph, found, Layout(seq_first=True)
-            elif call.op.same_as(_MATMUL) and not graph.feeds_head_split(call):
-                found = graph.attention(call, self.model)
-                if found is not None:
-                    return graph, found, Layout()
-        return None
+        self.found = {call: match for f in mod.functions.values() if isinstance(f, relax.Function)
+                      for call, match in _Graph(f, model).found.items()}
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
-        found = self._match(call)
-        if found is None:
+        match = self.found.get(call)
+        if match is None:
             return super().visit_call_(call)
-        graph, match, out_layout = found
-        named = (match.q, match.k, match.v)
-        if match.q.ty.ndim == 4:
-            found_operands = [graph.unsplit(x) for x in named]
-            operands = [self.visit_expr(x) for x, _ in found_operands]
-            layouts = [layout for _, layout in found_operands]
-        else:  # viewed as [batch, heads, seq, d]
-            operands, layouts = [self._as_4d(self.visit_expr(x)) for x in named], [Layout()] * 3
+        operands = [self.visit_expr(x) for x in (match.q, match.k, match.v)]
+        if call.ty.ndim != 4:  # viewed as [batch, heads, seq, d]
+            operands = [self._viewed(x, [*_view(x.ty.shape.values[:-2]), *x.ty.shape.values[-2:]]) for x in operands]
         if match.mask is not None:  # [batch or 1, heads or 1, m or 1, n]
             mask = self.visit_expr(match.mask)
-            ones = [tvm.tirx.IntImm("int64", 1)] * (4 - mask.ty.ndim)
-            operands.append(mask if not ones else self.builder_.emit(
-                relax.op.reshape(mask, [*ones, *mask.ty.shape.values])))
-        spec = replace(match.spec, layouts=(*layouts, out_layout))
-        kernel = self.builder_.add_func(attention_kernel(spec, self.model), KERNEL_NAME)
+            operands.append(self._viewed(mask, [*[tvm.tirx.IntImm("int64", 1)] * (4 - mask.ty.ndim),
+                                                *mask.ty.shape.values]))
+        kernel = self.builder_.add_func(attention_kernel(match.spec, self.model), KERNEL_NAME)
         dims = list(call.ty.shape.values)
         out = relax.call_tir(kernel, operands, relax.TensorType(
             dims if call.ty.ndim == 4 else [*_view(dims[:-2]), *dims[-2:]], "float32"))
         return out if call.ty.ndim == 4 else relax.op.reshape(self.builder_.emit(out), call.ty.shape)
 
-    def _as_4d(self, x: relax.Expr) -> relax.Expr:
-        *lead, s, d = x.ty.shape.values
-        return self.builder_.emit(relax.op.reshape(x, [*_view(lead), s, d]))
+    def _viewed(self, x: relax.Expr, dims: list[tvm.tirx.PrimExpr]) -> relax.Expr:
+        """`x` reshaped to `dims` (a view), or `x` where it has that rank already."""
+        return x if x.ty.ndim == len(dims) else self.builder_.emit(relax.op.reshape(x, dims))
 
 
 def fused_attention(target: Target) -> tvm.transform.Pass:
-    """The module pass computing each attention `_Graph.attention` takes with `attention_kernel`."""
+    """The module pass computing each attention `_Graph` finds with `attention_kernel`."""
     model = cpu_model(target)
 
     @tvm.transform.module_pass(opt_level=0, name="KilnFusedAttention")
