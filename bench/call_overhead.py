@@ -30,14 +30,22 @@ from kiln.runtime.onnx.export import to_onnx
 from kiln.runtime.tvm.target import configure_threads, cpu_count
 
 
+def misaligned(x: np.ndarray) -> np.ndarray:
+    """A copy of `x` 16 bytes past a 64-byte boundary, as numpy's own allocations may be (copying until one was
+    not aligned could loop forever: numpy's small-block cache can hand back 64-byte aligned blocks every time)."""
+    raw = np.empty(x.nbytes + 128, np.uint8)
+    start = -raw.ctypes.data % 64 + 16
+    out = raw[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+    out[...] = x
+    return out
+
+
 def runners(width: int, folder: Path, threads: int) -> dict[str, Runner]:
     """Every approach on a `width` x `width` Linear at batch 1, each checked against onnxruntime."""
     graph = kiln.trace(nn.Linear(width, width).valid(), ((1, width), "f32"))
     seeded = kiln.trace(nn.Sequential(nn.Linear(width, width), nn.Dropout(0.5)).train(), ((1, width), "f32"))
     exe, exe_seeded = kiln.compile(graph), kiln.compile(seeded)
-    x = np.random.default_rng(0).standard_normal((1, width)).astype(np.float32)
-    while x.ctypes.data % 64 == 0:  # a plain numpy array as users have them: not on a 64-byte boundary
-        x = x.copy()
+    x = misaligned(np.random.default_rng(0).standard_normal((1, width)).astype(np.float32))
     xa = kiln.aligned(x)
     path = folder / f"linear{width}.onnx"
     path.write_bytes(to_onnx(graph).SerializeToString())

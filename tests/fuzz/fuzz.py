@@ -18,6 +18,7 @@ import json
 import math
 import random
 import resource
+import shutil
 import signal
 import sys
 import tempfile
@@ -402,7 +403,8 @@ def main(target: str, seed: int, seconds: float, iterations: int) -> int:
             return 1
         finally:
             signal.alarm(0)
-    print(json.dumps({**counts, "target": target, "seed": seed}))
+    shutil.rmtree(folder)  # a finding keeps its folder: the repro is in it
+    print(json.dumps({**counts, "target": target, "seed": seed, "folder": str(folder)}))
     return 0
 
 

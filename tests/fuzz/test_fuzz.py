@@ -34,3 +34,4 @@ def test_only_kiln_errors_escape_a_reader(target: str) -> None:
     summary = json.loads(lines[-1])
     assert done.returncode == 0 and "escaped" not in summary, summary
     assert summary["inputs"] >= 20 and summary["kiln_errors"] > 0, summary  # it exercised the error paths
+    assert not Path(summary["folder"]).exists(), "a run without a finding leaves no scratch folder behind"
