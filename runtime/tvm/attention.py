@@ -19,6 +19,11 @@ Each operand is [batch, heads, seq, d] or, read through the head split's transpo
 through its reshape too, [batch, seq, heads x d] (`Layout`), so a multi-head layer reads q, k and v from its
 projections and writes the context where the output projection reads it. Over 6 x 8 heads of 197 x 64 on Zen 4 it
 takes 2.6-2.8 ms (175 GFLOP/s) where the unfused kernels took 3.3-3.5 (bench/RESULTS.md, session 31).
+
+A bf16 build's kernel (`Attention.pairs`, on CPUs with 512-bit `vdpbf16ps`) computes both products on bf16 pairs with
+f32 sums: kᵀ is packed as words of (j, j + 1) pairs of d, v as words of (c, c + 1) pairs of its rows, each chunk's q
+rows as pairs of d, and each row's exps, after their f32 sum is taken, as pairs of n (`vcvtne2ps2bf16` rounds 32 at a
+time; `PAIRS_IR`); the softmax stays f32. Over the same 6 x 8 heads it takes 1.6-1.7 ms (291 GFLOP/s; session 32).
 """
 
 from __future__ import annotations
@@ -32,13 +37,35 @@ from tvm import tirx
 from tvm.script import tirx as T
 from tvm.script.ir_builder import tirx as ib
 
+from .bf16_layout import N_TILE, PAIR
 from .cpu import CPUModel
+from .dot_bf16 import DOT_IR, dot_pairs, has_dot
 from .row_vectors import RowSplit, across, at, row_vector, splat, zero_sums
 from .schedules.matmul import TILE_VECTORS
 from .softmax_rows import exp_nonpositive
 
 KERNEL_NAME = "attention"
 TASKS_PER_CORE = 2  # a head's row blocks split into parts until a batch of 1 has this many tasks a core (few heads)
+WORDS = N_TILE  # bf16 pairs (one int32 word each) in a 512-bit vector: `vdpbf16ps`'s operand
+_WORDS, _ZIP = "kiln_bf16_words", "kiln_bf16_zip"
+# linked into a pairs kernel beside `dot_bf16.DOT_IR`: 32 f32 rounded to nearest-even bf16 (vcvtne2ps2bf16), as the
+# 16 words of consecutive pairs (lo ‖ hi: word i = element 2i | element 2i + 1 << 16) or of lane-wise ones (word i =
+# a[i] | b[i] << 16: pairs of two rows)
+PAIRS_IR = f"""
+define linkonce_odr <16 x i32> @{_WORDS}(<16 x float> %lo, <16 x float> %hi) alwaysinline {{
+  %v = shufflevector <16 x float> %lo, <16 x float> %hi, <32 x i32> <{", ".join(f"i32 {i}" for i in range(32))}>
+  %b = fptrunc <32 x float> %v to <32 x bfloat>
+  %w = bitcast <32 x bfloat> %b to <16 x i32>
+  ret <16 x i32> %w
+}}
+define linkonce_odr <16 x i32> @{_ZIP}(<16 x float> %a, <16 x float> %b) alwaysinline {{
+  %v = shufflevector <16 x float> %a, <16 x float> %b,
+         <32 x i32> <{", ".join(f"i32 {i // 2 + 16 * (i % 2)}" for i in range(32))}>
+  %t = fptrunc <32 x float> %v to <32 x bfloat>
+  %w = bitcast <32 x bfloat> %t to <16 x i32>
+  ret <16 x i32> %w
+}}
+"""
 
 
 @dataclass(frozen=True)
@@ -77,6 +104,12 @@ class Attention:
     scale: float
     layouts: tuple[Layout, Layout, Layout, Layout] = (Layout(), Layout(), Layout(), Layout())
     mask: tuple[bool, bool, bool] | None = None
+    pairs: bool = False  # both products in bf16 pairs by `vdpbf16ps` (`takes_pairs`), the softmax in f32
+
+    def takes_pairs(self, model: CPUModel) -> bool:
+        """Whether `model`'s CPU has 512-bit `vdpbf16ps` and the pairs kernel takes this geometry: d whole pairs
+        of at least one 32-element conversion, and keys and values at least one vector wide."""
+        return has_dot(model) and self.d % PAIR == 0 and self.d >= PAIR * WORDS and min(self.n, self.dv) >= WORDS
 
     def mask_dims(self, batch: tirx.PrimExpr) -> list[tirx.PrimExpr]:
         """The mask's shape in the kernel (unused where there is none)."""
@@ -101,13 +134,17 @@ class Attention:
         return max(1, min(self.blocks(model), math.ceil(TASKS_PER_CORE * model.cores / self.heads)))
 
     def stride(self, lanes: int) -> int:
-        """Elements a row of packed kᵀ or of the scores takes: n to whole vectors, so every row starts aligned."""
-        return math.ceil(self.n / lanes) * lanes
+        """Elements a row of packed kᵀ or of the scores takes: n to whole vectors (to whole pairs of vectors in the
+        pairs kernel, which rounds the weights 32 at a time), so every row starts aligned."""
+        quantum = PAIR * lanes if self.pairs else lanes
+        return math.ceil(self.n / quantum) * quantum
 
     def _fitting_blocks(self, model: CPUModel) -> int:
-        """How many row blocks' scores fit beside packed kᵀ (d rows) in half of `model`'s L2."""
-        row_bytes = 4 * self.stride(model.lanes())
-        return (model.caches.l2 // 2 - self.d * row_bytes) // (self.block_rows(model) * row_bytes)
+        """How many row blocks' scores (and in the pairs kernel their weights' pairs) fit beside packed kᵀ (d rows)
+        in half of `model`'s L2."""
+        stride = self.stride(model.lanes())
+        key_bytes, row_bytes = (2 * stride, 6 * stride) if self.pairs else (4 * stride, 4 * stride)
+        return (model.caches.l2 // 2 - self.d * key_bytes) // (self.block_rows(model) * row_bytes)
 
     def fits(self, model: CPUModel) -> bool:
         """Whether packed kᵀ and one block's scores fill at most half of `model`'s L2 (longer keys stay unfused)."""
@@ -143,31 +180,65 @@ class _Tiles:
         return math.ceil((self.extent - self.full * self.width * self.step) / self.step)
 
 
-Scalar = Callable[[int, tirx.Expr], tirx.Expr]  # (row of the tile, step of the sum) -> a float32
+Scalar = Callable[[int, tirx.Expr], tirx.Expr]  # (row of the tile, step of the sum) -> its scalar operand
 Vector = Callable[[tirx.Expr, int], tirx.Expr]  # (step of the sum, vector of the tile) -> a vector
 Store = Callable[[int, int, tirx.Expr], None]  # (row, vector, the sum) -> emits its store
 
 
+@dataclass(frozen=True)
+class _Product:
+    """How a register tile's step adds a broadcast scalar times a vector: `spread` broadcasts the scalar to the
+    tile's lanes, `add` is the sums plus their product (an f32 FMA, or `vdpbf16ps` over (k, k+1) pairs)."""
+
+    spread: Callable[[tirx.Expr, int], tirx.Expr]
+    add: Callable[[tirx.Expr, tirx.Expr, tirx.Expr], tirx.Expr]
+
+    @classmethod
+    def of(cls, pairs: bool) -> _Product:
+        if pairs:
+            return cls(lambda x, lanes: splat(x, lanes, "int32"), dot_pairs)
+        return cls(splat, lambda sums, a, b: sums + a * b)
+
+
 def _tile(sums: tirx.Buffer, shape: tuple[int, int, int], depth: int, left: Scalar, right: Vector,
-          store: Store) -> None:
+          store: Store, product: _Product) -> None:
     """Emit one register tile of `shape` (rows, vectors, lanes) in the kernel being parsed: each sum is left(r, i)
-    broadcast times right(i, w) over i < `depth`, then stored by store(r, w, sum)."""
+    spread times right(i, w) over i < `depth`, then stored by store(r, w, sum)."""
     rows, width, lanes = shape
     zero_sums(sums, rows * width, lanes)
     with T.serial(0, depth) as i:
         for r in range(rows):
-            a = splat(left(r, i), lanes)
+            a = product.spread(left(r, i), lanes)
             for w in range(width):
                 index = at((r * width + w) * lanes, lanes)
-                ib.buffer_store(sums, sums[index] + a * right(i, w), [index])
+                ib.buffer_store(sums, product.add(sums[index], a, right(i, w)), [index])
     for r in range(rows):
         for w in range(width):
             store(r, w, sums[at((r * width + w) * lanes, lanes)])
 
 
+def _words(lo: tirx.Expr, hi: tirx.Expr) -> tirx.Expr:
+    """16 words of bf16 pairs of consecutive elements from 32 f32 (`lo` then `hi`), in a kernel importing
+    `PAIRS_IR`."""
+    return T.call_pure_extern("int32x16", _WORDS, lo, hi)
+
+
+def _zip(a: tirx.Expr, b: tirx.Expr) -> tirx.Expr:
+    """16 words of bf16 pairs (a[i], b[i]) of two rows' f32 vectors, in a kernel importing `PAIRS_IR`."""
+    return T.call_pure_extern("int32x16", _ZIP, a, b)
+
+
+def _starts(width: int, span: int) -> list[int]:
+    """Starts of `span`-element pieces covering `width` >= `span` elements, the last moved back to end at it."""
+    return sorted({*range(0, width - span + 1, span), width - span})
+
+
 def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
-    """The kernel of `spec` for `model`'s CPU: float32 q, k, v in, the context out, the batch symbolic."""
-    m, n, d, dv, lanes = spec.m, spec.n, spec.d, spec.dv, model.lanes()
+    """The kernel of `spec` for `model`'s CPU: float32 q, k, v in, the context out, the batch symbolic. In the
+    pairs kernel, kᵀ, v and each chunk's q are packed as bf16 pairs (kᵀ's along d, v's along n) and each row's
+    exps rounded to pairs after its sum is taken, so both products are `vdpbf16ps` tiles."""
+    m, n, d, dv, pairs = spec.m, spec.n, spec.d, spec.dv, spec.pairs
+    lanes = WORDS if pairs else model.lanes()
     rows, ns = spec.block_rows(model), spec.stride(lanes)
     blocks, chunk = spec.blocks(model), spec.chunk_blocks(model)
     keys, values = _Tiles.of(n, lanes), _Tiles.of(dv, lanes)
@@ -175,9 +246,14 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
     step, whole, tail = row.step, row.whole, row.tail
     ql, kl, vl, ol = spec.layouts
     heads, parts = spec.heads, spec.parts(model)
+    product = _Product.of(pairs)
+    # the reduction steps of each product (pairs of d or of n in the pairs kernel); a row of the weights' pairs
+    dq, dn, row_words = (d // PAIR, math.ceil(n / PAIR), ns // PAIR) if pairs else (d, n, ns)
+    packed = "int32" if pairs else "float32"  # kᵀ's and (pairs only) q's, the weights' and v's packed elements
+    pair_size = chunk * rows * max(dq, row_words) if pairs else 1  # q's and the weights' pairs (pairs only)
 
-    def scores_panel(q: tirx.Buffer, kt: tirx.Buffer, mask: tirx.Buffer, scores: tirx.Buffer, sums: tirx.Buffer,
-                     place: tuple[tirx.PrimExpr, ...], c0: tirx.PrimExpr, width: int) -> None:
+    def scores_panel(q: tirx.Buffer, qp: tirx.Buffer, kt: tirx.Buffer, mask: tirx.Buffer, scores: tirx.Buffer,
+                     sums: tirx.Buffer, place: tuple[tirx.PrimExpr, ...], c0: tirx.PrimExpr, width: int) -> None:
         """The scale times q kᵀ (plus the mask) over columns [c0, c0 + width vectors) of every block in the chunk
         (one panel of kᵀ, kept in L1 over the blocks)."""
         b, h, b0, b1 = place
@@ -190,25 +266,81 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
             at_mask = [i if full else 0 for i, full in zip((b, h, m0 + r), spec.mask)]
             return scaled + mask[(*at_mask, at(c0 + w * step, step))]
 
+        def left(r: int, j: tirx.Expr) -> tirx.Expr:
+            return qp[((block - b0) * rows + r) * dq + j] if pairs else q[tuple(ql.index(b, h, m0 + r, j, d))]
+
         with T.serial(b0, b1) as block:
             m0, base = tirx.min(block * rows, m - rows), (block - b0) * rows * ns
-            _tile(sums, (rows, width, step), d,
-                  lambda r, j: q[tuple(ql.index(b, h, m0 + r, j, d))],
-                  lambda j, w: kt[at(j * ns + c0 + w * step, step)],
-                  lambda r, w, s: ib.buffer_store(scores, score(r, w, s), [at(base + r * ns + c0 + w * step, step)]))
+            _tile(sums, (rows, width, step), dq, left, lambda j, w: kt[at(j * ns + c0 + w * step, step)],
+                  lambda r, w, s: ib.buffer_store(scores, score(r, w, s), [at(base + r * ns + c0 + w * step, step)]),
+                  product)
 
-    def context_panel(v: tirx.Buffer, out: tirx.Buffer, scores: tirx.Buffer, inverse: tirx.Buffer,
-                      sums: tirx.Buffer, place: tuple[tirx.PrimExpr, ...], c0: tirx.PrimExpr, width: int) -> None:
+    def context_panel(v: tirx.Buffer, vp: tirx.Buffer, out: tirx.Buffer, weights: tirx.Buffer,
+                      inverse: tirx.Buffer, sums: tirx.Buffer, place: tuple[tirx.PrimExpr, ...], c0: tirx.PrimExpr,
+                      width: int) -> None:
         """The context's columns [c0, c0 + width vectors) of every block in the chunk (one panel of v, in L1 over
         the blocks), each row scaled by its sum's reciprocal as it is stored."""
         b, h, b0, b1 = place
+        step = values.step
+
+        def right(c: tirx.Expr, w: int) -> tirx.Expr:
+            return vp[at(c * dv + c0 + w * step, step)] if pairs else \
+                v[tuple(vl.index(b, h, c, c0 + w * step, dv, step))]
+
         with T.serial(b0, b1) as block:
             m0, base = tirx.min(block * rows, m - rows), (block - b0) * rows
-            _tile(sums, (rows, width, values.step), n,
-                  lambda r, c: scores[(base + r) * ns + c],
-                  lambda c, w: v[tuple(vl.index(b, h, c, c0 + w * values.step, dv, values.step))],
-                  lambda r, w, s: ib.buffer_store(out, s * splat(inverse[base + r], values.step),
-                                                  ol.index(b, h, m0 + r, c0 + w * values.step, dv, values.step)))
+            _tile(sums, (rows, width, step), dn, lambda r, c: weights[(base + r) * row_words + c], right,
+                  lambda r, w, s: ib.buffer_store(out, s * splat(inverse[base + r], step),
+                                                  ol.index(b, h, m0 + r, c0 + w * step, dv, step)),
+                  product)
+
+    def pack_keys(k: tirx.Buffer, kt: tirx.Buffer, b: tirx.PrimExpr, h: tirx.PrimExpr) -> None:
+        """kᵀ as [d, ns] (f32), or as [d / 2, ns] words of (j, j + 1) pairs, each key's row rounded 32 at a time."""
+        if not pairs:
+            with T.grid(n, d) as (c, j):
+                ib.buffer_store(kt, k[tuple(kl.index(b, h, c, j, d))], [j * ns + c])
+            return
+        with T.serial(0, n) as c:
+            for j in _starts(d, PAIR * WORDS):
+                ib.buffer_store(kt, _words(k[tuple(kl.index(b, h, c, j, d, WORDS))],
+                                           k[tuple(kl.index(b, h, c, j + WORDS, d, WORDS))]),
+                                [tirx.Ramp(j // PAIR * ns + c, ns, WORDS)])
+
+    def pack_values(v: tirx.Buffer, vp: tirx.Buffer, b: tirx.PrimExpr, h: tirx.PrimExpr) -> None:
+        """v as [ceil(n / 2), dv] words of (c, c + 1) pairs of its rows (pairs only; an odd n's last row paired
+        with zeros)."""
+        def rows_of(c: tirx.Expr, second: bool) -> None:
+            for j in _starts(dv, WORDS):
+                low = v[tuple(vl.index(b, h, PAIR * c, j, dv, WORDS))]
+                high = v[tuple(vl.index(b, h, PAIR * c + 1, j, dv, WORDS))] if second else splat(0.0, WORDS)
+                ib.buffer_store(vp, _zip(low, high), [at(c * dv + j, WORDS)])
+
+        with T.serial(0, n // PAIR) as c:
+            rows_of(c, True)
+        if n % PAIR:
+            rows_of(tirx.const(n // PAIR, "int32"), False)
+
+    def pack_queries(q: tirx.Buffer, qp: tirx.Buffer, place: tuple[tirx.PrimExpr, ...]) -> None:
+        """The chunk's rows of q as [rows, d / 2] words of (j, j + 1) pairs (pairs only)."""
+        b, h, b0, b1 = place
+        with T.serial(b0, b1) as block:
+            m0 = tirx.min(block * rows, m - rows)
+            for r in range(rows):
+                for j in _starts(d, PAIR * WORDS):
+                    ib.buffer_store(qp, _words(q[tuple(ql.index(b, h, m0 + r, j, d, WORDS))],
+                                               q[tuple(ql.index(b, h, m0 + r, j + WORDS, d, WORDS))]),
+                                    [at(((block - b0) * rows + r) * dq + j // PAIR, WORDS)])
+
+    def round_weights(scores: tirx.Buffer, weights: tirx.Buffer, r: tirx.Expr) -> None:
+        """Row r's exps as bf16 pairs, the columns from n to the stride as zeros (pairs only)."""
+        for t in range(ns // (PAIR * WORDS)):
+            halves = []
+            for start in (PAIR * WORDS * t, PAIR * WORDS * t + WORDS):
+                value = scores[at(r * ns + start, WORDS)]
+                if start + WORDS > n:
+                    value = tirx.Select(at(start, WORDS) < splat(n, WORDS, "int32"), value, splat(0.0, WORDS))
+                halves.append(value)
+            ib.buffer_store(weights, _words(*halves), [at(r * row_words + t * WORDS, WORDS)])
 
     @T.prim_func(private=True)
     def attention(q_data: T.handle, k_data: T.handle, v_data: T.handle, mask_data: T.handle, out_data: T.handle):
@@ -223,20 +355,25 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
             g = T.bind(task // parts)
             b, h, part = T.bind(g // heads), T.bind(g % heads), T.bind(task % parts)
             first, last = T.bind(part * blocks // parts), T.bind((part + 1) * blocks // parts)
-            kt = T.decl_buffer((d * ns,), "float32", scope="local")
+            kt = T.decl_buffer((dq * ns,), packed, scope="local")
             scores = T.decl_buffer((chunk * rows * ns,), "float32", scope="local")
             sums = T.decl_buffer((rows * TILE_VECTORS * lanes,), "float32", scope="local")
             inverse = T.decl_buffer((chunk * rows,), "float32", scope="local")
             vec = T.decl_buffer((step,), "float32", scope="local")
-            for c, j in T.grid(n, d):
-                kt[j * ns + c] = k[tuple(kl.index(b, h, c, j, d))]
+            qp = T.decl_buffer((pair_size,), "int32", scope="local")  # q's pairs, then the weights'
+            vp = T.decl_buffer((dn * dv if pairs else 1,), "int32", scope="local")
+            pack_keys(k, kt, b, h)
+            if pairs:
+                pack_values(v, vp, b, h)
             for start in range((last - first + chunk - 1) // chunk):
                 b0 = T.bind(first + start * chunk)
                 place = (b, h, b0, T.min(b0 + chunk, last))
+                if pairs:
+                    pack_queries(q, qp, place)
                 for tile in range(keys.full):
-                    scores_panel(q, kt, mask, scores, sums, place, tile * keys.width * keys.step, keys.width)
+                    scores_panel(q, qp, kt, mask, scores, sums, place, tile * keys.width * keys.step, keys.width)
                 if keys.tail > 0:
-                    scores_panel(q, kt, mask, scores, sums, place, n - keys.tail * keys.step, keys.tail)
+                    scores_panel(q, qp, kt, mask, scores, sums, place, n - keys.tail * keys.step, keys.tail)
                 for r in range((place[3] - b0) * rows):
                     vec[at(0, step)] = scores[at(r * ns + tail, step)]
                     for w in range(whole):
@@ -251,12 +388,16 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
                     for w in range(whole):
                         vec[at(0, step)] = vec[at(0, step)] + scores[at(r * ns + w * step, step)]
                     inverse[r] = T.float32(1) / across(vec[at(0, step)], step, operator.add)
+                    if pairs:
+                        round_weights(scores, qp, r)
+                weights = qp if pairs else scores
                 for tile in range(values.full):
-                    context_panel(v, out, scores, inverse, sums, place, tile * values.width * values.step,
+                    context_panel(v, vp, out, weights, inverse, sums, place, tile * values.width * values.step,
                                   values.width)
                 if values.tail > 0:
-                    context_panel(v, out, scores, inverse, sums, place, dv - values.tail * values.step, values.tail)
-    if spec.mask is not None:
-        return attention
-    unmasked = [p for i, p in enumerate(attention.params) if i != 3]  # its body never reads the mask
-    return tirx.PrimFunc(unmasked, attention.body, attention.ret_type, attention.attrs)
+                    context_panel(v, vp, out, weights, inverse, sums, place, dv - values.tail * values.step,
+                                  values.tail)
+    body = tirx.AttrStmt(tirx.const(0, "int32"), "pragma_import_llvm", DOT_IR + PAIRS_IR, attention.body) \
+        if pairs else attention.body
+    params = [p for i, p in enumerate(attention.params) if i != 3 or spec.mask is not None]  # unread: no mask
+    return tirx.PrimFunc(params, body, attention.ret_type, attention.attrs)

@@ -8,7 +8,8 @@ nothing else (else the products would run twice). A rank-4 operand that is a hea
 (`permute_dims(y, [0, 2, 1, 3])`) is read from y, or from the projection y reshapes, and a result whose one user is
 that transpose is written in its layout, so a multi-head layer's q, k, v and context are never copied to or from
 [batch, heads, seq, d]. It runs before the fast-math rewrites (whose softmax it takes in) and only where its kernel's
-kᵀ and scores fit the CPU's L2 (`Attention.fits`); anything else keeps the unfused kernels."""
+kᵀ and scores fit the CPU's L2 (`Attention.fits`); anything else keeps the unfused kernels. In a bf16 build both
+products are bf16 pairs where the CPU has `vdpbf16ps` (`Attention.takes_pairs`), else float32."""
 
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ class _Graph:
     """One Relax function's bindings and use counts, and the attentions the kernel takes in it (`found`: by the call
     that is to compute each, the context product or the head split's transpose that is its one user)."""
 
-    def __init__(self, func: relax.Function, model: CPUModel) -> None:
+    def __init__(self, func: relax.Function, model: CPUModel, pairs: bool) -> None:
+        self.pairs = pairs
         bindings = [(b.var, b.value) for block in func.body.blocks for b in block.bindings]
         self.bound = dict(bindings)
         self.uses = use_counts(func)
@@ -181,6 +183,7 @@ class _Graph:
         else:
             layouts = (Layout(),) * 4
         spec = Attention(int(heads), m, n, d, dv, scale, layouts, whole)
+        spec = replace(spec, pairs=self.pairs and spec.takes_pairs(model))
         return _Match(q, k, v, mask, spec) if spec.fits(model) else None
 
     def _scores(self, x: relax.Expr) -> tuple[relax.Call | None, float, relax.Expr | None]:
@@ -202,11 +205,11 @@ class _Graph:
 class _Fuser(PyExprMutator):
     """Each call `_Graph.found` names, as the fused kernel."""
 
-    def __init__(self, mod: tvm.IRModule, model: CPUModel) -> None:
+    def __init__(self, mod: tvm.IRModule, model: CPUModel, pairs: bool) -> None:
         super().__init__(mod)
         self.model = model
         self.found = {call: match for f in mod.functions.values() if isinstance(f, relax.Function)
-                      for call, match in _Graph(f, model).found.items()}
+                      for call, match in _Graph(f, model, pairs).found.items()}
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         match = self.found.get(call)
@@ -230,12 +233,13 @@ class _Fuser(PyExprMutator):
         return x if x.ty.ndim == len(dims) else self.builder_.emit(relax.op.reshape(x, dims))
 
 
-def fused_attention(target: Target) -> tvm.transform.Pass:
-    """The module pass computing each attention `_Graph` finds with `attention_kernel`."""
+def fused_attention(target: Target, bf16: bool = False) -> tvm.transform.Pass:
+    """The module pass computing each attention `_Graph` finds with `attention_kernel`: in a `bf16` build, the
+    pairs kernel where the CPU and the geometry take it (`Attention.takes_pairs`)."""
     model = cpu_model(target)
 
     @tvm.transform.module_pass(opt_level=0, name="KilnFusedAttention")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _Fuser(mod, model)))
+        return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _Fuser(mod, model, bf16)))
 
     return _pass

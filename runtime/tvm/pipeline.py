@@ -80,7 +80,8 @@ def cpu_fusion_passes(target: Target, fast_math: bool = True, block_convs: bool 
     `precision` is the build's resolved mode (a bf16 build's convs may run a bf16 kernel)."""
     return [relax.transform.DeadCodeElimination(),  # a weight decoded inside its matmul leaves its dequantize unused
             relax.transform.EliminateCommonSubexpr(),  # one bf16 cast of x for q, k and v (each rule casts its own)
-            *([fused_attention(target)] if fast_math else []),  # softmax(s q kᵀ) v as one kernel (its exp is fast)
+            # softmax(s q kᵀ) v as one kernel (its exp is fast), its products bf16 in a bf16 build
+            *([fused_attention(target, precision == "bf16")] if fast_math else []),
             # a bf16 build's products of two activations the lowering left in f32 for the line above
             *([bf16_activation_products(target)] if precision == "bf16" and bf16_products(target) else []),
             *(fast_math_passes(cpu_model(target).lanes()) if fast_math else []),

@@ -1,11 +1,14 @@
 """Fused attention (`attention.py`, `attention_fusion.py`; issue 13: attention over 197 tokens behind onnxruntime):
-the kernel over drawn geometries and layouts against float64 numpy, an AVX2 build, which graphs the pass takes (and
-which it must leave unfused), and whole programs against kiln's reference interpreter."""
+the kernel over drawn geometries and layouts against float64 numpy (its bf16 pairs kernel against numpy with the
+operands rounded as the kernel rounds them), an AVX2 build, which graphs the pass takes (and which it must leave
+unfused), and whole programs against kiln's reference interpreter."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
 import pytest
 import tvm
@@ -29,6 +32,8 @@ from kiln.runtime.tvm.target import cpu_target
 
 TARGET = cpu_target()
 MODEL = cpu_model(TARGET)
+PAIRS = Attention(1, 16, 16, 32, 16, 1.0).takes_pairs(MODEL)
+NO_PAIRS = "this CPU has no 512-bit vdpbf16ps (AVX512-BF16): bf16 builds use the f32 attention kernel"
 pytestmark = pytest.mark.usefixtures("module_cache")
 
 
@@ -55,7 +60,8 @@ def _run(spec: Attention, q: np.ndarray, k: np.ndarray, v: np.ndarray, target: t
     """`attention_kernel(spec)` built for `target` and run on [batch, heads, seq, d] operands, each moved to its
     layout; the result back in [batch, heads, m, dv]."""
     def moved(x: np.ndarray, layout: Layout) -> np.ndarray:
-        return np.ascontiguousarray(x.transpose(0, 2, 1, 3)) if layout.seq_first else x
+        x = np.ascontiguousarray(x.transpose(0, 2, 1, 3)) if layout.seq_first else x
+        return x.reshape(*x.shape[:2], -1) if layout.folded else x
 
     ql, kl, vl, ol = spec.layouts
     batch, heads = q.shape[:2]
@@ -63,7 +69,13 @@ def _run(spec: Attention, q: np.ndarray, k: np.ndarray, v: np.ndarray, target: t
     func = attention_kernel(spec, model).with_attr("global_symbol", "main")
     library = cpu_compile(tvm.IRModule({"main": func}), target, "default").jit()
     library["main"](*(tvm.runtime.tensor(moved(x, lay)) for x, lay in ((q, ql), (k, kl), (v, vl))), out)
-    return moved(out.numpy(), ol)
+    result = out.numpy().reshape(batch, spec.m, heads, spec.dv) if ol.folded else out.numpy()
+    return result.transpose(0, 2, 1, 3) if ol.seq_first else result
+
+
+def _layouts(drawn: int) -> tuple[Layout, ...]:
+    """Each operand's and the result's layout from one base-3 digit of `drawn`: heads first, seq first, folded."""
+    return tuple(Layout(drawn // 3 ** i % 3 > 0, drawn // 3 ** i % 3 == 2) for i in range(4))
 
 
 def _operands(batch: int, heads: int, m: int, n: int, d: int, dv: int, spread: float, seed: int
@@ -77,16 +89,50 @@ def _operands(batch: int, heads: int, m: int, n: int, d: int, dv: int, spread: f
 @settings(max_examples=40, deadline=None, derandomize=True, database=None, phases=[Phase.generate])
 @given(batch=st.integers(1, 3), heads=st.integers(1, 3), m=st.one_of(st.integers(1, 40), st.just(197)),
        n=st.one_of(st.integers(1, 70), st.sampled_from([197, 300])), d=st.integers(1, 80),
-       dv=st.one_of(st.integers(1, 40), st.just(64)), layouts=st.integers(0, 15),
+       dv=st.one_of(st.integers(1, 40), st.just(64)), layouts=st.integers(0, 80),
        scale=st.sampled_from([0.125, 1.0, 3.0]), spread=st.sampled_from([0.3, 4.0]))
 def test_drawn_geometries_match_float64(batch: int, heads: int, m: int, n: int, d: int, dv: int, layouts: int,
                                         scale: float, spread: float) -> None:
     """Queries from one row to more than a block (the last block moved back), keys and value widths that no vector
     divides (1, 5, 197: the last vector and tile moved back), a batch and heads too few for the cores (a head's
-    blocks split into parts), each operand and the result in either layout."""
-    spec = Attention(heads, m, n, d, dv, scale, tuple(Layout(bool(layouts >> i & 1)) for i in range(4)))
+    blocks split into parts), each operand and the result in any layout."""
+    spec = Attention(heads, m, n, d, dv, scale, _layouts(layouts))
     q, k, v = _operands(batch, heads, m, n, d, dv, spread, seed=m * n + d)
     _check(_run(spec, q, k, v), q, k, v, scale)
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    return x.astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+@pytest.mark.skipif(not PAIRS, reason=NO_PAIRS)
+@settings(max_examples=25, deadline=None, derandomize=True, database=None, phases=[Phase.generate])
+@given(batch=st.integers(1, 2), heads=st.integers(1, 3), m=st.one_of(st.integers(1, 40), st.just(197)),
+       n=st.one_of(st.integers(16, 70), st.sampled_from([197, 300])),
+       d=st.one_of(st.integers(16, 40).map(lambda h: 2 * h), st.just(128)),
+       dv=st.one_of(st.integers(16, 40), st.just(64)), layouts=st.integers(0, 80), spread=st.sampled_from([0.3, 4.0]))
+def test_the_pairs_kernel_is_float32_but_for_its_roundings(batch: int, heads: int, m: int, n: int, d: int, dv: int,
+                                                           layouts: int, spread: float) -> None:
+    """The bf16 pairs kernel over drawn geometries (odd keys: the last pair of weights and of v's rows half zeros;
+    d not a multiple of 32: its last conversion moved back) against float64 with q, k and v rounded to bf16 as the
+    kernel rounds them: what is left is the weights' rounding, each within 2^-8 of itself, so the context within
+    2^-8 of the largest |v| beyond f32's bound."""
+    spec = Attention(heads, m, n, d, dv, 0.125, _layouts(layouts), pairs=True)
+    assert spec.takes_pairs(MODEL)
+    q, k, v = _operands(batch, heads, m, n, d, dv, spread, seed=m * n + d)
+    got = _run(spec, q, k, v)
+    q, k, v = _bf16(q), _bf16(k), _bf16(v)
+    bound = 2 ** -8 * np.abs(v).max() + 2e-6 * (1 + np.abs(_scores(q, k, 0.125)).max()) * np.abs(v).max()
+    np.testing.assert_allclose(got, _oracle(q, k, v, 0.125), rtol=0, atol=bound)
+
+
+def test_which_geometries_the_pairs_kernel_takes() -> None:
+    """Whole pairs of d, at least 32 of them to round at once, and keys and values a vector wide, on a CPU with
+    512-bit `vdpbf16ps`: never on an AVX2 build."""
+    assert Attention(12, 197, 197, 64, 64, 0.125).takes_pairs(MODEL) == PAIRS
+    for m, n, d, dv in ((197, 197, 63, 64), (197, 197, 16, 64), (8, 15, 64, 64), (8, 16, 64, 15)):
+        assert not Attention(1, m, n, d, dv, 1.0).takes_pairs(MODEL), (m, n, d, dv)
+    assert not Attention(12, 197, 197, 64, 64, 0.125).takes_pairs(cpu_model(AVX2))
 
 
 def test_an_avx2_build_matches_float64() -> None:
@@ -143,12 +189,16 @@ def attention_graph(shape: tuple, scale: str = "mul", reuse_weights: bool = Fals
     return verify(b.build())
 
 
-def fused_calls(graph: Graph, precision: str = "f32") -> list[str]:
-    """The `R.call_tir` lines of the graph's functions after kiln's CPU fusion passes."""
+def fused_module(graph: Graph, precision: str = "f32") -> tvm.IRModule:
+    """The graph's module after kiln's CPU fusion passes."""
     module = lower(graph, "bound", None, precision, TARGET).module
     with TARGET:
-        module = tvm.transform.Sequential(cpu_fusion_passes(TARGET, precision=precision))(module)
-    return [line for _, f in module.functions_items() if isinstance(f, relax.Function)
+        return tvm.transform.Sequential(cpu_fusion_passes(TARGET, precision=precision))(module)
+
+
+def fused_calls(graph: Graph, precision: str = "f32") -> list[str]:
+    """The `R.call_tir` lines of the graph's functions after kiln's CPU fusion passes."""
+    return [line for _, f in fused_module(graph, precision).functions_items() if isinstance(f, relax.Function)
             for line in str(f).splitlines() if "R.call_tir(" in line]
 
 
@@ -156,16 +206,21 @@ def _callees(calls: list[str]) -> list[str]:
     return [c.split("R.call_tir(")[1].split(",")[0].removeprefix("cls.") for c in calls]
 
 
-def _check_program(graph: Graph, batches: tuple[int, ...] = (0,), precision: str = "f32") -> None:
-    """One build against kiln's interpreter (at each batch where the first dim is dynamic)."""
+def _check_program(graph: Graph, batches: tuple[int, ...] = (0,), precision: str = "f32", spread: float = 2.0,
+                   bound: Callable[[np.ndarray], float] | None = None) -> None:
+    """One build against kiln's interpreter (at each batch where the first dim is dynamic), inputs drawn with
+    deviation `spread`; within f32's error, or within bound(first input) absolute where it is given."""
     exe = compile_graph(graph, target=TARGET, precision=precision)
     for batch in batches:
         rng = np.random.default_rng(batch)
-        inputs = [(rng.standard_normal([batch if d is None else d for d in a.type.shape]) * 2).astype(np.float32)
+        inputs = [(rng.standard_normal([batch if d is None else d for d in a.type.shape]) * spread).astype(np.float32)
                   for a in graph.functions["forward"].args]
         got, want = exe(*inputs), kiln.ir.interpret(graph, inputs)
         for g, w in zip(got if isinstance(got, tuple) else (got,), want, strict=True):
-            np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
+            if bound is None:
+                np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
+            else:
+                np.testing.assert_allclose(g, w, rtol=0, atol=bound(inputs[0]))
 
 
 @pytest.mark.parametrize("scale", ["mul", "div", "none"])
@@ -212,14 +267,34 @@ def test_what_the_pass_leaves_unfused_still_matches(case: str) -> None:
         _check_program(graph)
 
 
+def _bf16_attention_bound(x: np.ndarray) -> float:
+    """How far a bf16 build's softmax(x xᵀ / 8) x may be from float64's: each score off by the dot bound
+    (docs/precision.md, 2^-7 of its sum of |products|), which moves each weight by at most twice the largest such
+    error relative, and the weights and x rounded (2^-8 each), all against the largest |x|."""
+    x = x.astype(np.float64)
+    score_error = 2 ** -7 * (np.abs(x) @ np.swapaxes(np.abs(x), -1, -2)).max() / 8
+    return (2 * score_error + 2 ** -7) * np.abs(x).max()
+
+
+def _kernel_text(graph: Graph, precision: str) -> str:
+    """The attention kernel's TIR in the graph's fused module."""
+    module = fused_module(graph, precision)
+    return next(f.script() for gv, f in module.functions_items() if gv.name_hint == KERNEL_NAME)
+
+
 @pytest.mark.skipif(not bf16_products(TARGET), reason="this CPU has no bf16 product kernel (AVX512-BF16 or AMX)")
 def test_a_bf16_build_fuses_attention_and_keeps_bf16_for_other_products() -> None:
-    """In a bf16 build the lowering leaves attention's products in f32, so the fused f32 kernel takes them (f32's
-    error, not bf16's); a product of two activations that is no attention's (the weights returned too) is still
-    the bf16 product kernel."""
-    fused, unfused = attention_graph((2, 2, 40, 16)), attention_graph((2, 2, 40, 16), reuse_weights=True)
-    assert _callees(fused_calls(fused, "bf16")) == [KERNEL_NAME]
-    _check_program(fused, precision="bf16")
+    """In a bf16 build the lowering leaves attention's products in f32 for the fused kernel: its bf16 pairs kernel
+    where the CPU has `vdpbf16ps` and d is 64 (within the bf16 bound), its f32 kernel where d is 16 (f32's error);
+    a product of two activations that is no attention's (the weights returned too) is still the bf16 product
+    kernel."""
+    wide, narrow = attention_graph((2, 2, 40, 64)), attention_graph((2, 2, 40, 16))
+    for graph, pairs in ((wide, PAIRS), (narrow, False)):
+        assert _callees(fused_calls(graph, "bf16")) == [KERNEL_NAME]
+        assert ("kiln_dpbf16ps" in _kernel_text(graph, "bf16")) == pairs
+    _check_program(wide, precision="bf16", spread=0.5, bound=_bf16_attention_bound)
+    _check_program(narrow, precision="bf16")
+    unfused = attention_graph((2, 2, 40, 16), reuse_weights=True)
     callees = _callees(fused_calls(unfused, "bf16"))
     assert KERNEL_NAME not in callees and sum(DOT_KERNEL_NAME in c or AMX_KERNEL_NAME in c for c in callees) == 2
 
