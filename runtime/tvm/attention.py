@@ -22,8 +22,9 @@ takes 2.6-2.8 ms (175 GFLOP/s) where the unfused kernels took 3.3-3.5 (bench/RES
 
 A bf16 build's kernel (`Attention.pairs`, on CPUs with 512-bit `vdpbf16ps`) computes both products on bf16 pairs with
 f32 sums: kᵀ is packed as words of (j, j + 1) pairs of d, v as words of (c, c + 1) pairs of its rows, each chunk's q
-rows as pairs of d, and each row's exps, after their f32 sum is taken, as pairs of n (`vcvtne2ps2bf16` rounds 32 at a
-time; `PAIRS_IR`); the softmax stays f32. Over the same 6 x 8 heads it takes 1.6-1.7 ms (291 GFLOP/s; session 32).
+rows as pairs of d, and each row's exps as pairs of n, rounded 32 at a time (`PAIRS_IR`) in the pass that sums them
+in f32 (the f32 exps are never stored); the softmax is f32 but for that rounding. Over the same 6 x 8 heads it takes
+1.6-1.7 ms (about 290 GFLOP/s; bench/RESULTS.md, session 32).
 """
 
 from __future__ import annotations
@@ -236,7 +237,7 @@ def _starts(width: int, span: int) -> list[int]:
 def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
     """The kernel of `spec` for `model`'s CPU: float32 q, k, v in, the context out, the batch symbolic. In the
     pairs kernel, kᵀ, v and each chunk's q are packed as bf16 pairs (kᵀ's along d, v's along n) and each row's
-    exps rounded to pairs after its sum is taken, so both products are `vdpbf16ps` tiles."""
+    exps rounded to pairs as they are summed, so both products are `vdpbf16ps` tiles."""
     m, n, d, dv, pairs = spec.m, spec.n, spec.d, spec.dv, spec.pairs
     lanes = WORDS if pairs else model.lanes()
     rows, ns = spec.block_rows(model), spec.stride(lanes)
@@ -331,15 +332,31 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
                                                q[tuple(ql.index(b, h, m0 + r, j + WORDS, d, WORDS))]),
                                     [at(((block - b0) * rows + r) * dq + j // PAIR, WORDS)])
 
-    def round_weights(scores: tirx.Buffer, weights: tirx.Buffer, r: tirx.Expr) -> None:
-        """Row r's exps as bf16 pairs, the columns from n to the stride as zeros (pairs only)."""
+    def exps(scores: tirx.Buffer, vec: tirx.Buffer, r: tirx.Expr, top: tirx.Expr) -> None:
+        """Row r's exps in place and their sum in `vec`'s lanes (the last vector's lanes that the one before it
+        covered left out of it)."""
+        ib.buffer_store(vec, exp_nonpositive(scores[at(r * ns + tail, step)] - top, step), [at(0, step)])
+        for w in range(whole):
+            ib.buffer_store(scores, exp_nonpositive(scores[at(r * ns + w * step, step)] - top, step),
+                            [at(r * ns + w * step, step)])
+        ib.buffer_store(scores, vec[at(0, step)], [at(r * ns + tail, step)])
+        ib.buffer_store(vec, row.fresh(vec[at(0, step)]), [at(0, step)])
+        for w in range(whole):
+            ib.buffer_store(vec, vec[at(0, step)] + scores[at(r * ns + w * step, step)], [at(0, step)])
+
+    def exp_pairs(scores: tirx.Buffer, weights: tirx.Buffer, vec: tirx.Buffer, r: tirx.Expr, top: tirx.Expr
+                  ) -> None:
+        """Row r's exps as bf16 pairs in `weights` (the columns from n to the stride zeros) and their f32 sum in
+        `vec`'s lanes, 32 columns at a time in one pass: the f32 exps are never stored (pairs only)."""
+        ib.buffer_store(vec, splat(0.0, WORDS), [at(0, WORDS)])
         for t in range(ns // (PAIR * WORDS)):
             halves = []
             for start in (PAIR * WORDS * t, PAIR * WORDS * t + WORDS):
-                value = scores[at(r * ns + start, WORDS)]
+                value = exp_nonpositive(scores[at(r * ns + start, WORDS)] - top, WORDS)
                 if start + WORDS > n:
                     value = tirx.Select(at(start, WORDS) < splat(n, WORDS, "int32"), value, splat(0.0, WORDS))
                 halves.append(value)
+            ib.buffer_store(vec, vec[at(0, WORDS)] + halves[0] + halves[1], [at(0, WORDS)])
             ib.buffer_store(weights, _words(*halves), [at(r * row_words + t * WORDS, WORDS)])
 
     @T.prim_func(private=True)
@@ -379,17 +396,11 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
                     for w in range(whole):
                         vec[at(0, step)] = T.max(vec[at(0, step)], scores[at(r * ns + w * step, step)])
                     top = T.bind(splat(across(vec[at(0, step)], step, tirx.max), step))
-                    vec[at(0, step)] = exp_nonpositive(scores[at(r * ns + tail, step)] - top, step)
-                    for w in range(whole):
-                        scores[at(r * ns + w * step, step)] = exp_nonpositive(
-                            scores[at(r * ns + w * step, step)] - top, step)
-                    scores[at(r * ns + tail, step)] = vec[at(0, step)]
-                    vec[at(0, step)] = row.fresh(vec[at(0, step)])
-                    for w in range(whole):
-                        vec[at(0, step)] = vec[at(0, step)] + scores[at(r * ns + w * step, step)]
-                    inverse[r] = T.float32(1) / across(vec[at(0, step)], step, operator.add)
                     if pairs:
-                        round_weights(scores, qp, r)
+                        exp_pairs(scores, qp, vec, r, top)
+                    else:
+                        exps(scores, vec, r, top)
+                    inverse[r] = T.float32(1) / across(vec[at(0, step)], step, operator.add)
                 weights = qp if pairs else scores
                 for tile in range(values.full):
                     context_panel(v, vp, out, weights, inverse, sums, place, tile * values.width * values.step,
