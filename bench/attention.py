@@ -67,20 +67,20 @@ def layer_runners(d: int, batch: int, tokens: int) -> dict[str, Runner]:
 
 def table(rows: list[str], make: Callable[[list[int]], tuple[dict[str, Runner], float | None]], rounds: int,
           header: str) -> list[str]:
-    """One markdown row per entry of `rows` (its dims, as `make` takes them): both variants' ms and their ratio,
-    and the pairs kernel's GFLOP/s where `make` gives the work."""
-    lines = []
+    """A markdown table, a row per entry of `rows` (its dims, as `make` takes them): both variants' ms and their
+    ratio, and the pairs kernel's GFLOP/s where `make` gives the work."""
+    cells = []
     for row in rows:
         runners, gflop = make([int(v) for v in row.split("x")])
         per_round = interleaved(runners, rounds, quiet=False, settle_s=SETTLE_S)
         f32, pairs = (statistics.median(per_round[name]) for name in ("f32", "pairs"))
         ratio = statistics.median(p / f for p, f in zip(per_round["pairs"], per_round["f32"], strict=True))
-        rate = "" if gflop is None else f" {gflop / pairs * 1e3:.0f} |"
-        lines.append(f"| {row} | {f32:.3f} | {pairs:.3f} | {ratio:.3f} |{rate}")
-        print(lines[-1], file=sys.stderr, flush=True)
-    rated = " pairs GFLOP/s |" if lines[0].count("|") == 6 else ""
-    return [f"| {header} | f32 ms | pairs ms | pairs / f32 |{rated}", "|---|---:|---:|---:|" + "---:|" * bool(rated),
-            *lines]
+        cells.append([row, f"{f32:.3f}", f"{pairs:.3f}", f"{ratio:.3f}",
+                      *([] if gflop is None else [f"{gflop / pairs * 1e3:.0f}"])])
+        print(" ".join(cells[-1]), file=sys.stderr, flush=True)
+    names = [header, "f32 ms", "pairs ms", "pairs / f32", "pairs GFLOP/s"][:len(cells[0])]
+    return [f"| {' | '.join(names)} |", "|---" + "|---:" * (len(names) - 1) + "|",
+            *(f"| {' | '.join(c)} |" for c in cells)]
 
 
 def main() -> None:

@@ -229,11 +229,6 @@ def _zip(a: tirx.Expr, b: tirx.Expr) -> tirx.Expr:
     return T.call_pure_extern("int32x16", _ZIP, a, b)
 
 
-def _starts(width: int, span: int) -> list[int]:
-    """Starts of `span`-element pieces covering `width` >= `span` elements, the last moved back to end at it."""
-    return sorted({*range(0, width - span + 1, span), width - span})
-
-
 def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
     """The kernel of `spec` for `model`'s CPU: float32 q, k, v in, the context out, the batch symbolic. In the
     pairs kernel, kᵀ, v and each chunk's q are packed as bf16 pairs (kᵀ's along d, v's along n) and each row's
@@ -302,7 +297,7 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
                 ib.buffer_store(kt, k[tuple(kl.index(b, h, c, j, d))], [j * ns + c])
             return
         with T.serial(0, n) as c:
-            for j in _starts(d, PAIR * WORDS):
+            for j in RowSplit(d, PAIR * WORDS).starts:
                 ib.buffer_store(kt, _words(k[tuple(kl.index(b, h, c, j, d, WORDS))],
                                            k[tuple(kl.index(b, h, c, j + WORDS, d, WORDS))]),
                                 [tirx.Ramp(j // PAIR * ns + c, ns, WORDS)])
@@ -311,7 +306,7 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
         """v as [ceil(n / 2), dv] words of (c, c + 1) pairs of its rows (pairs only; an odd n's last row paired
         with zeros)."""
         def rows_of(c: tirx.Expr, second: bool) -> None:
-            for j in _starts(dv, WORDS):
+            for j in RowSplit(dv, WORDS).starts:
                 low = v[tuple(vl.index(b, h, PAIR * c, j, dv, WORDS))]
                 high = v[tuple(vl.index(b, h, PAIR * c + 1, j, dv, WORDS))] if second else splat(0.0, WORDS)
                 ib.buffer_store(vp, _zip(low, high), [at(c * dv + j, WORDS)])
@@ -327,7 +322,7 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
         with T.serial(b0, b1) as block:
             m0 = tirx.min(block * rows, m - rows)
             for r in range(rows):
-                for j in _starts(d, PAIR * WORDS):
+                for j in RowSplit(d, PAIR * WORDS).starts:
                     ib.buffer_store(qp, _words(q[tuple(ql.index(b, h, m0 + r, j, d, WORDS))],
                                                q[tuple(ql.index(b, h, m0 + r, j + WORDS, d, WORDS))]),
                                     [at(((block - b0) * rows + r) * dq + j // PAIR, WORDS)])
@@ -377,7 +372,8 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
             sums = T.decl_buffer((rows * TILE_VECTORS * lanes,), "float32", scope="local")
             inverse = T.decl_buffer((chunk * rows,), "float32", scope="local")
             vec = T.decl_buffer((step,), "float32", scope="local")
-            qp = T.decl_buffer((pair_size,), "int32", scope="local")  # q's pairs, then the weights'
+            # pairs only (one word, never read, in the f32 kernel): q's pairs, then the weights'; v's pairs
+            qp = T.decl_buffer((pair_size,), "int32", scope="local")
             vp = T.decl_buffer((dn * dv if pairs else 1,), "int32", scope="local")
             pack_keys(k, kt, b, h)
             if pairs:

@@ -72,6 +72,11 @@ class RowSplit:
     def tail(self) -> int:
         return self.width - self.step
 
+    @property
+    def starts(self) -> list[int]:
+        """Where each vector starts: the whole ones, then the last (at most `step` past the one before it)."""
+        return [*range(0, self.whole * self.step, self.step), self.tail]
+
     def fresh(self, value: tirx.PrimExpr) -> tirx.PrimExpr:
         """The last vector's float32 `value` with the lanes the vector before it covered as 0, for a sum: a select
         whose condition is constant per lane (none where the vectors tile the row)."""

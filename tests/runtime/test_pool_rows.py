@@ -22,7 +22,7 @@ from kiln.runtime.tvm.cpu import cpu_model
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.pipeline import cpu_compile, cpu_fusion_passes, cpu_pipeline
 from kiln.runtime.tvm.pool_rows import KERNEL_NAME, pool_rows_kernel
-from kiln.runtime.tvm.row_vectors import row_vector
+from kiln.runtime.tvm.row_vectors import RowSplit, row_vector
 from kiln.runtime.tvm.target import cpu_target
 
 TARGET = cpu_target()
@@ -171,6 +171,15 @@ def test_a_dynamic_batch_relu_and_pool_match_the_interpreter() -> None:
 def test_rows_take_the_widest_vector_no_wider_than_the_row(extent: int, lanes: int, width: int) -> None:
     """28 outputs are two 16-lane vectors, the second overlapping the first; 7 are two of 4 lanes."""
     assert row_vector(extent, lanes) == width
+
+
+@pytest.mark.parametrize(("width", "step", "starts"), [(64, 32, [0, 32]), (80, 32, [0, 32, 48]), (17, 16, [0, 1]),
+                                                       (16, 16, [0]), (197, 16, [*range(0, 192, 16), 181])])
+def test_a_row_split_starts_its_last_vector_where_it_ends_at_the_width(width: int, step: int, starts: list[int]
+                                                                       ) -> None:
+    """Whole vectors from 0, then one ending at the width (overlapping the one before where step does not divide
+    it): the attention kernel's conversions of d and of v's columns walk these."""
+    assert RowSplit(width, step).starts == starts
 
 
 @pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
