@@ -285,7 +285,8 @@ def _kernel_text(graph: Graph, precision: str) -> str:
 @pytest.mark.skipif(not bf16_products(TARGET), reason="this CPU has no bf16 product kernel (AVX512-BF16 or AMX)")
 def test_a_bf16_build_fuses_attention_and_keeps_bf16_for_other_products() -> None:
     """In a bf16 build the lowering leaves attention's products in f32 for the fused kernel: its bf16 pairs kernel
-    where the CPU has `vdpbf16ps` and d is 64 (within the bf16 bound), its f32 kernel where d is 16 (f32's error);
+    where the CPU has `vdpbf16ps` and d is 64 (within the bf16 bound; BERT's mask over a dynamic batch too), its f32
+    kernel where d is 16 (f32's error);
     a product of two activations that is no attention's (the weights returned too) is still the bf16 product
     kernel."""
     wide, narrow = attention_graph((2, 2, 40, 64)), attention_graph((2, 2, 40, 16))
@@ -294,6 +295,9 @@ def test_a_bf16_build_fuses_attention_and_keeps_bf16_for_other_products() -> Non
         assert ("kiln_dpbf16ps" in _kernel_text(graph, "bf16")) == pairs
     _check_program(wide, precision="bf16", spread=0.5, bound=_bf16_attention_bound)
     _check_program(narrow, precision="bf16")
+    masked = attention_graph((None, 2, 40, 64), mask=(None, 1, 1, 40))  # BERT's mask, over a dynamic batch
+    assert ("kiln_dpbf16ps" in _kernel_text(masked, "bf16")) == PAIRS
+    _check_program(masked, (1, 3), precision="bf16", spread=0.5, bound=_bf16_attention_bound)
     unfused = attention_graph((2, 2, 40, 16), reuse_weights=True)
     callees = _callees(fused_calls(unfused, "bf16"))
     assert KERNEL_NAME not in callees and sum(DOT_KERNEL_NAME in c or AMX_KERNEL_NAME in c for c in callees) == 2
