@@ -248,6 +248,15 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
     packed = "int32" if pairs else "float32"  # kᵀ's and (pairs only) q's, the weights' and v's packed elements
     pair_size = chunk * rows * max(dq, row_words) if pairs else 1  # q's and the weights' pairs (pairs only)
 
+    def first_row(block: tirx.PrimExpr) -> tirx.PrimExpr:
+        """A row block's first query: the last block moved back to end at m (its rows the one before computed too)."""
+        return tirx.min(block * rows, m - rows)
+
+    def pairs_of_d(read: Callable[[int], tirx.Expr]) -> list[tuple[int, tirx.Expr]]:
+        """A row of d as (its first word, 16 words of (j, j + 1) pairs) pieces, rounded 32 elements at a time, where
+        read(j) loads 16 elements from j (pairs only)."""
+        return [(j // PAIR, _words(read(j), read(j + WORDS))) for j in RowSplit(d, PAIR * WORDS).starts]
+
     def scores_panel(q: tirx.Buffer, qp: tirx.Buffer, kt: tirx.Buffer, mask: tirx.Buffer, scores: tirx.Buffer,
                      sums: tirx.Buffer, place: tuple[tirx.PrimExpr, ...], c0: tirx.PrimExpr, width: int) -> None:
         """The scale times q kᵀ (plus the mask) over columns [c0, c0 + width vectors) of every block in the chunk
@@ -266,7 +275,7 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
             return qp[((block - b0) * rows + r) * dq + j] if pairs else q[tuple(ql.index(b, h, m0 + r, j, d))]
 
         with T.serial(b0, b1) as block:
-            m0, base = tirx.min(block * rows, m - rows), (block - b0) * rows * ns
+            m0, base = first_row(block), (block - b0) * rows * ns
             _tile(sums, (rows, width, step), dq, left, lambda j, w: kt[at(j * ns + c0 + w * step, step)],
                   lambda r, w, s: ib.buffer_store(scores, score(r, w, s), [at(base + r * ns + c0 + w * step, step)]),
                   product)
@@ -284,7 +293,7 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
                 v[tuple(vl.index(b, h, c, c0 + w * step, dv, step))]
 
         with T.serial(b0, b1) as block:
-            m0, base = tirx.min(block * rows, m - rows), (block - b0) * rows
+            m0, base = first_row(block), (block - b0) * rows
             _tile(sums, (rows, width, step), dn, lambda r, c: weights[(base + r) * row_words + c], right,
                   lambda r, w, s: ib.buffer_store(out, s * splat(inverse[base + r], step),
                                                   ol.index(b, h, m0 + r, c0 + w * step, dv, step)),
@@ -297,10 +306,8 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
                 ib.buffer_store(kt, k[tuple(kl.index(b, h, c, j, d))], [j * ns + c])
             return
         with T.serial(0, n) as c:
-            for j in RowSplit(d, PAIR * WORDS).starts:
-                ib.buffer_store(kt, _words(k[tuple(kl.index(b, h, c, j, d, WORDS))],
-                                           k[tuple(kl.index(b, h, c, j + WORDS, d, WORDS))]),
-                                [tirx.Ramp(j // PAIR * ns + c, ns, WORDS)])
+            for word, words in pairs_of_d(lambda j: k[tuple(kl.index(b, h, c, j, d, WORDS))]):
+                ib.buffer_store(kt, words, [tirx.Ramp(word * ns + c, ns, WORDS)])
 
     def pack_values(v: tirx.Buffer, vp: tirx.Buffer, b: tirx.PrimExpr, h: tirx.PrimExpr) -> None:
         """v as [ceil(n / 2), dv] words of (c, c + 1) pairs of its rows (pairs only; an odd n's last row paired
@@ -320,12 +327,10 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
         """The chunk's rows of q as [rows, d / 2] words of (j, j + 1) pairs (pairs only)."""
         b, h, b0, b1 = place
         with T.serial(b0, b1) as block:
-            m0 = tirx.min(block * rows, m - rows)
             for r in range(rows):
-                for j in RowSplit(d, PAIR * WORDS).starts:
-                    ib.buffer_store(qp, _words(q[tuple(ql.index(b, h, m0 + r, j, d, WORDS))],
-                                               q[tuple(ql.index(b, h, m0 + r, j + WORDS, d, WORDS))]),
-                                    [at(((block - b0) * rows + r) * dq + j // PAIR, WORDS)])
+                query = first_row(block) + r
+                for word, words in pairs_of_d(lambda j, i=query: q[tuple(ql.index(b, h, i, j, d, WORDS))]):
+                    ib.buffer_store(qp, words, [at(((block - b0) * rows + r) * dq + word, WORDS)])
 
     def exps(scores: tirx.Buffer, vec: tirx.Buffer, r: tirx.Expr, top: tirx.Expr) -> None:
         """Row r's exps in place and their sum in `vec`'s lanes (the last vector's lanes that the one before it
