@@ -1,8 +1,9 @@
 """CPU schedule for the depthwise convs computed plane by plane (`runtime/tvm/plane_window.py`).
 
 Channels in parallel; under each, the channel's padded plane is filled (a few KiB, in L1), then register tiles of
-`row_tile` output rows x one vector of columns reduce the window (its taps unrolled, each a vector multiply-add of a
-contiguous load), and the channel's real columns are stored with any elementwise epilogue (bias, relu) fused.
+`row_tile` output rows x one vector of columns reduce the window row by row (its taps unrolled, each a vector
+multiply-add of a contiguous load, the next rows reusing those loads), and the channel's real columns are stored
+with any elementwise epilogue (bias, relu) fused.
 """
 
 from tvm import s_tir, tirx
@@ -65,7 +66,10 @@ class CPUPlaneWindow(dl.ScheduleRule):
         channels = sch.fuse(batch, channel)
         row_o, row_i = sch.split(row, [None, row_tile(rows, kernel[0] * kernel[1], kernel[1], model)])
         column_o, column_i = sch.split(column, [None, vector])
-        sch.reorder(channels, row_o, column_o, *taps, row_i, column_i)
+        # Row by row, each row's taps inside: the rows share their input vectors in registers. Taps outside the rows
+        # (tap by tap over the tile) kept every row's loads live across taps, and the spills made a 3x3 window over
+        # 64x56² take 58.9 us against 35.7 (Zen 4; 16x112²: 58.5 against 33.7).
+        sch.reorder(channels, row_o, column_o, row_i, *taps, column_i)
         tile = sch.cache_write(acc, 0, "local")
         sch.reverse_compute_at(tile, column_o, preserve_unit_loops=True)
         own = (pad, acc, out)
