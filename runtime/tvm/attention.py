@@ -43,7 +43,7 @@ from .cpu import CPUModel
 from .dot_bf16 import DOT_IR, dot_pairs, has_dot
 from .row_vectors import RowSplit, across, at, row_vector, splat, zero_sums
 from .schedules.matmul import TILE_VECTORS
-from .softmax_rows import exp_nonpositive
+from .softmax_rows import exp_nonpositive, row_exps, row_maximum
 
 KERNEL_NAME = "attention"
 TASKS_PER_CORE = 2  # a head's row blocks split into parts until a batch of 1 has this many tasks a core (few heads)
@@ -239,7 +239,7 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
     blocks, chunk = spec.blocks(model), spec.chunk_blocks(model)
     keys, values = _Tiles.of(n, lanes), _Tiles.of(dv, lanes)
     row = RowSplit.of(n, lanes)
-    step, whole, tail = row.step, row.whole, row.tail
+    step, tail = row.step, row.tail
     ql, kl, vl, ol = spec.layouts
     heads, parts = spec.heads, spec.parts(model)
     product = _Product.of(pairs)
@@ -332,17 +332,9 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
                 for word, words in pairs_of_d(lambda j, i=query: q[tuple(ql.index(b, h, i, j, d, WORDS))]):
                     ib.buffer_store(qp, words, [at(((block - b0) * rows + r) * dq + word, WORDS)])
 
-    def exps(scores: tirx.Buffer, vec: tirx.Buffer, r: tirx.Expr, top: tirx.Expr) -> None:
-        """Row r's exps in place and their sum in `vec`'s lanes (the last vector's lanes that the one before it
-        covered left out of it)."""
-        ib.buffer_store(vec, exp_nonpositive(scores[at(r * ns + tail, step)] - top, step), [at(0, step)])
-        for w in range(whole):
-            ib.buffer_store(scores, exp_nonpositive(scores[at(r * ns + w * step, step)] - top, step),
-                            [at(r * ns + w * step, step)])
-        ib.buffer_store(scores, vec[at(0, step)], [at(r * ns + tail, step)])
-        ib.buffer_store(vec, row.fresh(vec[at(0, step)]), [at(0, step)])
-        for w in range(whole):
-            ib.buffer_store(vec, vec[at(0, step)] + scores[at(r * ns + w * step, step)], [at(0, step)])
+    def scores_row(scores: tirx.Buffer, r: tirx.Expr) -> Callable[[tirx.Expr], tirx.Expr]:
+        """Row r of the chunk's scores, as its vector from a start."""
+        return lambda start: scores[at(r * ns + start, step)]
 
     def exp_pairs(scores: tirx.Buffer, weights: tirx.Buffer, vec: tirx.Buffer, r: tirx.Expr, top: tirx.Expr
                   ) -> None:
@@ -393,14 +385,11 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
                 if keys.tail > 0:
                     scores_panel(q, qp, kt, mask, scores, sums, place, n - keys.tail * keys.step, keys.tail)
                 for r in range((place[3] - b0) * rows):
-                    vec[at(0, step)] = scores[at(r * ns + tail, step)]
-                    for w in range(whole):
-                        vec[at(0, step)] = T.max(vec[at(0, step)], scores[at(r * ns + w * step, step)])
-                    top = T.bind(splat(across(vec[at(0, step)], step, tirx.max), step))
+                    top = T.bind(splat(row_maximum(row, vec, scores_row(scores, r)), step))
                     if pairs:
                         exp_pairs(scores, qp, vec, r, top)
-                    else:
-                        exps(scores, vec, r, top)
+                    else:  # in place
+                        row_exps(row, vec, scores_row(scores, r), top, scores, r * ns, tail)
                     inverse[r] = T.float32(1) / across(vec[at(0, step)], step, operator.add)
                 weights = qp if pairs else scores
                 for tile in range(values.full):

@@ -15,10 +15,12 @@ from __future__ import annotations
 import functools
 import math
 import operator
+from collections.abc import Callable
 
 import tvm
 from tvm import relax, tirx
 from tvm.script import tirx as T
+from tvm.script.ir_builder import tirx as ib
 
 from .relax_rewrite import call_on_rows
 from .row_vectors import RowSplit, across, at, splat
@@ -47,6 +49,35 @@ def exp_nonpositive(t: tirx.PrimExpr, lanes: int) -> tirx.PrimExpr:
     return poly * tirx.call_intrin("float32" if lanes == 1 else f"float32x{lanes}", "tirx.reinterpret", exponent)
 
 
+Read = Callable[[tirx.Expr], tirx.Expr]  # a row's vector from a start
+
+
+def row_maximum(split: RowSplit, acc: tirx.Buffer, read: Read) -> tirx.PrimExpr:
+    """Emit the loop leaving the row's maximum in `acc`'s lanes, in the kernel being parsed; the maximum as a scalar.
+    The last vector goes first, so the lanes it shares with the one before it are simply read twice."""
+    step = split.step
+    ib.buffer_store(acc, read(split.tail), [at(0, step)])
+    with ib.serial(0, split.whole) as v:
+        ib.buffer_store(acc, tirx.max(acc[at(0, step)], read(v * step)), [at(0, step)])
+    return across(acc[at(0, step)], step, tirx.max)
+
+
+def row_exps(split: RowSplit, acc: tirx.Buffer, read: Read, top: tirx.PrimExpr, exps: tirx.Buffer,
+             base: tirx.PrimExpr, last: int) -> None:
+    """Emit the loops storing the row's exps, exp(read(start) - `top`), into `exps` from `base` (each whole vector at
+    its start, the last at `last`: its own start where the exps overwrite the row they read, else past the whole
+    ones) and leaving their sum in `acc`'s lanes (the last vector's lanes the one before it covered left out). The
+    last vector is read first and stored last, so an in-place row is read before any exp overwrites it."""
+    step = split.step
+    ib.buffer_store(acc, exp_nonpositive(read(split.tail) - top, step), [at(0, step)])
+    with ib.serial(0, split.whole) as v:
+        ib.buffer_store(exps, exp_nonpositive(read(v * step) - top, step), [at(base + v * step, step)])
+    ib.buffer_store(exps, acc[at(0, step)], [at(base + last, step)])
+    ib.buffer_store(acc, split.fresh(acc[at(0, step)]), [at(0, step)])
+    with ib.serial(0, split.whole) as v:
+        ib.buffer_store(acc, acc[at(0, step)] + exps[at(base + v * step, step)], [at(0, step)])
+
+
 def softmax_rows_kernel(width: int, lanes: int, scale: float = 1.0) -> tirx.PrimFunc:
     """The scheduled kernel of softmax(`scale` x) over the rows of float32 [rows, `width`] (rows symbolic), in
     vectors of at most `lanes` (`RowSplit`); `scale` > 0, so max(scale x) = scale max(x) and x is read as is."""
@@ -66,17 +97,9 @@ def softmax_rows_kernel(width: int, lanes: int, scale: float = 1.0) -> tirx.Prim
             for row in T.parallel(rows):
                 exps = T.decl_buffer(((whole + 1) * step,), "float32", scope="local")
                 sums = T.decl_buffer((step,), "float32", scope="local")
-                sums[at(0, step)] = x[row, at(tail, step)]
-                for v in range(whole):
-                    sums[at(0, step)] = T.max(sums[at(0, step)], x[row, at(v * step, step)])
-                top = T.bind(scaled(across(sums[at(0, step)], step, tirx.max), 1))
-                for v in range(whole):
-                    exps[at(v * step, step)] = exp_nonpositive(scaled(x[row, at(v * step, step)]) - splat(top, step),
-                                                               step)
-                exps[at(whole * step, step)] = exp_nonpositive(scaled(x[row, at(tail, step)]) - splat(top, step), step)
-                sums[at(0, step)] = split.fresh(exps[at(whole * step, step)])
-                for v in range(whole):
-                    sums[at(0, step)] = sums[at(0, step)] + exps[at(v * step, step)]
+                top = T.bind(scaled(row_maximum(split, sums, lambda start, row=row: x[row, at(start, step)]), 1))
+                row_exps(split, sums, lambda start, row=row: scaled(x[row, at(start, step)]), splat(top, step), exps, 0,
+                         whole * step)
                 inverse = T.bind(T.float32(1) / across(sums[at(0, step)], step, operator.add))
                 for v in range(whole):
                     out[row, at(v * step, step)] = exps[at(v * step, step)] * splat(inverse, step)
