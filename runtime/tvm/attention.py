@@ -8,7 +8,8 @@ their scores and kᵀ fill at most half of L2, `Attention.chunk_blocks`):
 - the scaled scores in register tiles of `rows` x 2 vectors (the matmul rule's tile), one panel of kᵀ's columns at a
   time over all the chunk's blocks, so the panel stays in L1 (a block's tiles over all of kᵀ, 53 KB at 197 keys,
   read it from L2: 125 against 186 GFLOP/s with keys that fit L1);
-- each row's maximum, exps and sum in vectors (`softmax_rows.exp_nonpositive`), the exps left unscaled;
+- each row's maximum, exps and sum in vectors, by the emitters of the softmax kernel (`softmax_rows.row_maximum`,
+  `row_exps`), the exps left unscaled, in place;
 - the context in tiles of `rows` x 2 vectors over v's rows as they are (contiguous: no pack), one panel of v's
   columns at a time, each row scaled by its sum's reciprocal as it is stored.
 A tile, row or block whose vectors do not divide its extent has its last one end at the extent (`row_vectors`), so
