@@ -156,10 +156,9 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
                             if mi > 0:  # a slice of the previous block's rows while the tiles multiply
                                 for r in range(slice_rows):
                                     if kb * slice_rows + r < block_rows:
-                                        for j in T.vectorized(block_cols):
-                                            store_epilogue(
-                                                epilogue, bb, (mb - 1) * block_rows + kb * slice_rows + r,
-                                                nb * block_cols + j, acc[(mi - 1) % 2, kb * slice_rows + r, j])
+                                        store_epilogue(
+                                            epilogue, bb, (mb - 1) * block_rows + kb * slice_rows + r,
+                                            nb * block_cols, block_cols, acc, [(mi - 1) % 2, kb * slice_rows + r, 0])
                     if epilogue is None:
                         for i in T.unroll(mt):
                             for j in T.unroll(C_COLS):
@@ -173,9 +172,8 @@ def tile_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byt
                 if epilogue is not None:
                     if (mi == per_task or mb >= mblocks) and mi > 0 and mb - 1 < mblocks:  # the task's last block
                         for r in range(block_rows):
-                            for j in T.vectorized(block_cols):
-                                store_epilogue(epilogue, bb, (mb - 1) * block_rows + r, nb * block_cols + j,
-                                               acc[(mi - 1) % 2, r, j])
+                            store_epilogue(epilogue, bb, (mb - 1) * block_rows + r, nb * block_cols, block_cols,
+                                           acc, [(mi - 1) % 2, r, 0])
             T.evaluate(_intrin("tilerelease"))
     return kernel
 

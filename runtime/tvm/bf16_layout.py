@@ -21,13 +21,15 @@ class Epilogue:
     finds them): `inputs` (its other operands) and `output` are the kernel's parameters after A and B, and for the
     product's element (b, row, col) = c it stores `value(b, row, col, c)` at `at(b, row, col)` of `output`, for
     the rows `inside(b, row)` holds (all where it is None: an output with fewer rows than C, M without its padding,
-    keeps only its own). The product itself is never written."""
+    keeps only its own) and the columns before `columns` (all where it is None: an output of N columns keeps only
+    those of C's whole panels). The product itself is never written."""
 
     inputs: tuple[tirx.Buffer, ...]
     output: tirx.Buffer
     value: Callable[[tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr], tirx.PrimExpr]
     at: Callable[[tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr], list[tirx.PrimExpr]]
     inside: Callable[[tirx.PrimExpr, tirx.PrimExpr], tirx.PrimExpr] | None = None
+    columns: int | None = None
 
 
 def result_params(epilogue: Epilogue | None, batch: tirx.Var, mp: tirx.Var, np_: int) -> tirx.Buffer:
@@ -40,14 +42,35 @@ def result_params(epilogue: Epilogue | None, batch: tirx.Var, mp: tirx.Var, np_:
     return ib.arg("out", epilogue.output)
 
 
-def store_epilogue(epilogue: Epilogue, b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr,
-                   c: tirx.PrimExpr) -> None:
-    """Emit the epilogue's store of the product's element (b, row, col) = c, guarded by `inside` where it has one."""
+def store_epilogue(epilogue: Epilogue, b: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.PrimExpr, lanes: int,
+                   sums: tirx.Buffer, start: list[tirx.PrimExpr]) -> None:
+    """Emit the epilogue's stores of the product's elements (b, row, col + j), j < `lanes`, held in `sums` from
+    `start` along its last dim, as one vector, guarded by `inside` where it has one. Where the output has fewer
+    `columns` than C, a vector that crosses its end is stored element by element up to it instead (a guard on the
+    lane would scalarize every vector)."""
+    def store(j: tirx.Var) -> None:
+        c = sums[(*start[:-1], start[-1] + j)]
+        ib.buffer_store(epilogue.output, epilogue.value(b, row, col + j, c), epilogue.at(b, row, col + j))
+
+    def vector() -> None:
+        with ib.vectorized(0, lanes) as j:
+            store(j)
+
+    def stores() -> None:
+        if epilogue.columns is None:
+            vector()
+            return
+        with ib.If(col + lanes <= epilogue.columns):
+            with ib.Then():
+                vector()
+            with ib.Else(), ib.serial(0, lanes) as j, ib.If(col + j < epilogue.columns), ib.Then():
+                store(j)
+
     if epilogue.inside is None:
-        ib.buffer_store(epilogue.output, epilogue.value(b, row, col, c), epilogue.at(b, row, col))
+        stores()
         return
     with ib.If(epilogue.inside(b, row)), ib.Then():
-        ib.buffer_store(epilogue.output, epilogue.value(b, row, col, c), epilogue.at(b, row, col))
+        stores()
 
 
 def bf16_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:

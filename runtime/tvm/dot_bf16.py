@@ -121,6 +121,5 @@ def dot_kernel(rows: int, kp: int, np_: int, shared_b: bool, cores: int, l2_byte
                             if epilogue is None:
                                 c[bb, row(m0, r, mp), T.ramp(col, 1, lanes)] = sums[T.ramp(at, 1, lanes)]
                             else:
-                                for j in T.vectorized(lanes):
-                                    store_epilogue(epilogue, bb, row(m0, r, mp), col + j, sums[at + j])
+                                store_epilogue(epilogue, bb, row(m0, r, mp), col, lanes, sums, [at])
     return kernel

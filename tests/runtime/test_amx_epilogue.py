@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 import tvm
-from test_amx_matmul import SAPPHIRE, needs_tiles
+from test_amx_matmul import NO_AMX, SAPPHIRE, needs_tiles
 from test_precision import bf16_bound  # the documented bound, one place
 from tvm import relax, tirx
 from tvm.target import Target
@@ -67,11 +67,12 @@ def callees(graph: Graph, target: Target = SAPPHIRE) -> list[str]:
 
 
 @pytest.mark.parametrize("consumer", ["gelu", "residual"])
-@pytest.mark.parametrize(("rows", "k"), [(128, 96), (7, 77)])
-def test_bias_activation_and_residual_run_in_the_tile_store(consumer: str, rows: int, k: int) -> None:
+@pytest.mark.parametrize(("rows", "k", "n"), [(128, 96, 64), (7, 77, 64), (7, 77, 77), (37, 64, 1000)])
+def test_bias_activation_and_residual_run_in_the_tile_store(consumer: str, rows: int, k: int, n: int) -> None:
     """The bias with gelu or with a residual add after a tile product is one tile kernel with that epilogue, after
-    A's cast (and padding, at K = 77): no elementwise kernel reads the product back."""
-    names = callees(consumer_graph(rows, _weight(k, 64), consumer))
+    A's cast (and padding, at K = 77): no elementwise kernel reads the product back, also where N (77, 1000) is
+    no whole number of C's panels."""
+    names = callees(consumer_graph(rows, _weight(k, n), consumer))
     assert len(names) == 2 and names[1] == f"{KERNEL_NAME}_epilogue"
 
 
@@ -89,6 +90,22 @@ def test_an_epilogue_stores_only_the_rows_of_its_output() -> None:
         module = tvm.transform.Sequential(cpu_fusion_passes(SAPPHIRE))(module)
     (text,) = [f.script() for g, f in module.functions_items() if g.name_hint.startswith(f"{KERNEL_NAME}_epilogue")]
     assert re.search(r"if .*< T.int64\(37\):", text), text
+
+
+@pytest.mark.parametrize("target", [SAPPHIRE, NO_AMX["znver4"]], ids=["tiles", "dot"])
+def test_an_epilogue_stores_only_the_columns_of_its_output(target: Target) -> None:
+    """77 columns of a product C padded to whole panels: the vectors inside them are stored as vectors, and the one
+    that crosses column 77 element by element up to it (its lanes past 77 would wrap into the next row). The
+    kernel builds for the target (compiled, not run: this host may lack its instructions)."""
+    graph = consumer_graph(7, _weight(64, 77), "residual")
+    module = lower(graph, "bound", None, "bf16", target).module
+    with target:
+        module = tvm.transform.Sequential(cpu_fusion_passes(target))(module)
+    (text,) = [f.script() for g, f in module.functions_items() if g.name_hint.endswith("_epilogue")]
+    lanes, end = (rf"(T\.int64\()?{digits}\)?" for digits in (r"\d+", "77"))  # int64 constants or not
+    assert re.search(rf"if .* \+ {lanes} <= {end}:", text), text  # whole vectors
+    assert re.search(rf"if .* < {end}:", text), text  # the crossing one, element by element
+    compile_graph(graph, target=target, precision="bf16")
 
 
 def _gelu(y: np.ndarray) -> np.ndarray:
@@ -118,11 +135,12 @@ def check_epilogues(rows: int, k: int, n: int, target: TargetLike = "llvm", batc
 
 @needs_tiles
 @pytest.mark.parametrize(("rows", "k", "n"), [(128, 96, 64), (7, 77, 64), (64, 1000, 96), (608, 1000, 96),
-                                              (37, 96, 64)])
+                                              (37, 96, 64), (7, 77, 77), (608, 1000, 1000), (37, 96, 10)])
 def test_epilogues_are_within_the_bf16_bound(rows: int, k: int, n: int) -> None:
     """`check_epilogues` from the tile store: 7 rows (tiles configured to 7 rows), K not a multiple of 32; 608 rows
     of K = 1000 (19 row blocks in L2 chunks of at most 16: tasks whose last block is the matrix's, so their last
-    epilogue runs alone); 37 rows, C padded to 64, whose padding's products the store must drop."""
+    epilogue runs alone); 37 rows, C padded to 64, whose padding's products the store must drop; N of 77, 1000
+    and 10, C padded to whole panels, whose columns past N the store must drop."""
     check_epilogues(rows, k, n)
 
 

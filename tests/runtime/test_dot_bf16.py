@@ -77,21 +77,26 @@ def test_dot_products_are_within_the_bf16_bound_at_any_batch(k: int, n: int) -> 
 
 
 @pytest.mark.parametrize("consumer", ["gelu", "residual"])
-def test_bias_activation_and_residual_run_in_the_dot_kernels_store(consumer: str) -> None:
+@pytest.mark.parametrize("n", [64, 77, 10])
+def test_bias_activation_and_residual_run_in_the_dot_kernels_store(consumer: str, n: int) -> None:
     """As on tiles: the bias with gelu or a residual add after a Zen 4 product is one dot kernel with that
-    epilogue, after A's cast and padding: no elementwise kernel reads the product back."""
-    names = callees(consumer_graph(7, _weight(77, 64), consumer), ZEN4)
+    epilogue, after A's cast and padding: no elementwise kernel reads the product back, also where N (77, 10) is
+    no whole number of C's panels."""
+    names = callees(consumer_graph(7, _weight(77, n), consumer), ZEN4)
     assert len(names) == 2 and names[1] == f"{DOT_KERNEL_NAME}_epilogue"
 
 
 @needs_dot
 @pytest.mark.parametrize(("rows", "k", "n"), [(128, 96, 64), (7, 77, 64), (608, 1000, 96), (37, 96, 64),
-                                              (197, 64, 96), (20, 64, 16)])
+                                              (197, 64, 96), (20, 64, 16), (7, 77, 77), (608, 1000, 1000),
+                                              (37, 96, 10), (20, 64, 40)])
 def test_dot_epilogues_are_within_the_bf16_bound(rows: int, k: int, n: int) -> None:
     """`check_epilogues` from the dot kernel's store: 7 rows (one short row tile), 608 rows of K = 1000 (M in L2
     chunks, the last row tile moved back, so its epilogue stores some rows twice); 37 and 197 rows, whose last row
     tile moves back too (C is not padded: when it was, the padding's products had overwritten the first 27 rows);
-    20 rows of 16 columns, whose register tile (30 rows for one vector) is cut to M."""
+    20 rows of 16 columns, whose register tile (30 rows for one vector) is cut to M; N of 77, 1000, 10 and 40,
+    C padded to whole panels, whose columns past N the store must drop (storing them whole wrapped into the next
+    rows at 608 x 1000)."""
     check_epilogues(rows, k, n, ZEN4)
 
 
