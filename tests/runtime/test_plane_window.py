@@ -19,7 +19,7 @@ from kiln.runtime.tvm.compile import compile_graph
 from kiln.runtime.tvm.cpu import cpu_model
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.pipeline import cpu_compile, cpu_fusion_passes, cpu_pipeline
-from kiln.runtime.tvm.plane_window import OUT_BLOCK, vector_width
+from kiln.runtime.tvm.plane_window import ACC_BLOCK, OUT_BLOCK, vector_width
 from kiln.runtime.tvm.schedules import CPUPlaneWindow
 from kiln.runtime.tvm.schedules.plane_window import row_tile
 from kiln.runtime.tvm.target import cpu_target
@@ -79,6 +79,22 @@ def test_a_lone_depthwise_conv_is_one_scheduled_plane_kernel(target: tvm.target.
     *_, store = sch.get_loops(sch.get_sblock(OUT_BLOCK))
     assert sch.get(store).kind == tvm.tirx.ForKind.VECTORIZED
     cpu_compile(mod, target, cpu_pipeline(target, fast_math=False))
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_each_row_of_a_tile_sums_its_window_before_the_next_row(target: tvm.target.Target) -> None:
+    """Inside a register tile the rows are outside the window's taps, so each row's 3 x 3 taps run together and the
+    next rows reuse the input vectors they loaded. With the taps outside the rows, every row's loads stayed live
+    from tap to tap, and the spills made the 3x3 conv of 64x56² 1.65x slower on Zen 4."""
+    w = relax.const(np.random.default_rng(6).standard_normal((8, 1, 3, 3)).astype(np.float32))
+    mod = relax_module([(1, 8, 56, 56)], lambda x: relax.op.nn.conv2d(x, w, padding=1, groups=8))
+    (kernel,) = _kernels(mod, target)
+    sch = CPUPlaneWindow().apply(kernel, target, False)
+    *_, rows, ry, rx, lanes = (sch.get(loop) for loop in sch.get_loops(sch.get_sblock(f"{ACC_BLOCK}_update")))
+    model = cpu_model(target)
+    assert [int(loop.extent) for loop in (rows, ry, rx, lanes)] == [
+        row_tile(56, 9, 3, model), 3, 3, vector_width(56, model.lanes())]
+    assert rows.kind == tvm.tirx.ForKind.UNROLLED and lanes.kind == tvm.tirx.ForKind.VECTORIZED
 
 
 def test_convs_that_are_not_depthwise_keep_their_kernels() -> None:
