@@ -81,9 +81,9 @@ def consumer_epilogue(func: tirx.PrimFunc, c_at: int, target: Target) -> Epilogu
     from C's element at the same row (flat position of the leading dims) and column, with a static last dim. An
     output of fewer rows (M without the padding of C's `Mp`) keeps its own: the rows past it, wrapped by the flat
     index, had overwritten its first rows with the padding's products (a 37-row bf16 linear lost 27 rows to its
-    bias). One of fewer columns (N without the padding of C's panels: a linear to 77 or 1000 features) keeps its
-    own too: before, such a consumer was a kernel of its own that read C back (a 7 x 37-77-1000-10 MLP ran slower
-    in bf16 than in f32)."""
+    bias). One of fewer columns (N without the padding of C's panels: a linear to 77 or 1000 features) keeps only
+    its own columns (`Epilogue.columns`); refused, such a consumer stayed a kernel that read C back, and a
+    7 x 37-77-1000-10 MLP ran slower in bf16 than in f32."""
     params = list(func.params)
     c, out = params[c_at], params[-1]  # a TIR parameter is its buffer
     sch, infos = cpu_blocks(func, target)
