@@ -21,7 +21,7 @@ from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.pipeline import cpu_compile, cpu_fusion_passes, cpu_pipeline
 from kiln.runtime.tvm.plane_window import ACC_BLOCK, OUT_BLOCK, vector_width
 from kiln.runtime.tvm.schedules import CPUPlaneWindow
-from kiln.runtime.tvm.schedules.plane_window import row_tile
+from kiln.runtime.tvm.schedules.plane_window import GROUP_PLANES, plane_group, row_tile
 from kiln.runtime.tvm.target import cpu_target
 
 TARGET = cpu_target()
@@ -74,7 +74,8 @@ def test_a_lone_depthwise_conv_is_one_scheduled_plane_kernel(target: tvm.target.
     assert sch is not None
     text = sch.mod["main"].script()
     lanes = vector_width(14, cpu_model(target).lanes())
-    assert "T.parallel(T.int64(24))" in text and f"T.vectorized(T.int64({lanes}))" in text
+    groups = 24 // plane_group(24, 4 * 16 * 18, cpu_model(target))  # planes of 16 rows, 16 + 2 columns
+    assert f"T.parallel(T.int64({groups}))" in text and f"T.vectorized(T.int64({lanes}))" in text
     assert text.count("with T.sblock(") - text.count('# with T.sblock("root")') == 5  # pad, init, update, tile, out
     *_, store = sch.get_loops(sch.get_sblock(OUT_BLOCK))
     assert sch.get(store).kind == tvm.tirx.ForKind.VECTORIZED
@@ -152,6 +153,20 @@ def test_row_tiles_fit_the_register_file_beside_the_weights(target: tvm.target.T
     assert tile + 9 + 3 <= model.vector_registers or tile == rows
     assert tile > 1 or rows > model.accumulators
 
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+@pytest.mark.parametrize(("channels", "plane_bytes"), [(512, 360), (256, 1152), (13, 360), (4, 360), (64, 15312)])
+def test_plane_groups_fit_a_quarter_of_l1_and_leave_every_core_work(target: tvm.target.Target, channels: int,
+                                                                    plane_bytes: int) -> None:
+    """A group's planes fit a quarter of L1 (or it is one plane), it divides the channels, holds at most
+    `GROUP_PLANES`, and leaves each core a group at batch 1; small planes (7², 14²) are grouped, a 56² one not."""
+    model = cpu_model(target)
+    planes = plane_group(channels, plane_bytes, model)
+    assert channels % planes == 0 and planes <= GROUP_PLANES
+    assert planes * plane_bytes <= model.caches.l1d // 4 or planes == 1
+    assert channels // planes >= min(channels, model.cores)
+    assert (planes > 1) == (channels in (512, 256, 4) and plane_bytes < 2048)
 
 
 def test_a_dynamic_batch_gets_the_plane_kernel_and_matches_the_interpreter() -> None:
