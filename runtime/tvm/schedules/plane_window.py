@@ -8,6 +8,7 @@ the channel's real columns are stored with any elementwise epilogue (bias, relu)
 
 import math
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
@@ -77,8 +78,10 @@ class CPUPlaneWindow(dl.ScheduleRule):
         if padded % vector or rows is None or None in kernel:
             return None
         symbolic = static_extent(sch.get(batch).extent) is None
-        plane = [static_extent(d) for d in sch.get(pad).writes[0].source.shape[-3:]]
-        planes = plane_group(static_extent(sch.get(channel).extent), 4 * math.prod(plane), model)
+        padded_map = sch.get(pad).writes[0].source
+        plane = [static_extent(d) for d in padded_map.shape[-3:]]
+        planes = plane_group(static_extent(sch.get(channel).extent),
+                             math.prod(plane) * tvm.DataType(padded_map.dtype).bits // 8, model)
         channel_o, channels = sch.split(channel, [None, planes])
         group = sch.fuse(batch, channel_o)  # in parallel: each group's planes filled, then its channels summed
         row_o, row_i = sch.split(row, [None, row_tile(rows, kernel[0] * kernel[1], kernel[1], model)])
