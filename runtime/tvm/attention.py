@@ -39,7 +39,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 from tvm.script.ir_builder import tirx as ib
 
-from .bf16_layout import N_TILE, PAIR
+from .bf16_layout import N_TILE, PAIR, rounding_ir
 from .cpu import CPUModel
 from .dot_bf16 import DOT_IR, dot_pairs, has_dot
 from .row_vectors import RowSplit, across, at, row_vector, splat, zero_sums
@@ -50,24 +50,10 @@ KERNEL_NAME = "attention"
 TASKS_PER_CORE = 2  # a head's row blocks split into parts until a batch of 1 has this many tasks a core (few heads)
 WORDS = N_TILE  # bf16 pairs (one int32 word each) in a 512-bit vector: `vdpbf16ps`'s operand
 _WORDS, _ZIP = "kiln_bf16_words", "kiln_bf16_zip"
-# linked into a pairs kernel beside `dot_bf16.DOT_IR`: 32 f32 rounded to nearest-even bf16 (vcvtne2ps2bf16), as the
-# 16 words of consecutive pairs (lo ‖ hi: word i = element 2i | element 2i + 1 << 16) or of lane-wise ones (word i =
-# a[i] | b[i] << 16: pairs of two rows)
-PAIRS_IR = f"""
-define linkonce_odr <16 x i32> @{_WORDS}(<16 x float> %lo, <16 x float> %hi) alwaysinline {{
-  %v = shufflevector <16 x float> %lo, <16 x float> %hi, <32 x i32> <{", ".join(f"i32 {i}" for i in range(32))}>
-  %b = fptrunc <32 x float> %v to <32 x bfloat>
-  %w = bitcast <32 x bfloat> %b to <16 x i32>
-  ret <16 x i32> %w
-}}
-define linkonce_odr <16 x i32> @{_ZIP}(<16 x float> %a, <16 x float> %b) alwaysinline {{
-  %v = shufflevector <16 x float> %a, <16 x float> %b,
-         <32 x i32> <{", ".join(f"i32 {i // 2 + 16 * (i % 2)}" for i in range(32))}>
-  %t = fptrunc <32 x float> %v to <32 x bfloat>
-  %w = bitcast <32 x bfloat> %t to <16 x i32>
-  ret <16 x i32> %w
-}}
-"""
+# linked into a pairs kernel beside `dot_bf16.DOT_IR`: 32 f32 as the 16 words of consecutive pairs (lo ‖ hi: word
+# i = element 2i | element 2i + 1 << 16), or of lane-wise ones (word i = a[i] | b[i] << 16: pairs of two rows)
+PAIRS_IR = rounding_ir(_WORDS, WORDS, 2, list(range(2 * WORDS))) + \
+    rounding_ir(_ZIP, WORDS, 2, [i // 2 + WORDS * (i % 2) for i in range(2 * WORDS)])
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,25 @@ def store_epilogue(epilogue: Epilogue, b: tirx.PrimExpr, row: tirx.PrimExpr, col
         stores()
 
 
+def rounding_ir(name: str, lanes: int, inputs: int, order: list[int]) -> str:
+    """LLVM IR of `name`: `inputs` f32 vectors of `lanes` rounded to nearest-even bf16 (`fptrunc`, as `bf16_bits`
+    rounds; LLVM emits `vcvtne2ps2bf16` / `vcvtneps2bf16`) and returned as int32 words of pairs, bf16 slot i
+    holding element order[i] of the inputs laid end to end (the low half of word w is slot 2w). For a
+    hand-written kernel's `pragma_import_llvm`, beside `dot_bf16.DOT_IR`."""
+    count = len(order)
+    params = ", ".join(f"<{lanes} x float> %x{i}" for i in range(inputs))
+    second = f"<{lanes} x float> %x1" if inputs == 2 else f"<{lanes} x float> poison"
+    mask = ", ".join(f"i32 {i}" for i in order)
+    return f"""
+define linkonce_odr <{count // 2} x i32> @{name}({params}) alwaysinline {{
+  %v = shufflevector <{lanes} x float> %x0, {second}, <{count} x i32> <{mask}>
+  %b = fptrunc <{count} x float> %v to <{count} x bfloat>
+  %w = bitcast <{count} x bfloat> %b to <{count // 2} x i32>
+  ret <{count // 2} x i32> %w
+}}
+"""
+
+
 def bf16_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:
     """The bits of f32 `value` rounded to nearest-even bf16, in the low half of a uint32 (a NaN stays a quiet NaN).
     In integer arithmetic: TVM computes bf16 values in f32 and cannot bit cast one, and its f32 -> bf16 -> f32

@@ -16,23 +16,15 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as ib
 
-from .bf16_layout import N_TILE
+from .bf16_layout import N_TILE, rounding_ir
 
 HALF = N_TILE // 2  # a word pairs channels c and c + HALF of one block
 VECTOR = f"float32x{N_TILE}"  # one output pixel's block of channels, the unit the epilogue computes on
 _PAIRS, _UNPAIRS = "kiln_bf16_pairs", "kiln_bf16_unpairs"
-# linked into the conv kernel beside `dot_bf16.DOT_IR`: 16 f32 channels rounded to nearest-even bf16 (LLVM emits
-# vcvtneps2bf16 on these CPUs) and paired as `bf16_input` lays them out, word q = channel q | channel q + 8 << 16;
-# and the inverse, 8 such words back as 16 f32 channels (a skip read from pairs)
-PAIRS_IR = f"""
-define linkonce_odr <8 x i32> @{_PAIRS}(<16 x float> %v) alwaysinline {{
-  %b = fptrunc <16 x float> %v to <16 x bfloat>
-  %p = shufflevector <16 x bfloat> %b, <16 x bfloat> poison,
-         <16 x i32> <i32 0, i32 8, i32 1, i32 9, i32 2, i32 10, i32 3, i32 11,
-                     i32 4, i32 12, i32 5, i32 13, i32 6, i32 14, i32 7, i32 15>
-  %w = bitcast <16 x bfloat> %p to <8 x i32>
-  ret <8 x i32> %w
-}}
+# linked into the conv kernel beside `dot_bf16.DOT_IR`: 16 f32 channels rounded and paired as `bf16_input` lays
+# them out, word q = channel q | channel q + 8 << 16; and the inverse, 8 such words back as 16 f32 channels (a skip
+# read from pairs)
+PAIRS_IR = rounding_ir(_PAIRS, N_TILE, 1, [q // 2 + HALF * (q % 2) for q in range(N_TILE)]) + f"""
 define linkonce_odr <16 x float> @{_UNPAIRS}(<8 x i32> %w) alwaysinline {{
   %b = bitcast <8 x i32> %w to <16 x bfloat>
   %c = shufflevector <16 x bfloat> %b, <16 x bfloat> poison,
