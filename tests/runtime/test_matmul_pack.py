@@ -13,6 +13,7 @@ import pytest
 import tvm
 from cross_targets import AVX2, AVX512
 from step_oracle import assert_steps_match_interpreter
+from tile_text import column_widths
 from tvm import relax, te, tirx
 
 from kiln.ir import Builder
@@ -45,12 +46,24 @@ def _rule(target: tvm.target.Target) -> CPUMatmul:
 
 @pytest.mark.parametrize(("target", "rows", "n", "width"), [
     (AVX2, 256, 512, 16), (AVX512, 256, 512, 32), (AVX2, 7, 1000, 16), (AVX2, 1, 512, 64), (AVX512, 1, 512, 256),
-    (AVX2, 256, 10, 16), (AVX2, 7, 77, 16), (AVX512, 7, 77, 32), (AVX2, 256, 16, None), (AVX512, 1, 256, None)])
+    (AVX2, 256, 10, 16), (AVX2, 7, 77, 16), (AVX512, 7, 77, 32), (AVX2, 256, 16, None), (AVX512, 1, 64, None)])
 def test_panel_width_is_the_rules_tile_width(target: tvm.target.Target, rows: int, n: int, width: int | None) -> None:
     """A panel is the tile width the rule takes for the rows (16 = 2 AVX2 vectors, 32 on AVX-512; a GEMV's wide
     tile: 8 vectors at batch 1), whole vectors (10 -> 16), whether or not it divides N (77, 1000: padded panels,
-    where `[K, N]` tiles 1000 by 8); a weight of one panel (16 on AVX2, 256 for an AVX-512 GEMV) stays `[K, N]`."""
+    where `[K, N]` tiles 1000 by 8); a weight of one panel (16 on AVX2, 64 for an AVX-512 GEMV) stays `[K, N]`."""
     assert panel_width(_rule(target), rows, n) == width
+
+
+@pytest.mark.parametrize(("rows", "n", "batch", "width"), [
+    (1, 768, 1, 192), (1, 256, 1, 128), (3, 768, 1, 64), (3, 256, 1, 64), (2, 77, 1, 64), (1, 768, 2, 256),
+    (1, 77, 1, 80), (1, 1000, 1, 256)])
+def test_few_rows_narrow_the_panels_until_the_cores_share_them_evenly(rows: int, n: int, batch: int, width: int
+                                                                       ) -> None:
+    """Rows one register tile takes leave the panels as the only parallel tasks: on 2 AVX-512 cores a GEMV's
+    768 columns go in four panels of 192 (two a core), not three of 256, and 3 rows' in twelve of 64; a batch of 2
+    shares three panels of 256 evenly already; a panel keeps 8 sums in flight (77 columns at 1 row: one panel of
+    80, not two of 48); 1000 columns as four of 256 are as even as any narrower split."""
+    assert panel_width(_rule(AVX512), rows, n, batch) == width
 
 
 def test_the_register_tile_over_a_packed_weight_comes_from_the_register_file() -> None:
@@ -137,13 +150,13 @@ def _linear_graph(m: tuple[int, ...], k: int, n: int, relu: bool, seed: int) -> 
 @pytest.mark.parametrize(("rows", "k", "n", "relu", "params"), [
     ((256,), 33, 64, True, "bound"), ((7,), 77, 64, True, "bound"), ((1,), 33, 512, False, "bound"),
     ((37,), 33, 64, False, "inputs"), ((2, 19), 33, 64, True, "inputs"), ((7,), 37, 77, True, "bound"),
-    ((37,), 20, 10, False, "inputs"), ((1,), 13, 10, False, "bound")],
+    ((37,), 20, 10, False, "inputs"), ((1,), 13, 10, False, "bound"), ((3,), 64, 80, True, "bound")],
     ids=["b256-bias-relu-bound", "b7-bound", "b1-bound", "b37-inputs", "3d-bias-relu-inputs", "b7-n77-bound",
-         "b37-n10-inputs", "b1-n10-bound"])
+         "b37-n10-inputs", "b1-n10-bound", "b3-n80-bound"])
 def test_packed_linear_matches_numpy(rows: tuple[int, ...], k: int, n: int, relu: bool, params: str) -> None:
     """x @ w + b (+ relu) through `compile_graph` for odd K and rows (7, 37, 2 x 19 with batch dims), batch 1 and
     256, widths 77 and 10 in zero-padded panels, bound and as inputs, against float64 numpy; every case packs its
-    weight on AVX2 and AVX-512 alike."""
+    weight on AVX2 and AVX-512 alike (3 rows of 80 columns: two panels of 48 on AVX-512, a tile of 3 vectors)."""
     graph, x, want = _linear_graph(rows, k, n, relu, seed=len(rows) + k)
     got = compile_graph(graph, target=TARGET, params=params, fast_math=False)(x)
     np.testing.assert_allclose(np.asarray(got[0] if isinstance(got, (list, tuple)) else got), want,
@@ -163,7 +176,7 @@ def test_cpu_matmul_tiles_a_packed_weight_by_its_panel(target: tvm.target.Target
     sch = _rule(target).apply(_packed_func(rows, 33, 4 * width, width), target, False)
     text = sch.mod["main"].script()
     assert "T.where" not in text
-    assert f"T.unroll({tile[0]})" in text and f"T.vectorized({width})" in text
+    assert f"T.unroll({tile[0]})" in text and set(column_widths(text)) == {width}
 
 
 def test_avx512_cross_build_of_a_packed_matmul_uses_zmm() -> None:
@@ -174,6 +187,17 @@ def test_avx512_cross_build_of_a_packed_matmul_uses_zmm() -> None:
     asm = cpu_compile(mod, AVX512, cpu_pipeline(AVX512)).mod.imports[0].inspect_source("asm")
     assert re.search(r"vfmadd\d+ps\s+[^\n]*%zmm", asm)
     assert PACKED_NAME in _prim_names(mod, AVX512)
+
+
+def test_a_tile_of_five_vectors_is_vectorized_one_vector_at_a_time() -> None:
+    """A 3-row tile over 80-wide panels (5 AVX-512 vectors) runs as an unrolled loop of 16-lane vectors, and its
+    build has no lane inserts: vectorized as one 80-lane loop, LLVM built it from per-lane inserts through the
+    stack (570 of them) and it ran at 29 GFLOP/s where a 64-wide tile ran at 158."""
+    sch = _rule(AVX512).apply(_packed_func(3, 256, 320, 80), AVX512, False)
+    text = sch.mod["main"].script()
+    assert "T.vectorized(80)" not in text and set(column_widths(text)) == {80}
+    asm = tvm.compile(sch.mod, target=AVX512).mod.inspect_source("asm")
+    assert re.search(r"vfmadd\d+ps\s+[^\n]*%zmm", asm) and "vinsertps" not in asm
 
 
 def test_padded_panels_guard_only_the_store() -> None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 import tvm
 from cross_targets import AVX2, AVX512
+from tile_text import unrolled_extents
 from tvm import relax, s_tir, te, tirx
 from tvm.s_tir import dlight as dl
 
@@ -439,7 +440,7 @@ def _conv_tile(func: tirx.PrimFunc, target: tvm.target.Target) -> list[int]:
     """The unrolled loops inside a conv's reduction: kernel width, channel rows and, if any, output lines."""
     text = CPUMatmul().apply(func, target, False).mod["main"].script()
     tile = text[:text.index('"conv2d_nchw_update"')].rsplit("T.grid", 1)[1]
-    return [int(n) for n in re.findall(r"T\.unroll\(T\.int64\((\d+)\)\)", tile)]
+    return unrolled_extents(tile)
 
 
 @pytest.mark.parametrize(("target", "lanes", "accumulators"), [(AVX512, 16, 16), (AVX2, 8, 8)],
