@@ -43,15 +43,15 @@ def panel_width(rule: CPUMatmul, rows: int | None, n: int, batch: int = 1) -> in
     narrowed as far as that evens out the columns each core computes, keeping `latency_sums` sums in flight: at 1 x
     768 x 768 on 2 cores three 256-column panels ran 16.6 us, four of 192 13.6 (Zen 4)."""
     lanes = rule.lanes or 1
-    widest = min(rule.tile_width(rows), -(-n // lanes) * lanes) // lanes
+    vectors = min(rule.tile_width(rows), -(-n // lanes) * lanes) // lanes
     if rows is not None and 0 < rows < rule.mr and rule.cores:
-        least = min(widest, -(-rule.latency_sums // rows))
+        fewest = min(vectors, -(-rule.latency_sums // rows))
 
-        def per_core(vectors: int) -> int:
-            return -(-batch * -(-n // (vectors * lanes)) // rule.cores) * vectors
+        def per_core(count: int) -> int:  # vectors of columns the busiest core computes, in panels of `count`
+            return -(-batch * -(-n // (count * lanes)) // rule.cores) * count
 
-        widest = min(range(least, widest + 1), key=lambda v: (per_core(v), -v))
-    width = widest * lanes
+        vectors = min(range(fewest, vectors + 1), key=lambda count: (per_core(count), -count))
+    width = vectors * lanes
     return None if width == n else width
 
 

@@ -129,13 +129,12 @@ def parallel_tasks(sch: s_tir.Schedule, loops: list[s_tir.schedule.LoopRV]) -> N
     ordered = symbolic + [lp for lp in loops if static_extent(loop_extent(sch, lp)) is not None]
     if ordered != loops:
         sch.reorder(*ordered)
-    count, tasks = 0, 1
+    outer, tasks = [], 1
     for loop in ordered:
-        count += 1
+        outer.append(loop)
         tasks *= static_extent(loop_extent(sch, loop)) or 1
         if tasks >= PARALLEL_TASKS:
             break
-    outer = ordered[:count]
     sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
 
 

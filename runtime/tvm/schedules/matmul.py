@@ -554,7 +554,6 @@ class CPUMatmul(dl.ScheduleRule):
         init = sch.decompose_reduction(main, chunk[0] if chunk else red_outer[0] if red_outer else k_o)
         _vectorize_by_vector(sch, sch.get_loops(init)[-1], self.lanes)
 
-
     def _split_pixels(self, sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, roles: _Contraction) -> bool:
         """Whether a conv's threads should split its output pixels rather than its lines (output-channel vectors).
         Split by lines, each thread reads all of the input for its share of the weight; by pixels, its share of the
