@@ -39,12 +39,14 @@ def panel_width(rule: CPUMatmul, rows: int | None, n: int, batch: int = 1) -> in
     panels: no tile has a ragged vector or a predicated tail, where `[K, N]` would take a divisor such as 8 of
     1000); a weight that is already one panel (16 columns on AVX2) stays as it is.
 
-    Rows that one register tile takes leave the panels (times the batch) as the only parallel tasks, so the tile is
-    narrowed as far as that evens out the columns each core computes, keeping `latency_sums` sums in flight: at 1 x
-    768 x 768 on 2 cores three 256-column panels ran 16.6 us, four of 192 13.6 (Zen 4)."""
+    Rows that one register tile takes leave the panels (times the batch) as the only parallel tasks, so where there
+    are several the tile is narrowed as far as that evens out the columns each core computes, keeping
+    `latency_sums` sums in flight: a 1 x 768 x 768 call on 2 cores took 33.5 us in three 256-column panels, 24-26 in
+    four of 192 (Zen 4). One panel stays one: split in two, a 1 x 64 x 256 call woke the second thread and took
+    8.4 us against 4.6-7.0."""
     lanes = rule.lanes or 1
     vectors = min(rule.tile_width(rows), -(-n // lanes) * lanes) // lanes
-    if rows is not None and 0 < rows < rule.mr and rule.cores:
+    if rows is not None and 0 < rows < rule.mr and rule.cores and batch * -(-n // (vectors * lanes)) > 1:
         fewest = min(vectors, -(-rule.latency_sums // rows))
 
         def per_core(count: int) -> int:  # vectors of columns the busiest core computes, in panels of `count`

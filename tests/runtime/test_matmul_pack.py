@@ -55,14 +55,15 @@ def test_panel_width_is_the_rules_tile_width(target: tvm.target.Target, rows: in
 
 
 @pytest.mark.parametrize(("rows", "n", "batch", "width"), [
-    (1, 768, 1, 192), (1, 256, 1, 128), (3, 768, 1, 64), (3, 256, 1, 64), (2, 77, 1, 64), (1, 768, 2, 256),
-    (1, 77, 1, 80), (1, 1000, 1, 256)])
-def test_few_rows_narrow_the_panels_until_the_cores_share_them_evenly(rows: int, n: int, batch: int, width: int
-                                                                       ) -> None:
+    (1, 768, 1, 192), (3, 768, 1, 64), (3, 256, 1, 64), (1, 768, 2, 256), (1, 1000, 1, 256), (1, 256, 1, None),
+    (2, 77, 1, 80), (1, 256, 2, None)])
+def test_few_rows_narrow_the_panels_until_the_cores_share_them_evenly(rows: int, n: int, batch: int,
+                                                                       width: int | None) -> None:
     """Rows one register tile takes leave the panels as the only parallel tasks: on 2 AVX-512 cores a GEMV's
     768 columns go in four panels of 192 (two a core), not three of 256, and 3 rows' in twelve of 64; a batch of 2
-    shares three panels of 256 evenly already; a panel keeps 8 sums in flight (77 columns at 1 row: one panel of
-    80, not two of 48); 1000 columns as four of 256 are as even as any narrower split."""
+    shares three panels of 256 evenly already; 1000 columns as four of 256 are as even as any narrower split. A
+    product of one panel is not split to make a second task (256 columns stay `[K, N]`, 77 at 2 rows one panel of
+    80), while a batch of two such products has two tasks already."""
     assert panel_width(_rule(AVX512), rows, n, batch) == width
 
 
