@@ -21,6 +21,7 @@ from .injective import (
     stride,
     uses_var,
 )
+from .padding_taps import skip_padding_taps
 
 TILE_VECTORS = 2  # vectors across a register tile's columns: the rows then hold `CPUModel.accumulators / 2` sums
 PANEL_SHARE = 8  # a panel of the vector operand takes 1/8 of L2 (128 KiB of Zen 4's 1 MiB), leaving room for the rest
@@ -312,7 +313,8 @@ class CPUMatmul(dl.ScheduleRule):
     matmul with broadcasting, matmuls reading A transposed (as in backward passes) and NCHW conv2d, strided,
     dilated and depthwise ones too. Tile
     sizes fall back to divisors or whole extents for odd shapes and to predicated tails for symbolic
-    ones. Inputs computed in the same kernel (conv padding) are materialized and scheduled separately.
+    ones. Inputs computed in the same kernel (conv padding) are materialized and scheduled separately, and the
+    products with a conv's zero padding are skipped where the loops allow (`padding_taps.py`).
 
     A parameter left None comes from the target CPU's model (`for_cpu`): on AVX-512 (32 x 16 lanes) an 8 x 32
     tile and 128 KiB panels of a 1 MiB L2, on AVX2 (16 x 8 lanes) 4 x 16 and an eighth of its L2. A vector operand
@@ -362,12 +364,13 @@ class CPUMatmul(dl.ScheduleRule):
         producers = sch.get_producers(main)
         epilogue = self._inline_side_blocks(sch, infos, main, producers)
         self._block_contraction(sch, main, roles, epilogue, padded or _sums_wider(sch, main, epilogue))
+        padding = [block for block in producers if stores_guarded(sch.get(block))]
         for block in producers:
-            if stores_guarded(sch.get(block)):
+            if block in padding:
                 _schedule_padding(sch, block)
             else:
                 schedule_elementwise(sch, block, self.lanes)
-        return sch
+        return s_tir.Schedule(skip_padding_taps(sch, main, padding[0])) if len(padding) == 1 else sch
 
     def vector_tile(self, extent: tirx.Expr, rows: int | None = None) -> int:
         """Columns of C in one register tile: `tile_width`, or a divisor of the extent of at least 8 that is one

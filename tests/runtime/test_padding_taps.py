@@ -1,0 +1,99 @@
+"""A conv's products with its zero padding are skipped (`schedules/padding_taps.py`): the guard on the kernel rows
+of an output row, the predicate on a tile's columns, the products LLVM is left with, and numbers against torch
+where whole kernel rows read padding."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from cross_targets import AVX512
+from tvm import relax, te, tirx
+
+from kiln.runtime.tvm.calibrate import relax_module
+from kiln.runtime.tvm.conv_layout import blocked_conv
+from kiln.runtime.tvm.pipeline import cpu_compile, cpu_pipeline
+from kiln.runtime.tvm.schedules import CPUMatmul
+from kiln.runtime.tvm.target import cpu_target
+
+pytestmark = pytest.mark.usefixtures("module_cache")  # builds go to a scratch cache, never ~/.cache/kiln
+
+
+def _scheduled(width: int, padding: int, channels: int = 64) -> tirx.PrimFunc:
+    """A 3x3 blocked conv of `channels` 16-lane channels over a `width`-wide map (its input `width + 2 - 2 x padding`
+    wide, so the output is `width` wide), scheduled for AVX-512."""
+    size = width + 2 - 2 * padding
+    x = te.placeholder((1, channels // 16, size, size, 16), name="x")
+    wp = te.placeholder((4, channels, 3, 3, 16), name="w")
+    conv = blocked_conv(x, wp, channels, [1, 1], [padding] * 4, [1, 1])
+    return CPUMatmul().apply(te.create_prim_func([x, wp, conv]), AVX512, False).mod["main"]
+
+
+def _tasks(text: str) -> str:
+    """The conv's parallel loop (the padding copy's comes before it)."""
+    return re.findall(r"for (\w+) in T\.parallel", text[:text.index('"conv_blocked_update"')])[-1]
+
+
+def _products(text: str) -> tuple[str, str]:
+    """The guard right inside the kernel-row loop (empty without one) and the update's predicate (empty without)."""
+    guard = re.search(r"T\.grid\([^\n]*\):\n\s+if ([^\n]*):", text)
+    where = re.search(r"T\.where\(([^\n]*)\)", text[text.index('"conv_blocked_update"'):])
+    return (guard[1] if guard else ""), (where[1] if where else "")
+
+
+def test_a_7_wide_conv_skips_the_kernel_rows_and_columns_on_its_padding() -> None:
+    """ResNet's last stage (3x3 over 7², one tile of 7 columns a row): an output row's kernel rows are guarded once per
+    input channel against the padded rows, and the tile's products are predicated on its unrolled columns and kernel
+    columns alone, so TVM folds the predicate and drops the 4 of 42 products that read padding."""
+    text = _scheduled(7, 1).script()
+    (guard, where), parallel = _products(text), _tasks(text)
+    assert parallel in guard and "<" in guard and "<=" in guard
+    assert where and parallel not in where
+    assert _products(_scheduled(7, 0).script()) == ("", "")  # no padding, nothing to skip
+
+
+def test_the_llvm_build_of_a_padded_7_wide_conv_has_fewer_products() -> None:
+    """The predicate folds away: the padded conv's build holds fewer vector FMAs than the same tile over an input
+    padded by the caller (the same loops, no zero guard)."""
+    def fmas(padding: int) -> int:
+        ll = cpu_compile(tvm.IRModule({"main": _scheduled(7, padding)}), AVX512).mod.inspect_source("ll")
+        return len(re.findall(r"fmuladd\.v16f32\(", ll))
+
+    padded, unpadded = fmas(1), fmas(0)
+    assert 0 < padded < unpadded
+
+
+def test_a_tile_inside_a_wider_map_tests_its_position() -> None:
+    """On a 14-wide map (two tiles of 7 columns) the column predicate reads the tile's position, a test per task
+    outside the channel loop that LLVM keeps as a branch; the kernel rows are guarded as at 7²."""
+    text = _scheduled(14, 1).script()
+    (guard, where), parallel = _products(text), _tasks(text)
+    assert guard and parallel in where
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), [
+    ((1, 32, 7, 7), (48, 32, 3, 3), dict(padding=(3, 0, 1, 2))),
+    ((2, 16, 7, 7), (32, 16, 3, 3), dict(padding=4, dilation=4)),
+    ((1, 32, 14, 14), (32, 32, 3, 3), dict(padding=1, strides=2)),
+    ((1, 16, 14, 14), (16, 16, 5, 5), dict(padding=(4, 1, 0, 3))),
+    ((3, 32, 7, 7), (64, 32, 3, 3), dict(padding=2, dilation=2))],
+    ids=["top-rows-all-padding", "dilated-by-4-most-taps-padding", "strided-14-wide", "5x5-asymmetric",
+         "dilated-7-wide-batch-3"])
+def test_convs_with_taps_on_padding_match_torch(x_shape: tuple[int, ...], w_shape: tuple[int, ...], kw: dict) -> None:
+    """Convs whose padding takes whole kernel rows of some output rows (the first row of a conv padded 3 on top reads
+    none of the map), most taps (3x3 dilated by 4 on 7²) or an asymmetric border equal torch's in float64."""
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(w_shape).astype(np.float32)
+    target = cpu_target()
+    mod = relax_module([x_shape], lambda a: relax.op.nn.conv2d(a, relax.const(w), **kw))
+    exe = cpu_compile(mod, target, cpu_pipeline(target, fast_math=False))
+    got = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    pad = kw["padding"] if isinstance(kw["padding"], tuple) else (kw["padding"],) * 4
+    top, left, bottom, right = pad
+    padded = torch.nn.functional.pad(torch.from_numpy(x).double(), (left, right, top, bottom))
+    want = torch.nn.functional.conv2d(padded, torch.from_numpy(w).double(), stride=kw.get("strides", 1),
+                                      dilation=kw.get("dilation", 1))
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
