@@ -23,6 +23,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
 from .bf16_layout import N_TILE
+from .blocked_exit import blocked_exit
 from .conv_bf16 import (
     CONV_KERNEL_NAME,
     CONV_PARAMS,
@@ -45,7 +46,6 @@ from .conv_layout import (
     blocked_conv,
     blocked_depthwise,
     blocks_output_channels,
-    from_blocked,
     pack_te,
     pack_weight,
     pixel_rows,
@@ -132,10 +132,10 @@ class _Regions(PyExprMutator):
         yb = self.builder_.emit(blocked)
         if self._from_bf16_conv(blocked):
             self.bf16_maps.add(yb)
+        nchw = blocked_exit(self.builder_, yb, out)
         if batched_f32_shape(yb.ty)[2:4] != out[2:4]:  # in rows (`_rows_of`), and the map is not one row
             self.rows[binding.var] = yb
             yb = self.builder_.emit(relax.op.reshape(yb, [out[0], int(yb.ty.shape[1]), out[2], out[3], self.block]))
-        nchw = self.builder_.call_te(from_blocked, yb, out[1], primfunc_name_hint="from_blocked")
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(nchw)))
         self.blocked[binding.var] = yb
 
