@@ -1,5 +1,6 @@
 """Register-blocked CPU schedule for matmul, batch matmul and NCHW conv2d, with fused epilogues."""
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ from .injective import (
     stride,
     uses_var,
 )
-from .padding_taps import skip_padding_taps
+from .padding_taps import map_share, skip_padding_taps
 
 TILE_VECTORS = 2  # vectors across a register tile's columns: the rows then hold `CPUModel.accumulators / 2` sums
 PANEL_SHARE = 8  # a panel of the vector operand takes 1/8 of L2 (128 KiB of Zen 4's 1 MiB), leaving room for the rest
@@ -54,6 +55,9 @@ class _Contraction:
     # conv's weight: the same vectors for every pixel and image), unlike an NCHW conv's input (`x[b, c, i + ky, j + kx]`
     # walks the batch and its vectors the window)
     weight_vectors: bool = False
+    # the share of the products over `height` and the kernel rows that read the map, not its zero padding
+    # (`padding_taps.map_share`): what a register tile within one output row computes, the rest skipped
+    map_rows: float = 1.0
 
 
 Indices = list[tirx.Expr]
@@ -363,8 +367,10 @@ class CPUMatmul(dl.ScheduleRule):
         main = reductions[0].block_rv
         producers = sch.get_producers(main)
         epilogue = self._inline_side_blocks(sch, infos, main, producers)
-        self._block_contraction(sch, main, roles, epilogue, padded or _sums_wider(sch, main, epilogue))
         padding = [block for block in producers if stores_guarded(sch.get(block))]
+        if len(padding) == 1 and roles.height is not None:
+            roles = dataclasses.replace(roles, map_rows=map_share(sch, main, padding[0], roles.height))
+        self._block_contraction(sch, main, roles, epilogue, padded or _sums_wider(sch, main, epilogue))
         for block in producers:
             if block in padding:
                 _schedule_padding(sch, block)
@@ -711,6 +717,10 @@ class CPUMatmul(dl.ScheduleRule):
         201 -> 150 us against 7 x 1, one Emerald Rapids core) and on 14² and 28² maps (0.70-0.83x the time of 14 or
         16 x 1, whose broadcasts bound it); on AVX2 4 x 2 (the 256x14² conv 82 GFLOP/s against 56 in 2 x 4, Zen 3).
 
+        A tile within one output row computes `roles.map_rows` of its products, the kernel rows that read padding
+        skipped (`padding_taps.py`), and its cycles count that share: at 28² that breaks the tie between 2 rows x 4
+        columns and 1 x 7 for the single row (the 3x3 128x28² conv at batch 8: 8.6 -> 8.1 ms, Zen 4).
+
         Every tile sums all input channels in registers. Summing a row of tiles one chunk of 4 input channels at a
         time, so that the chunk's weights stayed in L1, stored and reloaded a tile's sums per chunk (16 stores per
         576 FMAs, 6% of a 3x3 kernel's samples on Zen 4): without chunks ResNet's 3x3 convs ran 1-3% faster alone at
@@ -742,8 +752,9 @@ class CPUMatmul(dl.ScheduleRule):
                     cycles = max(FMA_LATENCY, sums / FMA_UNITS, (spots + weights) / L1_LOADS_PER_CYCLE,
                                  weights / L2_VECTORS_PER_CYCLE)
                     tasks = images * math.prod(e // t for e, t in zip(extents, (rows, lines, heights), strict=True))
-                    shapes.append((tasks < self.cores, cycles / sums, weights / sums, spots / sums, heights, rows,
-                                   lines))
+                    share = roles.map_rows if heights == 1 else 1.0  # kernel rows on padding skipped
+                    shapes.append((tasks < self.cores, cycles / sums * share, weights / sums, spots / sums, heights,
+                                   rows, lines))
         *_, heights, rows, lines = min(shapes)
         return rows, lines, heights
 

@@ -75,6 +75,36 @@ def skip_padding_taps(sch: s_tir.Schedule, update: s_tir.schedule.SBlockRV,
     return func.with_body(structural_map(func.body, [(s_tir.SBlockRealize, realize), (tirx.For, loop)]))
 
 
+def map_share(sch: s_tir.Schedule, update: s_tir.schedule.SBlockRV, padding: s_tir.schedule.SBlockRV,
+              loop: s_tir.schedule.LoopRV) -> float:
+    """The share of `update`'s products over `loop` (a window conv's output rows) and the one reduction loop its
+    guard pairs with it (the kernel rows) that read the map rather than `padding`'s zeros, from the guard's
+    conjuncts over those two loops (1 where there are none): the products a register tile within one output row
+    computes once `skip_padding_taps` has skipped the rest (82 / 84 at 28² for a 3x3 conv padded by 1). Run on the
+    unscheduled loops, whose extents are static."""
+    block = sch.get(update)
+    found = _inside_at_load(sch, block, padding)
+    if found is None:
+        return 1.0
+    inside, summed = found
+    var = sch.get(loop).loop_var
+    conjuncts = [c for c in _conjuncts(inside) if _reads(c, var)]
+    pairs = {v.name: v for c in conjuncts for v in _vars(c) if not v.same_as(var)}
+    if not conjuncts or len(pairs) != 1 or not any(_reads(c, s) for c in conjuncts for s in summed):
+        return 1.0
+    (other,) = pairs.values()
+    extents = {sch.get(rv).loop_var.name: sch.get(rv).extent for rv in sch.get_loops(update)}
+    rows, taps = (extents.get(v.name) for v in (var, other))
+    if not isinstance(rows, tirx.IntImm) or not isinstance(taps, tirx.IntImm):
+        return 1.0
+    analyzer = tvm.sym.Analyzer()
+    guard = functools.reduce(tirx.And, conjuncts)
+    read = sum(bool(analyzer.simplify(_substitute(guard, {var: tirx.IntImm(str(var.ty), i),
+                                                          other: tirx.IntImm(str(other.ty), r)})))
+               for i in range(int(rows)) for r in range(int(taps)))
+    return read / (int(rows) * int(taps))
+
+
 def _inside_at_load(sch: s_tir.Schedule, block: s_tir.SBlock, padding: s_tir.schedule.SBlockRV
                     ) -> tuple[tirx.PrimExpr, list[tirx.Var]] | None:
     """`padding`'s guard at the element `block` reads, over the loops around `block`, and the loop vars its
