@@ -44,7 +44,7 @@ from .cpu import CPUModel
 from .dot_bf16 import DOT_IR, dot_pairs, has_dot
 from .row_vectors import RowSplit, across, at, row_vector, splat, zero_sums
 from .schedules.matmul import TILE_VECTORS
-from .softmax_rows import exp_nonpositive, row_exps, row_maximum
+from .softmax_rows import ROW_CHAINS, exp_nonpositive, row_exps, row_maximum
 
 KERNEL_NAME = "attention"
 TASKS_PER_CORE = 2  # a head's row blocks split into parts until a batch of 1 has this many tasks a core (few heads)
@@ -355,7 +355,7 @@ def attention_kernel(spec: Attention, model: CPUModel) -> tirx.PrimFunc:
             scores = T.decl_buffer((chunk * rows * ns,), "float32", scope="local")
             sums = T.decl_buffer((rows * TILE_VECTORS * lanes,), "float32", scope="local")
             inverse = T.decl_buffer((chunk * rows,), "float32", scope="local")
-            vec = T.decl_buffer((step,), "float32", scope="local")
+            vec = T.decl_buffer((ROW_CHAINS * step,), "float32", scope="local")
             # pairs only (one word, never read, in the f32 kernel): q's pairs, then the weights'; v's pairs
             qp = T.decl_buffer((pair_size,), "int32", scope="local")
             vp = T.decl_buffer((dn * dv if pairs else 1,), "int32", scope="local")

@@ -5,6 +5,8 @@ whole programs (attention's score scale, a dynamic batch) against kiln's interpr
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -22,7 +24,7 @@ from kiln.runtime.tvm.cpu import cpu_model
 from kiln.runtime.tvm.lower import lower
 from kiln.runtime.tvm.pipeline import cpu_compile, cpu_fusion_passes
 from kiln.runtime.tvm.row_vectors import at
-from kiln.runtime.tvm.softmax_rows import KERNEL_NAME, exp_nonpositive, softmax_rows_kernel
+from kiln.runtime.tvm.softmax_rows import KERNEL_NAME, ROW_CHAINS, exp_nonpositive, softmax_rows_kernel
 from kiln.runtime.tvm.target import cpu_target
 
 TARGET = cpu_target()
@@ -139,3 +141,15 @@ def test_attention_scores_over_a_dynamic_batch_match_the_interpreter() -> None:
     for n in (1, 3):
         inputs = [(np.random.default_rng(n).standard_normal((n, 4, 197)) * 8).astype(np.float32)]
         np.testing.assert_allclose(exe(*inputs), kiln.ir.interpret(graph, inputs)[0], rtol=3e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(("width", "chains"), [(336, ROW_CHAINS), (77, ROW_CHAINS), (40, 3), (16, 1)])
+def test_the_maximum_runs_in_chains_and_the_sum_in_the_exp_loop(width: int, chains: int) -> None:
+    """A row's maximum is taken in `ROW_CHAINS` partial maxima (as many as the row has vectors, up to that), whose
+    dependent maxima interleave; its exps are summed in the loop that stores them, not in a loop of its own."""
+    text = softmax_rows_kernel(width, 16).script()
+    before_exps = text[:text.index("top:")]
+    assert len(set(re.findall(r"sums\[(\d+):\d+\] = ", before_exps))) == chains
+    loops = re.split(r"\n\s+for ", text[text.index("top:"):])[1:]
+    summing = [loop for loop in loops if re.search(r"sums\[0:16\] = sums\[[^\n]*\] \+ exps\[", loop)]
+    assert len(summing) == 1 and "exps[v" in summing[0].split("\n")[1]
