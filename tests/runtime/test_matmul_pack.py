@@ -137,6 +137,27 @@ def test_a_gemv_with_an_input_weight_is_not_packed() -> None:
     assert PACKED_NAME not in _prim_names(mod)
 
 
+@pytest.mark.parametrize(("x_shape", "w_shape", "flat"), [
+    ((2, 1, 384), (384, 768), True), ((4, 3, 1, 512), (512, 1024), True), ((3, 1, 1024), (1024, 77), False),
+    ((2, 4, 512), (512, 1024), False)], ids=["2-rows-1.2MB", "12-rows-2MB", "weight-in-l2", "rows-of-4"])
+def test_single_rows_of_a_batch_over_a_weight_past_l2_are_one_product(x_shape: tuple, w_shape: tuple,
+                                                                      flat: bool) -> None:
+    """`[.., B, 1, K] @ [K, N]` with a constant weight larger than L2 (AVX-512's model: 1 MiB) is computed as
+    `[B, K] @ [K, N]`, so every task streams its panel once for all B rows; a weight L2 holds, or rows of more than
+    one, keep their batch dims. Either way the product equals numpy's."""
+    w = np.random.default_rng(0).standard_normal(w_shape).astype(np.float32)
+    mod = relax_module([x_shape], lambda x: relax.op.matmul(x, relax.const(w)))
+    with AVX512:
+        out = pack_matmul_weights(AVX512)(mod)
+    (kernel,) = [f for g, f in out.functions_items() if g.name_hint == PACKED_NAME]
+    rows = [len(p.ty.shape) for p in kernel.params[:1]]
+    assert rows == [2] if flat else rows == [len(x_shape)]
+    x = np.random.default_rng(1).standard_normal(x_shape).astype(np.float32)
+    got = relax.VirtualMachine(cpu_compile(mod, TARGET, cpu_pipeline(TARGET, fast_math=False)), tvm.cpu())["main"](
+        tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4 * math.sqrt(w_shape[0]))
+
+
 def _linear_graph(m: tuple[int, ...], k: int, n: int, relu: bool, seed: int) -> tuple:
     rng = np.random.default_rng(seed)
     w, bias = rng.standard_normal((k, n)).astype(np.float32), rng.standard_normal(n).astype(np.float32)
