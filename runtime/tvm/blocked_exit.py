@@ -86,10 +86,10 @@ def _store_tile(xb: tirx.Buffer, out: tirx.Buffer, image: tirx.PrimExpr, block: 
 
 def blocked_exit(builder: relax.BlockBuilder, xb: relax.Expr, out: list) -> relax.Expr:
     """The NCHW map of shape `out` (`[n, C, H, W]`, n perhaps symbolic) of the blocked map `xb` (`[n, C / b, H, W,
-    b]` or a 1x1 conv's `[n, C / b, 1, H * W, b]`): this module's kernel, or `from_blocked`'s where the map is
-    narrower than one tile."""
+    b]` or a 1x1 conv's `[n, C / b, 1, H * W, b]`): this module's float32 kernel, or `from_blocked`'s where the map
+    is narrower than one tile or of another type."""
     _, blocks, height, width, lanes = (int(d) if isinstance(d, tirx.IntImm) else d for d in xb.ty.shape)
-    if out[2] * out[3] < lanes or lanes & (lanes - 1):
+    if xb.ty.dtype != "float32" or out[2] * out[3] < lanes or lanes & (lanes - 1):
         if [height, width] != out[2:]:
             xb = builder.emit(relax.op.reshape(xb, [out[0], blocks, *out[2:], lanes]))
         return builder.call_te(from_blocked, xb, out[1], primfunc_name_hint=KERNEL_NAME)

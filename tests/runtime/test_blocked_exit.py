@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 import tvm
-from cross_targets import AVX512
+from cross_targets import AVX2, AVX512
 from tvm import relax, tirx
 
 from kiln.runtime.tvm.blocked_exit import KERNEL_NAME, blocked_exit, from_blocked_kernel, transposed
@@ -29,7 +29,7 @@ def _nchw(xb: np.ndarray, channels: int) -> np.ndarray:
     (1, (4, 56, 56), (64, 56, 56), 16), (3, (5, 7, 7), (77, 7, 7), 16), (2, (2, 1, 20), (32, 4, 5), 16),
     (1, (16, 14, 14), (256, 14, 14), 16), (2, (10, 6, 9), (77, 6, 9), 8), (1, (1, 4, 4), (16, 4, 4), 16)],
     ids=["56²-whole-tiles", "7²-ragged-pixels-and-channels-batch-3", "1x1-row-of-20", "14²-196-pixels",
-         "avx2-lanes-6x9-ragged", "one-tile"])
+         "avx2-build-6x9-ragged", "one-tile"])
 def test_the_exit_kernel_equals_numpys_transpose(batch: int, in_shape: tuple[int, int, int],
                                                  out_shape: tuple[int, int, int], lanes: int) -> None:
     """Every real channel of every pixel lands where numpy's transpose puts it: tiles that divide the map and a last
@@ -37,7 +37,8 @@ def test_the_exit_kernel_equals_numpys_transpose(batch: int, in_shape: tuple[int
     8), a batch the kernel reads as a variable, a 4x5 map given as one row of 20 pixels, a map of one tile."""
     xb = np.random.default_rng(0).standard_normal((batch, *in_shape, lanes)).astype(np.float32)
     got = tvm.runtime.empty((batch, *out_shape), "float32")
-    _library(from_blocked_kernel(in_shape, out_shape, lanes)).jit()["main"](tvm.runtime.tensor(xb), got)
+    target = AVX2 if lanes == 8 else None  # an AVX2 build runs on this host too
+    _library(from_blocked_kernel(in_shape, out_shape, lanes), target).jit()["main"](tvm.runtime.tensor(xb), got)
     want = _nchw(xb.reshape(batch, in_shape[0], *out_shape[1:], lanes), out_shape[0])
     np.testing.assert_array_equal(got.numpy(), want)
 
