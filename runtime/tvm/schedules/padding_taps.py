@@ -89,12 +89,14 @@ def map_share(sch: s_tir.Schedule, update: s_tir.schedule.SBlockRV, padding: s_t
     inside, summed = found
     var = sch.get(loop).loop_var
     conjuncts = [c for c in _conjuncts(inside) if _reads(c, var)]
-    pairs = {v.name: v for c in conjuncts for v in _vars(c) if not v.same_as(var)}
-    if not conjuncts or len(pairs) != 1 or not any(_reads(c, s) for c in conjuncts for s in summed):
-        return 1.0
-    (other,) = pairs.values()
-    extents = {sch.get(rv).loop_var.name: sch.get(rv).extent for rv in sch.get_loops(update)}
-    rows, taps = (extents.get(v.name) for v in (var, other))
+    loops = [sch.get(rv) for rv in sch.get_loops(update)]
+    pair = sorted((lp for lp in loops if any(_reads(c, lp.loop_var) for c in conjuncts)),
+                  key=lambda lp: not lp.loop_var.same_as(var))  # the rows first
+    pair_vars = [lp.loop_var for lp in pair]
+    if len(pair) != 2 or not any(v.same_as(s) for v in pair_vars for s in summed) \
+            or not all(any(v.same_as(p) for p in pair_vars) for c in conjuncts for v in _vars(c)):
+        return 1.0  # not the output rows against one reduction loop alone
+    (rows, taps), other = (lp.extent for lp in pair), pair_vars[1]
     if not isinstance(rows, tirx.IntImm) or not isinstance(taps, tirx.IntImm):
         return 1.0
     analyzer = tvm.sym.Analyzer()
