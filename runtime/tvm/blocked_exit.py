@@ -42,7 +42,7 @@ def transposed(rows: list[tirx.PrimExpr], lanes: int,
     return vectors
 
 
-def from_blocked_kernel(in_shape: tuple[int, int, int, int], out_shape: tuple[int, int, int], lanes: int
+def from_blocked_kernel(in_shape: tuple[int, int, int], out_shape: tuple[int, int, int], lanes: int
                         ) -> tirx.PrimFunc:
     """The kernel of a blocked map `[n, *in_shape, lanes]` (`[C / lanes, H, W]`, or `[C / lanes, 1, H * W]` as a
     1x1 conv computes it; n symbolic) to NCHW `[n, *out_shape]` (`[C, H, W]`), for maps of at least `lanes` pixels:
