@@ -11,6 +11,7 @@ import pytest
 import torch
 import tvm
 from cross_targets import AVX2, AVX512, avx512
+from tile_text import conv_tasks
 from tvm import relax, te, tirx
 
 from kiln.ir import Builder
@@ -209,7 +210,7 @@ def _first_thread_rows(text: str) -> set[int]:
     """The output rows a scheduled blocked conv's update block writes in the first half of its parallel loop's
     iterations (the first of two threads' share under a static split; a symbolic batch of 1), its other loops at 0;
     a padding stage's parallel loop before it is skipped."""
-    fused, extent = re.findall(r"for (\w+) in T\.parallel\(([^)]+)\)", text[:text.index('"conv_blocked_update"')])[-1]
+    fused, extent = conv_tasks(text)
     extent = eval(extent, {}, dict.fromkeys(re.findall(r"[A-Za-z_]\w*", extent), 1))  # a symbolic batch of 1
     update = text[text.index('"conv_blocked_update"'):]
     row = re.search(r"T\.writes\(conv_blocked_local\[([^\]]*)\]\)", update).group(1).split(", ")[2]
@@ -351,7 +352,7 @@ def test_kiln_conv2d_with_both_param_modes(params: str) -> None:
 def _sweep(text: str) -> list[tuple[int, int]]:
     """(output-channel block, first pixel) of each iteration of a scheduled 1x1 conv's parallel loop, its other loops
     at 0, in order: the tiles the threads' static split hands out one after another."""
-    fused, extent = re.findall(r"for (\w+) in T\.parallel\(([^)]+)\)", text)[-1]
+    fused, extent = conv_tasks(text)
     update = text[text.index('"conv_blocked_update"'):]
     index = re.search(r"T\.writes\(conv_blocked_local\[([^\]]*)\]\)", update).group(1).split(", ")
     bindings = [re.search(rf"{index[i]} = T\.axis\.spatial\(\d+, ([^\n]*)\)", update).group(1) for i in (1, 3)]
@@ -406,7 +407,7 @@ def test_a_1x1_conv_over_many_channels_sums_them_in_chunks_outside_its_pixel_til
     update = text[text.index('"conv_blocked_update"'):]
     step = int(re.search(rf"T\.axis\.reduce\({channels}, \w+ \* (\d+) \+", update).group(1))
     assert step == 8 * model.lanes()
-    fused = re.findall(r"for (\w+) in T\.parallel\(", text)[-1]
+    fused, _ = conv_tasks(text)
     loops = re.findall(r"for ([\w, ]+) in T\.(?:grid|unroll|serial)\(([\d, ]+)\)", text)
     extents = {name: int(n) for names, ns in loops for name, n in zip(names.split(", "), ns.split(", "), strict=True)}
     binding = re.search(r"T\.axis\.spatial\(3136, ([^\n]*)\)", update).group(1)  # the pixel

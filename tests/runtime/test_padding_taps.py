@@ -11,6 +11,7 @@ import pytest
 import torch
 import tvm
 from cross_targets import AVX512
+from tile_text import conv_tasks
 from tvm import relax, s_tir, te, tirx
 
 from kiln.runtime.tvm.calibrate import relax_module
@@ -33,11 +34,6 @@ def _scheduled(width: int, padding: int, channels: int = 64) -> tirx.PrimFunc:
     return CPUMatmul().apply(te.create_prim_func([x, wp, conv]), AVX512, False).mod["main"]
 
 
-def _tasks(text: str) -> str:
-    """The conv's parallel loop (the padding copy's comes before it)."""
-    return re.findall(r"for (\w+) in T\.parallel", text[:text.index('"conv_blocked_update"')])[-1]
-
-
 def _products(text: str) -> tuple[str, str]:
     """The guard right inside the kernel-row loop (empty without one) and the update's predicate (empty without)."""
     guard = re.search(r"T\.grid\([^\n]*\):\n\s+if ([^\n]*):", text)
@@ -50,7 +46,7 @@ def test_a_7_wide_conv_skips_the_kernel_rows_and_columns_on_its_padding() -> Non
     input channel against the padded rows, and the tile's products are predicated on its unrolled columns and kernel
     columns alone, so TVM folds the predicate and drops the 4 of 42 products that read padding."""
     text = _scheduled(7, 1).script()
-    (guard, where), parallel = _products(text), _tasks(text)
+    (guard, where), (parallel, _) = _products(text), conv_tasks(text)
     assert parallel in guard and "<" in guard and "<=" in guard
     assert where and parallel not in where
     assert _products(_scheduled(7, 0).script()) == ("", "")  # no padding, nothing to skip
@@ -71,7 +67,7 @@ def test_a_tile_inside_a_wider_map_tests_its_position() -> None:
     """On a 14-wide map (two tiles of 7 columns) the column predicate reads the tile's position, a test per task
     outside the channel loop that LLVM keeps as a branch; the kernel rows are guarded as at 7²."""
     text = _scheduled(14, 1).script()
-    (guard, where), parallel = _products(text), _tasks(text)
+    (guard, where), (parallel, _) = _products(text), conv_tasks(text)
     assert guard and parallel in where
 
 

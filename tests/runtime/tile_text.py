@@ -21,6 +21,12 @@ def unrolled_extents(text: str) -> list[int]:
     return [extent for i, (_, kind, extent) in enumerate(loops) if kind == "unroll" and not _splits_vectors(loops, i)]
 
 
+def conv_tasks(text: str) -> tuple[str, str]:
+    """(name, extent text) of a scheduled blocked conv's parallel loop: the last one before its update block (a
+    padding stage's comes first)."""
+    return re.findall(r"for (\w+) in T\.parallel\(([^)]+)\)", text[:text.index('"conv_blocked_update"')])[-1]
+
+
 def _loops(text: str) -> list[tuple[str, str, int]]:
     """(name, kind, extent) of every loop in `text`, in order."""
     return [(name, kind, int(extent)) for name, kind, extent in _LOOP.findall(text)]
